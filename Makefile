@@ -1,0 +1,35 @@
+# Two commands matter: `make demo` and `make test`. Both (re)use the project-local .venv.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+FAIRSEQ_PKG ?= fairseq-fixed==0.12.3.1
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean-venv
+
+install: $(STAMP)
+
+# Order matters: torch first (an unpinned torch pulls a multi-GB CUDA build), then the fairseq
+# fork without its dependencies (it pins torchaudio), then its real dependencies, then us.
+$(STAMP): setup.py requirements.txt Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -c "import fairseq" 2>/dev/null || $(PY) -m pip install --no-deps --no-build-isolation $(FAIRSEQ_PKG)
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -c "import torch, fairseq, man_fairseq; print('torch', torch.__version__, 'fairseq', fairseq.__version__)"
+	touch $(STAMP)
+
+demo: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/demo.py $(DEMO_ARGS)
+
+test: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+bench: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/benchmark.py $(BENCH_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,150 @@
+"""fairseq's Transformer with every attention built by the model class.
+
+The localness, differentiable-window and calibration families keep fairseq's encoder/decoder
+layers unchanged and only replace some attention modules by :class:`BiasedMultiheadAttention`
+with a bias module or a post-softmax transform. A subclass of :class:`BiasedTransformerModel`
+overrides :meth:`BiasedTransformerModel.attention_extras` and nothing else about the layers.
+"""
+
+import itertools
+from typing import Callable, Optional, Tuple
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.modules import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from torch import nn
+
+from ..modules.biased_attention import BiasedMultiheadAttention
+
+# the three places an attention sits in an encoder-decoder Transformer
+ENCODER_SELF, DECODER_SELF, CROSS = "encoder_self", "decoder_self", "cross"
+ATTENTION_TYPES = (ENCODER_SELF, DECODER_SELF, CROSS)
+
+# (kind, layer_idx, cfg) -> attention module
+AttentionBuilder = Callable[[str, int, TransformerConfig], nn.Module]
+
+
+def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
+    """Activation checkpointing and FSDP wrapping exactly as fairseq's encoder/decoder do."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+class BiasedEncoderLayer(TransformerEncoderLayerBase):
+    def __init__(self, cfg, layer_idx: int, build_attention: AttentionBuilder, return_fc=False):
+        # set before nn.Module.__init__ runs build_self_attention (plain attributes are fine)
+        self.layer_idx = layer_idx
+        self._build_attention = build_attention
+        super().__init__(cfg, return_fc=return_fc)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return self._build_attention(ENCODER_SELF, self.layer_idx, cfg)
+
+
+class BiasedDecoderLayer(TransformerDecoderLayerBase):
+    def __init__(self, cfg, layer_idx: int, build_attention: AttentionBuilder, no_encoder_attn=False):
+        self.layer_idx = layer_idx
+        self._build_attention = build_attention
+        super().__init__(cfg, no_encoder_attn=no_encoder_attn)
+
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
+            raise ValueError("add_bias_kv / add_zero_attn / cross_self_attention are not supported")
+        return self._build_attention(DECODER_SELF, self.layer_idx, cfg)
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return self._build_attention(CROSS, self.layer_idx, cfg)
+
+
+class BiasedTransformerEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, build_attention: AttentionBuilder):
+        self._layer_ids = itertools.count()
+        self._build_attention = build_attention
+        super().__init__(cfg, dictionary, embed_tokens)
+
+    def build_encoder_layer(self, cfg):
+        layer = BiasedEncoderLayer(cfg, next(self._layer_ids), self._build_attention, self.return_fc)
+        return wrap_layer(layer, cfg)
+
+
+class BiasedTransformerDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, build_attention: AttentionBuilder, no_encoder_attn=False):
+        self._layer_ids = itertools.count()
+        self._build_attention = build_attention
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer = BiasedDecoderLayer(cfg, next(self._layer_ids), self._build_attention, no_encoder_attn)
+        return wrap_layer(layer, cfg)
+
+
+class BiasedTransformerModel(TransformerModel):
+    """fairseq's ``transformer`` whose attentions come from :meth:`attention_extras`.
+
+    Not registered itself; subclasses register a model name and architectures.
+    """
+
+    @classmethod
+    def attention_extras(
+        cls, cfg, kind: str, layer_idx: int
+    ) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
+        """(bias_module, post_softmax) for one attention; (None, None) keeps it plain."""
+        return None, None
+
+    @classmethod
+    def build_attention(cls, kind: str, layer_idx: int, cfg) -> nn.Module:
+        bias_module, post_softmax = cls.attention_extras(cfg, kind, layer_idx)
+        dim = cfg.decoder.embed_dim if kind != ENCODER_SELF else cfg.encoder.embed_dim
+        heads = cfg.decoder.attention_heads if kind != ENCODER_SELF else cfg.encoder.attention_heads
+        kv_dim = cfg.encoder.embed_dim if kind == CROSS else None
+        return BiasedMultiheadAttention(
+            dim,
+            heads,
+            kdim=kv_dim,
+            vdim=kv_dim,
+            dropout=cfg.attention_dropout,
+            self_attention=kind != CROSS,
+            encoder_decoder_attention=kind == CROSS,
+            bias_module=bias_module,
+            post_softmax=post_softmax,
+            q_noise=cfg.quant_noise.pq,
+            qn_block_size=cfg.quant_noise.pq_block_size,
+        )
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return BiasedTransformerEncoder(cfg, src_dict, embed_tokens, cls.build_attention)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return BiasedTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, cls.build_attention,
+            no_encoder_attn=cfg.no_cross_attention,
+        )
+
+
+def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
+    """``"0,1,2"`` / ``"all"`` / ``""`` -> sorted 0-based layer indices, validated."""
+    spec = (spec or "").strip()
+    if spec == "":
+        return ()
+    if spec == "all":
+        return tuple(range(num_layers))
+    try:
+        layers = sorted({int(x) for x in spec.split(",") if x.strip() != ""})
+    except ValueError:
+        raise ValueError(f"{option}: expected comma-separated layer indices or 'all', got {spec!r}")
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
+    return tuple(layers)

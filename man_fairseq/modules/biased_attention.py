@@ -1,0 +1,262 @@
+"""The one attention core shared by every model family of man-fairseq.
+
+Every method in this project is "mask attention" (SPEC §0): it changes which keys a query may
+look at and how much. A multiplicative mask applied before the softmax is an additive logit
+bias ``log M``, so the core takes
+
+* an optional **bias module** returning an additive logit bias broadcastable to
+  ``(batch, heads, tgt_len, src_len)`` (DMAN, static windows, localness, additive windows), and
+* an optional **post-softmax transform** of the attention probabilities (multiplicative windows,
+  attention calibration).
+
+Without a post-softmax transform and without returned weights the core runs PyTorch's fused
+``scaled_dot_product_attention`` with the bias as a float mask.
+
+It subclasses fairseq's :class:`MultiheadAttention` so that parameter names, initialisation,
+incremental-state buffers and beam reordering are fairseq's own, and the layer classes of
+fairseq can use it as a drop-in replacement.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.modules.multihead_attention import MultiheadAttention
+from torch import Tensor, nn
+
+
+@dataclass
+class AttentionContext:
+    """What a bias module or post-softmax transform may read.
+
+    Shapes: ``T`` queries of this call, ``S`` keys *including* the incremental cache,
+    ``B`` batch, ``H`` heads, ``C`` model width, ``D`` head width.
+    """
+
+    query: Tensor  # (T, B, C) sublayer input at the query positions
+    key: Optional[Tensor]  # (S_new, B, C) key input of this call; None when keys are cached
+    q: Tensor  # (B, H, T, D) projected queries, *unscaled*
+    k: Tensor  # (B, H, S, D) projected keys, cache included
+    key_padding_mask: Optional[Tensor]  # (B, S) bool, True at pad keys, cache included
+    query_start: int  # key index of the first query (self-attention: S - T; 0 otherwise)
+    incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]]
+    self_attention: bool
+
+    @property
+    def num_keys(self) -> int:
+        return self.k.size(2)
+
+    def query_positions(self) -> Tensor:
+        """Key-sequence index of every query, (T,). Only meaningful for self-attention."""
+        t = self.q.size(2)
+        return torch.arange(self.query_start, self.query_start + t, device=self.q.device)
+
+    def key_positions(self) -> Tensor:
+        return torch.arange(self.num_keys, device=self.k.device)
+
+
+ACTIVATIONS: Dict[str, Optional[Callable[[Tensor], Tensor]]] = {
+    "none": None,
+    "relu": F.relu,
+    "gelu": F.gelu,
+}
+
+
+class BiasedMultiheadAttention(MultiheadAttention):
+    """fairseq multi-head attention plus an additive logit bias and a post-softmax transform.
+
+    Args (beyond fairseq's ``MultiheadAttention``):
+        bias_module: ``module(ctx: AttentionContext) -> Tensor`` broadcastable to
+            ``(B, H, T, S)``, added to the scaled logits (``-inf`` allowed).
+        post_softmax: ``module(probs, ctx) -> probs`` applied to the ``(B, H, T, S)``
+            attention probabilities before dropout.
+        head_activation: ``none|relu|gelu`` applied to the concatenated head outputs before the
+            output projection (the MAN reference code did this; the paper does not say so).
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        kdim=None,
+        vdim=None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        self_attention: bool = False,
+        encoder_decoder_attention: bool = False,
+        bias_module: Optional[nn.Module] = None,
+        post_softmax: Optional[nn.Module] = None,
+        head_activation: str = "none",
+        q_noise: float = 0.0,
+        qn_block_size: int = 8,
+    ):
+        super().__init__(
+            embed_dim,
+            num_heads,
+            kdim=kdim,
+            vdim=vdim,
+            dropout=dropout,
+            bias=bias,
+            self_attention=self_attention,
+            encoder_decoder_attention=encoder_decoder_attention,
+            q_noise=q_noise,
+            qn_block_size=qn_block_size,
+        )
+        if head_activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown attention head activation {head_activation!r}; "
+                f"choose one of {sorted(ACTIVATIONS)}"
+            )
+        self.bias_module = bias_module
+        self.post_softmax = post_softmax
+        self.head_activation_name = head_activation
+        self.head_activation = ACTIVATIONS[head_activation]
+
+    # fairseq's decoder calls this on every module that has it when the beam is reordered;
+    # the bias modules may keep caches of their own.
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        super().reorder_incremental_state(incremental_state, new_order)
+        for extra in (self.bias_module, self.post_softmax):
+            if extra is not None and hasattr(extra, "reorder_incremental_state"):
+                extra.reorder_incremental_state(incremental_state, new_order)
+        return incremental_state
+
+    def _shape(self, x: Tensor, bsz: int) -> Tensor:
+        # (L, B, C) -> (B, H, L, D)
+        return x.contiguous().view(-1, bsz, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+    ):
+        if before_softmax:
+            raise NotImplementedError("before_softmax is not supported by BiasedMultiheadAttention")
+        if need_head_weights:
+            need_weights = True
+        tgt_len, bsz, embed_dim = query.size()
+        key_input = key
+
+        saved_state = None
+        if incremental_state is not None:
+            saved_state = self._get_input_buffer(incremental_state)
+            if saved_state is not None and "prev_key" in saved_state and static_kv:
+                # encoder-decoder attention: keys were computed at the first step
+                assert self.encoder_decoder_attention and not self.self_attention
+                key = value = key_input = None
+        else:
+            saved_state = None
+
+        q = self._shape(self.q_proj(query), bsz)
+        if self.self_attention:
+            k = self._shape(self.k_proj(query), bsz)
+            v = self._shape(self.v_proj(query), bsz)
+            key_input = query
+        elif key is not None:
+            k = self._shape(self.k_proj(key), bsz)
+            v = self._shape(self.v_proj(value), bsz)
+        else:
+            k = v = None
+
+        if saved_state is not None:
+            if "prev_key" in saved_state:
+                prev_key = saved_state["prev_key"]
+                prev_value = saved_state["prev_value"]
+                if static_kv:
+                    k, v = prev_key, prev_value
+                else:
+                    k = torch.cat([prev_key, k], dim=2)
+                    v = torch.cat([prev_value, v], dim=2)
+            prev_key_padding_mask = saved_state.get("prev_key_padding_mask", None)
+            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+                key_padding_mask=key_padding_mask,
+                prev_key_padding_mask=prev_key_padding_mask,
+                batch_size=bsz,
+                src_len=k.size(2),
+                static_kv=static_kv,
+            )
+            saved_state["prev_key"] = k
+            saved_state["prev_value"] = v
+            saved_state["prev_key_padding_mask"] = key_padding_mask
+            incremental_state = self._set_input_buffer(incremental_state, saved_state)
+
+        src_len = k.size(2)
+        if key_padding_mask is not None:
+            if key_padding_mask.dim() == 0 or key_padding_mask.size(-1) != src_len:
+                raise ValueError("key_padding_mask does not match the number of keys")
+            key_padding_mask = key_padding_mask.to(torch.bool)
+            if not key_padding_mask.any():
+                key_padding_mask = None
+
+        ctx = AttentionContext(
+            query=query,
+            key=key_input,
+            q=q,
+            k=k,
+            key_padding_mask=key_padding_mask,
+            query_start=src_len - tgt_len if self.self_attention else 0,
+            incremental_state=incremental_state,
+            self_attention=self.self_attention,
+        )
+        mask = self._additive_mask(ctx, attn_mask)
+        dropout_p = self.dropout_module.p if self.training else 0.0
+
+        if self.post_softmax is None and not need_weights:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+            weights = None
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+            if mask is not None:
+                scores = scores + mask
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            if self.post_softmax is not None:
+                probs = self.post_softmax(probs, ctx)
+            weights = probs
+            out = torch.matmul(F.dropout(probs, p=dropout_p, training=self.training), v)
+
+        out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
+        if self.head_activation is not None:
+            out = self.head_activation(out)
+        out = self.out_proj(out)
+
+        if need_weights and weights is not None:
+            weights = weights.transpose(0, 1)  # (H, B, T, S)
+            if not need_head_weights:
+                weights = weights.mean(dim=0)
+        else:
+            weights = None
+        return out, weights
+
+    def _additive_mask(self, ctx: AttentionContext, attn_mask: Optional[Tensor]) -> Optional[Tensor]:
+        """Bias + causal mask + key padding as one float tensor broadcastable to (B,H,T,S)."""
+        dtype = ctx.q.dtype
+        mask: Optional[Tensor] = None
+        if self.bias_module is not None:
+            mask = self.bias_module(ctx).to(dtype)
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=dtype).masked_fill(
+                    attn_mask, float("-inf")
+                )
+            am = attn_mask.to(dtype)
+            mask = am if mask is None else mask + am
+        if ctx.key_padding_mask is not None:
+            pad = ctx.key_padding_mask[:, None, None, :]
+            if mask is None:
+                mask = torch.zeros(pad.shape, dtype=dtype, device=pad.device)
+            mask = mask.masked_fill(pad, float("-inf"))
+        if mask is not None and getattr(self.bias_module, "can_mask_all_keys", False):
+            # A hard window around a pad query may cover only pad keys; such rows are unused
+            # but must stay finite (0 * NaN in the value product would poison real tokens).
+            dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+            mask = mask.masked_fill(dead, 0.0)
+        return mask

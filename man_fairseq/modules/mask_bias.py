@@ -1,0 +1,101 @@
+"""Mask modules of Mask Attention Networks (SPEC §1), as additive logit biases."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .biased_attention import AttentionContext
+
+
+class DynamicMaskBias(nn.Module):
+    """DMAN mask ``M[t,s] = sigmoid(h_t·w + P[t-s] + U[head])`` applied as ``logsigmoid``.
+
+    ``w`` is one vector per sublayer (no bias), ``P`` one scalar per signed relative distance
+    clipped to ``[-max_relative_distance, max_relative_distance]`` (so any length works) and
+    shared by the heads, ``U`` one scalar per head. Initialisation follows the reference code:
+    ``P, U ~ N(0, 1)``, ``w`` Xavier-uniform.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, max_relative_distance: int = 256):
+        super().__init__()
+        if max_relative_distance < 0:
+            raise ValueError("max_relative_distance must be >= 0")
+        self.num_heads = num_heads
+        self.max_relative_distance = max_relative_distance
+        self.query_weight = nn.Parameter(torch.empty(1, embed_dim))
+        self.distance_bias = nn.Parameter(torch.empty(2 * max_relative_distance + 1))
+        self.head_bias = nn.Parameter(torch.empty(num_heads))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.xavier_uniform_(self.query_weight)
+        nn.init.normal_(self.distance_bias)
+        nn.init.normal_(self.head_bias)
+
+    def logits(self, ctx: AttentionContext) -> Tensor:
+        """The pre-sigmoid mask logits, (B, H, T, S)."""
+        hw = torch.matmul(ctx.query, self.query_weight.t().to(ctx.query.dtype))  # (T, B, 1)
+        hw = hw.permute(1, 2, 0).unsqueeze(-1)  # (B, 1, T, 1)
+        rel = ctx.query_positions()[:, None] - ctx.key_positions()[None, :]
+        rel = rel.clamp(-self.max_relative_distance, self.max_relative_distance)
+        dist = self.distance_bias[rel + self.max_relative_distance]  # (T, S)
+        return hw + dist + self.head_bias.view(1, -1, 1, 1)
+
+    def forward(self, ctx: AttentionContext) -> Tensor:
+        return F.logsigmoid(self.logits(ctx))
+
+    def extra_repr(self) -> str:
+        return f"heads={self.num_heads}, max_relative_distance={self.max_relative_distance}"
+
+
+class StaticWindowBias(nn.Module):
+    """Static mask of the paper's Table 4: ``M[t,s] = 1 if |t-s| <= b else 0`` (bias 0 / -inf).
+
+    ``window`` is an int (SMAN2: ``b = 4``) or ``"sqrt_half_length"`` (SMAN1:
+    ``b = max(1, round(sqrt(L/2)))`` with ``L`` the unpadded key length of the sentence; in
+    causal self-attention ``L`` is the visible prefix ``t+1``, so that incremental decoding sees
+    the same mask as the full pass).
+    Positions are counted from the first real token, so left- and right-padding agree.
+    """
+
+    can_mask_all_keys = True
+
+    def __init__(self, window, causal: bool = False):
+        super().__init__()
+        self.causal = causal
+        if window != "sqrt_half_length" and (not isinstance(window, int) or window < 0):
+            raise ValueError(f"static window must be an int >= 0 or 'sqrt_half_length', got {window!r}")
+        self.window = window
+
+    @staticmethod
+    def sqrt_half_length(length: Tensor) -> Tensor:
+        return torch.clamp(torch.round(torch.sqrt(length.to(torch.float64) / 2.0)), min=1)
+
+    def forward(self, ctx: AttentionContext) -> Tensor:
+        t_pos = ctx.query_positions()[:, None]
+        s_pos = ctx.key_positions()[None, :]
+        dist = (t_pos - s_pos).abs()[None]  # (1, T, S); padding offsets cancel in t - s
+        if self.window == "sqrt_half_length":
+            if ctx.key_padding_mask is not None:
+                length = (~ctx.key_padding_mask).sum(-1).to(torch.float64)  # (B,)
+                first = ctx.key_padding_mask.long().argmin(-1)  # first real key
+            else:
+                length = torch.full((ctx.k.size(0),), float(ctx.num_keys), dtype=torch.float64, device=dist.device)
+                first = torch.zeros(ctx.k.size(0), dtype=torch.long, device=dist.device)
+            if self.causal:
+                # visible prefix of each query, counted from the first real token
+                prefix = (t_pos.squeeze(-1)[None, :] - first[:, None] + 1).clamp(min=1)
+                b = self.sqrt_half_length(prefix)[:, :, None]  # (B, T, 1)
+            else:
+                b = self.sqrt_half_length(length)[:, None, None]  # (B, 1, 1)
+        else:
+            b = self.window
+        outside = dist > b
+        bias = torch.zeros(outside.shape, dtype=ctx.q.dtype, device=dist.device)
+        bias = bias.masked_fill(outside, float("-inf"))
+        return bias.unsqueeze(1)  # (B|1, 1, T, S)
+
+    def extra_repr(self) -> str:
+        return f"window={self.window}, causal={self.causal}"

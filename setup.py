@@ -1,0 +1,18 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="man-fairseq",
+    version="0.1.0",
+    description="Local / masked attention Transformers (MAN, localness, differentiable window, "
+    "attention calibration) as a fairseq user-dir plugin",
+    packages=find_packages(include=["man_fairseq", "man_fairseq.*"]),
+    python_requires=">=3.9",
+    # torch and fairseq are installed explicitly by `make install` (see README): an unpinned
+    # torch pulls a multi-GB CUDA build and the fairseq forks pin torchaudio.
+    install_requires=[],
+    entry_points={
+        "console_scripts": [
+            "man-average-checkpoints=man_fairseq.cli.average_checkpoints:cli_main",
+        ]
+    },
+)
