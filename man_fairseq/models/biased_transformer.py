@@ -16,7 +16,7 @@ from fairseq.models.transformer import (
     TransformerEncoderBase,
     TransformerModel,
 )
-from fairseq.modules import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 

@@ -4,7 +4,6 @@ fairseq's Transformer with every layer replaced by a :class:`MANLayer`; the mode
 wires options to modules.
 """
 
-import itertools
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -144,3 +143,8 @@ def transformer_man_summarization(args):
     args.dropout = getattr(args, "dropout", 0.1)
     man_base_architecture(args)
     base_architecture(args)
+
+
+@register_model_architecture("transformer_man", "transformer_man")
+def transformer_man(args):
+    transformer_man_base(args)

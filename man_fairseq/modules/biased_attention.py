@@ -217,7 +217,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
             scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
             if mask is not None:
                 scores = scores + mask
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            # half precision softmax in float32, as fairseq does; float64 stays float64
+            low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+            probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
             if self.post_softmax is not None:
                 probs = self.post_softmax(probs, ctx)
             weights = probs
