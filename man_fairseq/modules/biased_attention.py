@@ -113,6 +113,14 @@ class BiasedMultiheadAttention(MultiheadAttention):
         self.head_activation_name = head_activation
         self.head_activation = ACTIVATIONS[head_activation]
 
+    # Subclasses that read the probabilities in attend_values (relative value embeddings) set
+    # this: it forces the explicit path instead of the fused kernel.
+    needs_probabilities = False
+
+    def attend_values(self, probs: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
+        """(B,H,T,S) probabilities (after dropout) times values -> (B,H,T,D); a subclass hook."""
+        return torch.matmul(probs, v)
+
     # fairseq's decoder calls this on every module that has it when the beam is reordered;
     # the bias modules may keep caches of their own.
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
@@ -210,7 +218,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
         mask = self._additive_mask(ctx, attn_mask)
         dropout_p = self.dropout_module.p if self.training else 0.0
 
-        if self.post_softmax is None and not need_weights:
+        if self.post_softmax is None and not need_weights and not self.needs_probabilities:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
             weights = None
         else:
@@ -223,7 +231,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
             if self.post_softmax is not None:
                 probs = self.post_softmax(probs, ctx)
             weights = probs
-            out = torch.matmul(F.dropout(probs, p=dropout_p, training=self.training), v)
+            out = self.attend_values(F.dropout(probs, p=dropout_p, training=self.training), v, ctx)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         if self.head_activation is not None:
