@@ -81,7 +81,8 @@ class MANLayer(nn.Module):
         q_noise, qn_block = cfg.quant_noise.pq, cfg.quant_noise.pq_block_size
 
         self.blocks = nn.ModuleList()
-        self.layer_norms = nn.ModuleList()
+        # not "layer_norms": fairseq's decoder renames that legacy key on checkpoint load
+        self.sublayer_norms = nn.ModuleList()
         for name in self.sublayers:
             if name == "ffn":
                 block = FeedForward(self.embed_dim, side.ffn_embed_dim, cfg.activation_fn,
@@ -100,8 +101,11 @@ class MANLayer(nn.Module):
                     head_activation=cfg.attention_head_activation, q_noise=q_noise, qn_block_size=qn_block,
                 )
             self.blocks.append(block)
-            self.layer_norms.append(LayerNorm(self.embed_dim, export=cfg.export))
+            self.sublayer_norms.append(LayerNorm(self.embed_dim, export=cfg.export))
         self.need_attn = True
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Called by fairseq's encoder/decoder on load; MAN checkpoints need no renaming."""
 
     def build_mask(self, name: str, cfg, num_heads: int) -> Optional[nn.Module]:
         if name == "dman":
@@ -124,7 +128,7 @@ class MANLayer(nn.Module):
         need_head_weights: bool = False,
     ):
         attn = None
-        for name, block, norm in zip(self.sublayers, self.blocks, self.layer_norms):
+        for name, block, norm in zip(self.sublayers, self.blocks, self.sublayer_norms):
             residual = x
             if self.normalize_before:
                 x = norm(x)
