@@ -72,3 +72,35 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is not present")
     return SHARED_DATA
+
+
+def build_fairseq_model(arch, extra=(), dict_size=100, share_all=True, tmp_dir=None):
+    """Build ``arch`` through fairseq's own parser / task / model path (as fairseq-train does).
+
+    Returns (model, task, args). ``dict_size`` counts fairseq's 4 special symbols.
+    """
+    import tempfile
+
+    from fairseq import options, tasks
+    from fairseq.data import Dictionary
+
+    import man_fairseq  # noqa: F401  (registers the archs)
+
+    d = Dictionary()
+    for i in range(dict_size - len(d)):
+        d.add_symbol(f"w{i}")
+    tmp = tmp_dir or tempfile.mkdtemp()
+    d.save(os.path.join(tmp, "dict.src.txt"))
+    d.save(os.path.join(tmp, "dict.tgt.txt"))
+    argv = [tmp, "--arch", arch, "-s", "src", "-t", "tgt", "--user-dir", USER_DIR, *map(str, extra)]
+    if share_all:
+        argv.append("--share-all-embeddings")
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, argv)
+    task = tasks.setup_task(args)
+    model = task.build_model(args)
+    return model, task, args
+
+
+def num_params(model):
+    return sum(p.numel() for p in model.parameters())
