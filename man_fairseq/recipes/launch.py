@@ -1,0 +1,184 @@
+"""Build and run the fairseq-train command of a recipe config (``scripts/train.sh``).
+
+The paper's effective batch is ``max-tokens x paper_gpus x paper_update_freq``. Whatever the
+number of processes we run on, ``--update-freq`` is chosen so that product stays the same
+(``update_freq = paper_gpus * paper_update_freq / world_size``), and the run records the
+effective batch it really got. Multi-GPU runs go through fairseq's own distributed training:
+``torchrun`` (fairseq reads RANK/WORLD_SIZE/LOCAL_RANK) or SLURM (``srun`` + ``--distributed-port``,
+fairseq reads the SLURM_* variables). Multi-process CPU runs (gloo) go through
+:mod:`man_fairseq.recipes.torchrun_cpu`, because fairseq's torchrun path divides the rank by
+``torch.cuda.device_count()`` and so cannot start without a GPU.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .config import REPO, load_config, option_args
+
+USER_DIR = str(REPO / "man_fairseq")
+
+
+def effective_batch_units(cfg):
+    """The paper's effective batch in units of one GPU's ``max-tokens``."""
+    return cfg["batch"]["paper_gpus"] * cfg["batch"]["paper_update_freq"]
+
+
+def update_freq_for(cfg, world_size):
+    """(update_freq, effective units actually obtained, warning or None) for ``world_size`` processes."""
+    if world_size < 1:
+        raise ValueError("world_size must be >= 1")
+    units = effective_batch_units(cfg)
+    update_freq = max(1, int(round(units / world_size)))
+    got = update_freq * world_size
+    warning = None
+    if got != units:
+        warning = (f"effective batch differs from the paper: {world_size} processes x update-freq "
+                   f"{update_freq} = {got} x max-tokens, paper {units} x max-tokens")
+    return update_freq, got, warning
+
+
+def train_args(cfg, save_dir, world_size=1, device="gpu", precision="fp16", data=None, extra=()):
+    """fairseq-train arguments (without the program name) for ``cfg``."""
+    update_freq, _, _ = update_freq_for(cfg, world_size)
+    argv = [
+        str(data or cfg["data"]),
+        "--user-dir", USER_DIR,
+        "--task", cfg.get("task", "translation"),
+        "--arch", cfg["arch"],
+    ]
+    if cfg.get("source_lang"):
+        argv += ["--source-lang", cfg["source_lang"], "--target-lang", cfg["target_lang"]]
+    argv += option_args(cfg.get("model"))
+    argv += option_args(cfg["train"])
+    argv += ["--update-freq", str(update_freq), "--save-dir", str(save_dir)]
+    if device == "cpu":
+        argv += ["--cpu"]
+    elif precision == "fp16":
+        argv += ["--fp16"]
+    elif precision == "bf16":
+        argv += ["--bf16"]
+    elif precision != "fp32":
+        raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
+    if device == "cpu" and world_size > 1:
+        # DDP's c10d wrapper insists on device_ids for fairseq's call; the legacy wrapper
+        # all-reduces gradients itself and works on CPU tensors with gloo.
+        argv += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    return argv + [str(a) for a in extra]
+
+
+def launch_command(cfg, save_dir, nproc=1, launcher="torchrun", device="gpu", precision="fp16",
+                   data=None, extra=(), nnodes=1, master_port=None):
+    """The full command line: a single process, torchrun, or srun."""
+    world_size = nproc * nnodes
+    fargs = train_args(cfg, save_dir, world_size, device, precision, data, extra)
+    if world_size == 1:
+        return ["fairseq-train"] + fargs
+    if launcher == "torchrun":
+        cmd = ["torchrun", f"--nproc_per_node={nproc}"]
+        if nnodes == 1:
+            cmd += ["--standalone"]
+        else:
+            cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d",
+                    "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT:-29500}"]
+        if master_port:
+            cmd += [f"--master_port={master_port}"]
+        module = "man_fairseq.recipes.torchrun_cpu" if device == "cpu" else "fairseq_cli.train"
+        return cmd + ["-m", module] + fargs
+    if launcher == "slurm":
+        # One task per GPU; fairseq derives rank/world size from SLURM_* and the port.
+        return (["srun", f"--ntasks-per-node={nproc}", f"--nodes={nnodes}", "fairseq-train"] + fargs
+                + ["--distributed-world-size", str(world_size),
+                   "--distributed-port", str(master_port or 12597)])
+    raise ValueError(f"launcher must be torchrun or slurm, got {launcher!r}")
+
+
+def visible_gpus():
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # torch missing or broken CUDA: treat as CPU
+        return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(
+        prog="scripts/train.sh",
+        description="Train one recipe config (one paper table row) with fairseq-train.",
+    )
+    p.add_argument("config", help="configs/<name>.yaml (or just <name>)")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="processes per node (default: all visible GPUs; 1 process on CPU)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--cpu", action="store_true", help="train on CPU (smoke runs)")
+    p.add_argument("--launcher", choices=["torchrun", "slurm"], default=None,
+                   help="default: slurm inside a SLURM allocation, torchrun otherwise")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16",
+                   help="GPU precision (the papers trained in fp16; CPU always fp32)")
+    p.add_argument("--data", default=None, help="override the config's data-bin directory")
+    p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
+    p.add_argument("--master-port", type=int, default=None)
+    p.add_argument("--dry-run", action="store_true", help="print the command and write run.json only")
+    p.epilog = "Options after '--' go to fairseq-train unchanged (they override the config)."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    args = p.parse_args(argv)
+
+    cfg = load_config(args.config)
+    device = "cpu" if args.cpu else "gpu"
+    nproc = args.gpus if args.gpus is not None else (1 if args.cpu else max(1, visible_gpus()))
+    if device == "gpu" and visible_gpus() == 0 and not args.dry_run:
+        sys.exit("no GPU visible: pass --cpu for a CPU smoke run (or --dry-run to see the command)")
+    launcher = args.launcher or ("slurm" if "SLURM_JOB_ID" in os.environ else "torchrun")
+    run_dir = Path(args.run_dir or REPO / "runs" / cfg["name"]).resolve()
+    save_dir = run_dir / "checkpoints"
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    world = nproc * args.nnodes
+    update_freq, units, warning = update_freq_for(cfg, world)
+    cmd = launch_command(cfg, save_dir, nproc, launcher, device, args.precision, args.data, extra,
+                         args.nnodes, args.master_port)
+    if warning:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    record = {
+        "config": cfg["_path"], "name": cfg["name"], "world_size": world, "update_freq": update_freq,
+        "effective_batch_tokens": units * int(cfg["train"]["max-tokens"]),
+        "paper_effective_batch_tokens": effective_batch_units(cfg) * int(cfg["train"]["max-tokens"]),
+        "device": device, "precision": "fp32" if device == "cpu" else args.precision,
+        "data": str(args.data or cfg["data"]), "command": cmd,
+    }
+    (run_dir / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+    resolved = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    print("+ " + " ".join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    if shutil.which(cmd[0], path=env["PATH"]) is None:
+        sys.exit(f"{cmd[0]} not found on PATH")
+    # Keep a log next to the checkpoints while still streaming progress to the terminal.
+    with open(run_dir / "train.log", "a") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        rc = proc.wait()
+    if rc != 0:
+        print(f"training failed with exit code {rc}; log: {run_dir / 'train.log'}", file=sys.stderr)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

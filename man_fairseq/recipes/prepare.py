@@ -1,0 +1,383 @@
+"""Data preparation for IWSLT14 De-En, WMT14 En-De, CNN/DailyMail and Gigaword.
+
+``python -m man_fairseq.recipes.prepare DATASET [--from PATH] [--work DIR] [--dest DIR]``;
+``data-prep/prepare-*.sh`` are thin wrappers. Each dataset follows the standard recipe its
+papers used (see docs/recipes.md); all steps go through :class:`dataprep.Steps` (idempotent,
+resumable).
+"""
+
+import argparse
+import hashlib
+import shutil
+import sys
+from pathlib import Path
+
+from .config import REPO
+from .dataprep import (
+    PrepError, Steps, apply_bpe_lines, binarize, clean_pairs, fetch, find_file, learn_bpe, log,
+    read_lines, read_seg_lines, report_counts, stage_source, tokenize_lines, write_lines,
+)
+
+EXPECTED = {
+    "iwslt14": {"train": 160239, "valid": 7283, "test": 6750},
+    "wmt14": {"train": None, "valid": 3000, "test": 3003},  # train ~4.5M (depends on cleaning)
+    "cnndm": {"train": 287227, "valid": 13368, "test": 11490},
+    "gigaword": {"train": None, "valid": None, "test": 1951},  # train 3.8M, valid 189k (Rush et al.)
+}
+
+
+def _stage(args, steps, urls, archive_names):
+    """Download (or take --from) and return the folders to search for the raw files."""
+    orig = steps.work / "orig"
+    if args.from_path:
+        def stage():
+            stage_source(args.from_path, orig, archive_names)
+        steps.run("stage", stage)
+        src = Path(args.from_path).expanduser().resolve()
+        return [orig] if src.is_file() else [src, orig]
+
+    def download():
+        for url in urls:
+            name = url.rsplit("/", 1)[-1].split("?")[0]
+            fetch(url, steps.work / "downloads" / name, checksum_file=steps.work / "downloads" / "SHA256SUMS.json")
+            if name.endswith((".tgz", ".tar.gz", ".zip", ".tar")):
+                from .dataprep import extract
+                extract(steps.work / "downloads" / name, orig / name.split(".")[0])
+    steps.run("download", download)
+    return [orig, steps.work / "downloads"]
+
+
+def _bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train", "valid", "test")):
+    tok_dir, prep = Path(prep_src_dir), steps.work / "prep"
+    prep.mkdir(exist_ok=True)
+    codes = prep / "code"
+
+    def learn():
+        learn_bpe([tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"], codes, merges)
+    steps.run("learn_bpe", learn)
+
+    def apply():
+        for split in splits:
+            for lang in (src, tgt):
+                lines = read_lines(tok_dir / f"{split}.{lang}")
+                write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
+                log(f"      bpe {split}.{lang}: {len(lines)} lines")
+    steps.run("apply_bpe", apply)
+
+    dest = Path(args.dest)
+
+    def binarize_step():
+        if dest.exists():
+            shutil.rmtree(dest)  # a half-written data-bin from an interrupted run
+        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits)
+        shutil.copy(codes, dest / "code")
+        for extra in sorted(tok_dir.glob("*.raw.*")):
+            shutil.copy(extra, dest / extra.name)  # untokenized references for sacreBLEU
+    steps.run("binarize", binarize_step)
+    return prep
+
+
+# --------------------------------------------------------------------------------- IWSLT14
+
+IWSLT14_URL = "https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
+IWSLT14_TEST_SETS = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
+                     "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012"]
+# fairseq's prepare-iwslt14.sh drops these metadata lines of train.tags.* and keeps the text of
+# <title>/<description> lines.
+IWSLT_DROP = ("<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer", "<translator", "<doc", "</doc>")
+
+
+def iwslt_train_lines(path):
+    out = []
+    for line in read_lines(path):
+        if any(tag in line for tag in IWSLT_DROP):
+            continue
+        for tag in ("<title>", "</title>", "<description>", "</description>"):
+            line = line.replace(tag, "")
+        out.append(line.strip())
+    return out
+
+
+def split_every_nth(src, tgt, n=23):
+    """fairseq's IWSLT14 split: line numbers (1-based) divisible by ``n`` go to valid."""
+    train = ([s for i, s in enumerate(src, 1) if i % n], [t for i, t in enumerate(tgt, 1) if i % n])
+    valid = ([s for i, s in enumerate(src, 1) if not i % n], [t for i, t in enumerate(tgt, 1) if not i % n])
+    return train, valid
+
+
+def prepare_iwslt14(args):
+    src, tgt = "de", "en"
+    steps = Steps(args.work)
+    roots = _stage(args, steps, [IWSLT14_URL], ["de-en.tgz"])
+    tok = steps.work / "tok"
+    tok.mkdir(exist_ok=True)
+
+    def tokenize_train():
+        sides = {}
+        for lang in (src, tgt):
+            lines = iwslt_train_lines(find_file(roots, f"train.tags.de-en.{lang}"))
+            sides[lang] = tokenize_lines(lines, lang, workers=args.workers, desc=f"train.{lang}")
+        if len(sides[src]) != len(sides[tgt]):
+            raise PrepError(f"train.tags: {len(sides[src])} German but {len(sides[tgt])} English lines")
+        s, t = clean_pairs(sides[src], sides[tgt], 1, 175, 1.5)
+        s, t = [x.lower() for x in s], [x.lower() for x in t]
+        log(f"      train.tags: {len(sides[src])} pairs, {len(s)} after cleaning")
+        (tr_s, tr_t), (va_s, va_t) = split_every_nth(s, t, 23)
+        write_lines(tok / f"train.{src}", tr_s)
+        write_lines(tok / f"train.{tgt}", tr_t)
+        write_lines(tok / f"valid.{src}", va_s)
+        write_lines(tok / f"valid.{tgt}", va_t)
+    steps.run("tokenize_train", tokenize_train)
+
+    def tokenize_test():
+        for lang in (src, tgt):
+            lines = []
+            for name in IWSLT14_TEST_SETS:
+                segs = read_seg_lines(find_file(roots, f"{name}.de-en.{lang}.xml"))
+                lines += [seg.replace("\u2019", "'") for seg in segs]
+            toks = tokenize_lines(lines, lang, lowercase=True, workers=args.workers, desc=f"test.{lang}")
+            write_lines(tok / f"test.{lang}", toks)
+    steps.run("tokenize_test", tokenize_test)
+
+    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 10000)
+    return report_counts(prep, src, tgt, EXPECTED["iwslt14"])
+
+
+# ---------------------------------------------------------------------------------- WMT14
+
+WMT14_URLS = [
+    "http://statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+    "http://statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+    "http://statmt.org/wmt14/training-parallel-nc-v9.tgz",
+    "http://data.statmt.org/wmt17/translation-task/dev.tgz",
+    "http://statmt.org/wmt14/test-full.tgz",
+]
+WMT14_CORPORA = ["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v9.de-en"]
+WMT14_ARCHIVES = ["training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz",
+                  "training-parallel-nc-v9.tgz", "dev.tgz", "test-full.tgz"]
+
+
+def prepare_wmt14(args):
+    src, tgt = "en", "de"
+    steps = Steps(args.work)
+    roots = _stage(args, steps, WMT14_URLS, WMT14_ARCHIVES)
+    tok = steps.work / "tok"
+    tok.mkdir(exist_ok=True)
+    moses = dict(aggressive=True, escape=True, normalize=True, workers=args.workers)
+
+    def tokenize_train():
+        for lang in (src, tgt):
+            lines = []
+            for corpus in WMT14_CORPORA:
+                part = read_lines(find_file(roots, f"{corpus}.{lang}"))
+                log(f"      {corpus}.{lang}: {len(part)} lines")
+                lines += part
+            write_lines(tok / f"train.all.{lang}", tokenize_lines(lines, lang, desc=f"train.{lang}", **moses))
+    steps.run("tokenize_train", tokenize_train)
+
+    def tokenize_dev_test():
+        for lang in (src, tgt):
+            valid = read_lines(find_file(roots, f"newstest2013.{lang}"))
+            write_lines(tok / f"valid.{lang}", tokenize_lines(valid, lang, desc=f"valid.{lang}", **moses))
+            kind = "src" if lang == src else "ref"
+            test = read_seg_lines(find_file(roots, f"newstest2014-deen-{kind}.{lang}.sgm"))
+            write_lines(tok / f"test.raw.{lang}", test)  # reference text for detokenized sacreBLEU
+            test = [seg.replace("\u2019", "'") for seg in test]
+            write_lines(tok / f"test.{lang}", tokenize_lines(test, lang, aggressive=True, escape=True,
+                                                              workers=args.workers, desc=f"test.{lang}"))
+    steps.run("tokenize_dev_test", tokenize_dev_test)
+
+    def clean():
+        s, t = clean_pairs(read_lines(tok / f"train.all.{src}"), read_lines(tok / f"train.all.{tgt}"),
+                           1, args.max_len or 250, 1.5)
+        write_lines(tok / f"train.{src}", s)
+        write_lines(tok / f"train.{tgt}", t)
+    # fairseq cleans after BPE with max 250 subwords; cleaning tokens before BPE with the same
+    # bounds keeps the learn-BPE input free of the junk pairs (documented deviation).
+    steps.run("clean", clean)
+
+    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 40000)
+    return report_counts(prep, src, tgt, EXPECTED["wmt14"])
+
+
+# -------------------------------------------------------------------------------- CNN / DM
+
+CNNDM_URLS = [
+    "https://huggingface.co/datasets/abisee/cnn_dailymail/resolve/main/data/cnn_stories.tgz",
+    "https://huggingface.co/datasets/abisee/cnn_dailymail/resolve/main/data/dailymail_stories.tgz",
+    "https://raw.githubusercontent.com/abisee/cnn-dailymail/master/url_lists/all_train.txt",
+    "https://raw.githubusercontent.com/abisee/cnn-dailymail/master/url_lists/all_val.txt",
+    "https://raw.githubusercontent.com/abisee/cnn-dailymail/master/url_lists/all_test.txt",
+]
+END_TOKENS = {".", "!", "?", "...", "'", "`", '"', "\u2019", "\u201d", ")"}
+
+
+def story_to_pair(text):
+    """See et al. (2017) make_datafiles.py: article lines, then '@highlight' paragraphs.
+
+    Highlights lacking final punctuation get ' .' (fix_missing_period); returns (article, summary).
+    """
+    lines = [l.strip() for l in text.splitlines()]
+    lines = [l if (not l or l == "@highlight" or l[-1] in END_TOKENS) else l + " ." for l in lines]
+    article, highlights, next_is_highlight = [], [], False
+    for line in lines:
+        if not line:
+            continue
+        if line.startswith("@highlight"):
+            next_is_highlight = True
+        elif next_is_highlight:
+            highlights.append(line)
+        else:
+            article.append(line)
+    return " ".join(article), " ".join(highlights)
+
+
+def url_hash(url):
+    return hashlib.sha1(url.encode("utf-8")).hexdigest()
+
+
+def prepare_cnndm(args):
+    src, tgt = "source", "target"
+    steps = Steps(args.work)
+    roots = _stage(args, steps, CNNDM_URLS, ["cnn_stories.tgz", "dailymail_stories.tgz"])
+    raw, tok = steps.work / "raw", steps.work / "tok"
+    raw.mkdir(exist_ok=True)
+    tok.mkdir(exist_ok=True)
+    split_names = {"train": "train", "valid": "val", "test": "test"}
+
+    def make_splits():
+        presplit = find_file(roots, "val.source", required=False) or find_file(roots, "valid.source", required=False)
+        if presplit is not None:
+            # already one article / one summary per line (BART / HuggingFace export)
+            folder = presplit.parent
+            for split, short in split_names.items():
+                for lang in (src, tgt):
+                    f = folder / f"{short}.{lang}"
+                    f = f if f.is_file() else folder / f"{split}.{lang}"
+                    if not f.is_file():
+                        raise PrepError(f"{folder}: has {presplit.name} but no {short}.{lang} / {split}.{lang}")
+                    write_lines(raw / f"{split}.{lang}", read_lines(f))
+            return
+        stories = {}
+        for root in roots:
+            for p in Path(root).rglob("*.story"):
+                stories.setdefault(p.stem, p)
+        if not stories:
+            raise PrepError("no *.story files and no {val,train,test}.source/.target found: expected "
+                            "cnn_stories.tgz + dailymail_stories.tgz + url lists (See et al.)")
+        for split, short in split_names.items():
+            urls = [u.strip() for u in read_lines(find_file(roots, f"all_{short}.txt")) if u.strip()]
+            arts, sums, missing = [], [], []
+            for url in urls:
+                p = stories.get(url_hash(url))
+                if p is None:
+                    missing.append(url)
+                    continue
+                a, s = story_to_pair(p.read_text(encoding="utf-8", errors="replace"))
+                arts.append(a)
+                sums.append(s)
+            if missing:
+                raise PrepError(f"{split}: {len(missing)} of {len(urls)} stories listed in all_{short}.txt "
+                                f"are missing (first: {missing[0]}); incomplete story archives?")
+            write_lines(raw / f"{split}.{src}", arts)
+            write_lines(raw / f"{split}.{tgt}", sums)
+            log(f"      {split}: {len(arts)} stories")
+    steps.run("make_splits", make_splits)
+
+    def tokenize():
+        for split in split_names:
+            s = tokenize_lines(read_lines(raw / f"{split}.{src}"), "en", escape=False, lowercase=True,
+                               workers=args.workers, desc=f"{split}.source")
+            t = tokenize_lines(read_lines(raw / f"{split}.{tgt}"), "en", escape=False, lowercase=True,
+                               workers=args.workers, desc=f"{split}.target")
+            if args.max_source_tokens:
+                s = [" ".join(x.split()[:args.max_source_tokens]) for x in s]  # See et al.: 400
+            if split == "train":
+                # empty articles/summaries (114 in the train list) carry no signal; valid/test
+                # keep every pair so the standard counts and references hold.
+                pairs = [(a, b) for a, b in zip(s, t) if a.strip() and b.strip()]
+                s, t = [a for a, _ in pairs], [b for _, b in pairs]
+            write_lines(tok / f"{split}.{src}", s)
+            write_lines(tok / f"{split}.{tgt}", t)
+    steps.run("tokenize", tokenize)
+
+    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
+    return report_counts(tok, src, tgt, EXPECTED["cnndm"])
+
+
+# ------------------------------------------------------------------------------- Gigaword
+
+GIGAWORD_URLS = [
+    # Rush et al. (2015) release ("sumdata"), as mirrored by the UniLM / OpenNMT recipes.
+    "https://drive.google.com/uc?export=download&id=0B6N7tANPyVeBNmlSX19Ld2xDU1E",
+]
+GIGAWORD_FILES = {
+    "train": ("train.article.txt", "train.title.txt"),
+    "valid": ("valid.article.filter.txt", "valid.title.filter.txt"),
+    "test": ("input.txt", "task1_ref0.txt"),
+}
+
+
+def prepare_gigaword(args):
+    src, tgt = "article", "title"
+    steps = Steps(args.work)
+    roots = _stage(args, steps, GIGAWORD_URLS, ["summary.tar.gz", "sumdata.tgz"])
+    tok = steps.work / "tok"
+    tok.mkdir(exist_ok=True)
+
+    def normalize():
+        # The release is already tokenized, lowercased, digits -> '#', rare words -> 'UNK' (Rush
+        # et al.). Re-tokenizing with Moses would change those references ("'s" -> "&apos;s"),
+        # so only whitespace and case are normalized.
+        for split, (art, ttl) in GIGAWORD_FILES.items():
+            a = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, art))]
+            t = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, ttl))]
+            if len(a) != len(t):
+                raise PrepError(f"gigaword {split}: {len(a)} articles but {len(t)} titles")
+            if split == "train":
+                a, t = clean_pairs(a, t, 1, args.max_len or 200, ratio=None)
+            write_lines(tok / f"{split}.{src}", a)
+            write_lines(tok / f"{split}.{tgt}", t)
+    steps.run("normalize", normalize)
+
+    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
+    return report_counts(tok, src, tgt, EXPECTED["gigaword"])
+
+
+DATASETS = {
+    "iwslt14": (prepare_iwslt14, "iwslt14.tokenized.de-en"),
+    "wmt14": (prepare_wmt14, "wmt14_en_de"),
+    "cnndm": (prepare_cnndm, "cnndm"),
+    "gigaword": (prepare_gigaword, "gigaword"),
+}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Prepare a corpus for fairseq: download or --from, "
+                                "Moses tokenization (sacremoses), cleaning, subword-nmt BPE, fairseq-preprocess.")
+    p.add_argument("dataset", choices=sorted(DATASETS))
+    p.add_argument("--from", dest="from_path", default=None,
+                   help="local archive or folder with the original files (no download)")
+    p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/DATASET)")
+    p.add_argument("--dest", default=None, help="binarized output (default data-bin/<standard name>)")
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--bpe-merges", type=int, default=None,
+                   help="BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
+    p.add_argument("--max-len", type=int, default=None, help="cleaning: max tokens per side")
+    p.add_argument("--max-source-tokens", type=int, default=400,
+                   help="CNN/DM: truncate articles to this many tokens (See et al.; 0 = keep all)")
+    args = p.parse_args(argv)
+    fn, default_name = DATASETS[args.dataset]
+    args.work = args.work or str(REPO / "data-bin" / "_work" / args.dataset)
+    args.dest = args.dest or str(REPO / "data-bin" / default_name)
+    try:
+        fn(args)
+    except PrepError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    log(f"binarized data: {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
