@@ -1,0 +1,466 @@
+"""Localness (Gaussian bias, SPEC §2) and relative position representations (Shaw et al. 2018)."""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+from man_fairseq.modules.biased_attention import AttentionContext, BiasedMultiheadAttention
+from man_fairseq.modules.localness import WINDOW_STRATEGIES, LocalnessBias, gaussian_bias
+from man_fairseq.modules.relative_position import RelativePositionMultiheadAttention
+
+DIM, HEADS = 8, 2
+DT = torch.float64
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def padding_mask(lengths, total, left):
+    """(B, total) bool, True at pads; pads on the left (fairseq sources) or the right."""
+    rows = []
+    for n in lengths:
+        row = [True] * (total - n) + [False] * n if left else [False] * n + [True] * (total - n)
+        rows.append(row)
+    return torch.tensor(rows)
+
+
+def context(q, k, kpm=None, query_start=0, self_attention=True):
+    """AttentionContext from (B,H,T,D) q and (B,H,S,D) k."""
+    b, h, t, d = q.shape
+    return AttentionContext(
+        query=q.permute(2, 0, 1, 3).reshape(t, b, h * d), key=None, q=q, k=k,
+        key_padding_mask=kpm, query_start=query_start, incremental_state=None,
+        self_attention=self_attention,
+    )
+
+
+def randomise(module, seed=0):
+    """Parameters far from their (partly zero) initialisation, so every term matters."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def naive_localness_bias(module, q, k, kpm, causal, query_start=0):
+    """The SPEC §2 formula with python loops (float64): -(j-P)^2/(2 sigma^2), sigma = D/2."""
+    b, h, t, d = q.shape
+    s_len = k.size(2)
+    w_p = module.centre_proj.weight
+    u = module.query_vectors
+    out = torch.zeros(b, h, t, s_len, dtype=DT)
+    for bi in range(b):
+        real = [s for s in range(s_len) if kpm is None or not kpm[bi, s]]
+        first = real[0]
+        q_full = q[bi].permute(1, 0, 2).reshape(t, h * d)  # (T, d) before the head split
+        k_full = k[bi].permute(1, 0, 2).reshape(s_len, h * d)
+        for ti in range(t):
+            key_idx = query_start + ti
+            visible = [s for s in real if s <= key_idx] if causal else real
+            length = max(len(visible), 1)
+            hidden = torch.tanh(w_p @ q_full[ti])
+            for m in range(h):
+                centre = length * torch.sigmoid(u[m] @ hidden)
+                if module.window == "fixed":
+                    window = torch.tensor(module.fixed_window, dtype=DT)
+                elif module.window == "query":
+                    window = length * torch.sigmoid(u[h + m] @ hidden)
+                elif module.window == "head":
+                    window = module.head_window_max * torch.sigmoid(module.head_window_logits[m])
+                else:
+                    mean = torch.stack([k_full[s] for s in visible]).mean(0) if visible else torch.zeros(h * d, dtype=DT)
+                    z = module.window_vectors[m] @ torch.tanh(module.window_proj.weight @ mean)
+                    window = length * torch.sigmoid(z)
+                sigma = window / 2
+                for s in range(s_len):
+                    j = s - first  # position counted from the first real token
+                    out[bi, m, ti, s] = -((j - centre) ** 2) / (2 * sigma ** 2)
+    return out
+
+
+def naive_attention(q, k, v, bias, kpm, causal, query_start=0, rel=None):
+    """softmax(q·k/sqrt(d) + bias [+ q·a^K/sqrt(d)]) (v [+ a^V]) with loops over (t, s)."""
+    b, h, t, d = q.shape
+    s_len = k.size(2)
+    out = torch.zeros(b, h, t, d, dtype=DT)
+    for bi in range(b):
+        for m in range(h):
+            for ti in range(t):
+                logits, values = [], []
+                for s in range(s_len):
+                    if (kpm is not None and kpm[bi, s]) or (causal and s > query_start + ti):
+                        continue
+                    e = q[bi, m, ti] @ k[bi, m, s] / math.sqrt(d)
+                    val = v[bi, m, s]
+                    if bias is not None:
+                        e = e + bias[bi, m, ti, s]
+                    if rel is not None:
+                        a_k, a_v, clip = rel
+                        r = max(-clip, min(clip, s - (query_start + ti))) + clip
+                        e = e + q[bi, m, ti] @ a_k[r] / math.sqrt(d)
+                        val = val + a_v[r]
+                    logits.append(e)
+                    values.append(val)
+                p = torch.softmax(torch.stack(logits), 0)
+                out[bi, m, ti] = (p[:, None] * torch.stack(values)).sum(0)
+    return out
+
+
+def heads_of(attn, x):
+    """(L,B,C) -> projected (B,H,L,D) q, k, v of a fairseq attention (unscaled)."""
+    return tuple(attn._shape(proj(x), x.size(1)) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+
+
+# ----------------------------------------------------------------------------- the bias
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("left", [False, True])
+def test_bias_equals_naive_formula(window, causal, left):
+    torch.manual_seed(0)
+    module = randomise(LocalnessBias(DIM, HEADS, window=window, causal=causal, fixed_window=3.0,
+                                     head_window_max=7.0).double())
+    b, t = 3, 5
+    q = torch.randn(b, HEADS, t, DIM // HEADS, dtype=DT)
+    k = torch.randn(b, HEADS, t, DIM // HEADS, dtype=DT)
+    kpm = padding_mask([5, 3, 1], t, left)
+    got = module(context(q, k, kpm))
+    want = naive_localness_bias(module, q, k, kpm, causal)
+    real = ~kpm[:, None, None, :].expand_as(got)
+    torch.testing.assert_close(got[real], want[real])
+
+
+def test_causal_incremental_rows_equal_full_rows():
+    """A decoder step (T=1, query_start=S-1) gets the same bias row as the full pass."""
+    torch.manual_seed(1)
+    for window in WINDOW_STRATEGIES:
+        module = randomise(LocalnessBias(DIM, HEADS, window=window, causal=True).double())
+        q = torch.randn(2, HEADS, 6, DIM // HEADS, dtype=DT)
+        k = torch.randn(2, HEADS, 6, DIM // HEADS, dtype=DT)
+        full = module(context(q, k))
+        for t in range(6):
+            step = module(context(q[:, :, t:t + 1], k[:, :, : t + 1], query_start=t))
+            torch.testing.assert_close(step, full[:, :, t:t + 1, : t + 1])
+
+
+def test_gaussian_bias_function_gradcheck():
+    torch.manual_seed(2)
+    centre = torch.rand(2, 3, 4, 1, dtype=DT, requires_grad=True) * 5
+    sigma_query = (torch.rand(2, 3, 4, 1, dtype=DT) + 0.5).requires_grad_()
+    sigma_head = (torch.rand(1, 3, 1, 1, dtype=DT) + 0.5).requires_grad_()
+    pos = torch.arange(6, dtype=DT).view(1, 1, 1, 6)
+    for sigma in (sigma_query, sigma_head):
+        assert torch.autograd.gradcheck(gaussian_bias, (centre, sigma, pos))
+    # equals autograd on the plain expression, incl. broadcast reduction of the head sigma
+    g = torch.randn(2, 3, 4, 6, dtype=DT)
+    for sigma in (sigma_query, sigma_head):
+        fused = torch.autograd.grad((gaussian_bias(centre, sigma, pos) * g).sum(), (centre, sigma))
+        plain = torch.autograd.grad((-((pos - centre) ** 2) / (2 * sigma ** 2) * g).sum(), (centre, sigma))
+        for a, b in zip(fused, plain):
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+def test_gradcheck_new_parameters(window):
+    """Gradients of every new parameter (and of q, k) through the bias module."""
+    torch.manual_seed(3)
+    module = randomise(LocalnessBias(4, 2, window=window, causal=window == "layer").double())
+    names = [n for n, _ in module.named_parameters()]
+    params = tuple(p.detach().clone().requires_grad_() for p in module.parameters())
+    q = torch.randn(2, 2, 3, 2, dtype=DT, requires_grad=True)
+    k = torch.randn(2, 2, 3, 2, dtype=DT, requires_grad=True)
+    kpm = padding_mask([3, 2], 3, left=True)
+
+    def bias(q, k, *ps):
+        out = torch.func.functional_call(module, dict(zip(names, ps)), (context(q, k, kpm),))
+        return out.masked_fill(kpm[:, None, None, :], 0.0)
+
+    assert torch.autograd.gradcheck(bias, (q, k) + params)
+
+
+# ----------------------------------------------------------------------------- attention with the bias
+
+def localness_attention(window, causal=False, rel=False, **kw):
+    cls = RelativePositionMultiheadAttention if rel else BiasedMultiheadAttention
+    extra = {"max_relative_position": 2} if rel else {}
+    bias = LocalnessBias(DIM, HEADS, window=window, causal=causal, **kw) if window else None
+    attn = cls(DIM, HEADS, self_attention=True, bias_module=bias, **extra).double()
+    return randomise(attn).eval()
+
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+def test_attention_with_localness_equals_naive(window):
+    torch.manual_seed(4)
+    attn = localness_attention(window)
+    x = torch.randn(5, 2, DIM, dtype=DT)
+    kpm = padding_mask([5, 3], 5, left=True)
+    out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # fused (SDPA) path
+    q, k, v = heads_of(attn, x)
+    bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal=False)
+    heads_out = naive_attention(q, k, v, bias, kpm, causal=False)
+    want = attn.out_proj(heads_out.permute(2, 0, 1, 3).reshape(5, 2, DIM))
+    real = ~kpm.t()
+    torch.testing.assert_close(out[real], want[real])
+
+
+def test_zero_bias_limit_is_plain_attention():
+    """A fixed window much wider than the sentence makes the Gaussian flat: plain attention."""
+    torch.manual_seed(5)
+    attn = localness_attention("fixed", fixed_window=1e7)
+    plain = BiasedMultiheadAttention(DIM, HEADS, self_attention=True).double().eval()
+    plain.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("bias_module")})
+    x = torch.randn(6, 3, DIM, dtype=DT)
+    kpm = padding_mask([6, 4, 2], 6, left=False)
+    got, _ = attn(x, x, x, key_padding_mask=kpm)
+    want, _ = plain(x, x, x, key_padding_mask=kpm)
+    real = ~kpm.t()
+    torch.testing.assert_close(got[real], want[real])
+    # and a narrow window does change it (the comparison above can fail)
+    attn.bias_module.fixed_window = 1.0
+    narrow, _ = attn(x, x, x, key_padding_mask=kpm)
+    assert (narrow[real] - want[real]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES + (None,))
+@pytest.mark.parametrize("rel", [False, True])
+def test_left_and_right_padding_agree(window, rel):
+    if window is None and not rel:
+        pytest.skip("plain attention")
+    torch.manual_seed(6)
+    attn = localness_attention(window, rel=rel)
+    lengths, total = [6, 4, 2], 6
+    x_right = torch.randn(total, 3, DIM, dtype=DT)
+    x_left = torch.zeros_like(x_right)
+    for b, n in enumerate(lengths):
+        x_left[total - n:, b] = x_right[:n, b]
+    right, _ = attn(x_right, x_right, x_right, key_padding_mask=padding_mask(lengths, total, False))
+    left, _ = attn(x_left, x_left, x_left, key_padding_mask=padding_mask(lengths, total, True))
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(left[total - n:, b], right[:n, b])
+
+
+# ----------------------------------------------------------------------------- relative positions
+
+@pytest.mark.parametrize("window", [None, "query"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_relative_position_attention_equals_naive(window, causal):
+    torch.manual_seed(7)
+    attn = localness_attention(window, causal=causal, rel=True)
+    t = 6
+    x = torch.randn(t, 2, DIM, dtype=DT)
+    kpm = padding_mask([6, 4], t, left=not causal)
+    attn_mask = torch.triu(torch.full((t, t), float("-inf"), dtype=DT), 1) if causal else None
+    out, weights = attn(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask)
+    q, k, v = heads_of(attn, x)
+    bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal) if window else None
+    rel = (attn.relative_keys, attn.relative_values, attn.max_relative_position)
+    heads_out = naive_attention(q, k, v, bias, kpm, causal, rel=rel)
+    want = attn.out_proj(heads_out.permute(2, 0, 1, 3).reshape(t, 2, DIM))
+    real = ~kpm.t()
+    torch.testing.assert_close(out[real], want[real])
+    # the value-side term really contributes (removing it changes the output)
+    with torch.no_grad():
+        attn.relative_values.zero_()
+    no_values, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask)
+    assert (no_values[real] - out[real]).abs().max() > 1e-3
+
+
+def test_relative_position_options_are_validated():
+    with pytest.raises(ValueError, match="self-attention only"):
+        RelativePositionMultiheadAttention(DIM, HEADS, kdim=DIM, vdim=DIM, encoder_decoder_attention=True)
+    with pytest.raises(ValueError, match="max_relative_position"):
+        RelativePositionMultiheadAttention(DIM, HEADS, max_relative_position=0, self_attention=True)
+    with pytest.raises(ValueError, match="unknown localness window"):
+        LocalnessBias(DIM, HEADS, window="sentence")
+
+
+# ----------------------------------------------------------------------------- whole model
+
+def tiny_dictionary_dir(tmp_path, size=30):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    for lang in ("src", "tgt"):
+        d.save(str(tmp_path / f"dict.{lang}.txt"))
+    return tmp_path
+
+
+def build_model(data_dir, arch, *extra):
+    from fairseq import options, tasks
+
+    import man_fairseq  # noqa: F401  (registers the archs)
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data_dir), "--user-dir", USER_DIR, "--task", "translation", "-s", "src", "-t", "tgt",
+        "--arch", arch, "--share-all-embeddings", *map(str, extra),
+    ])
+    task = tasks.setup_task(args)
+    return task.build_model(args), task
+
+
+def test_parameter_increase_at_base_width(tmp_path):
+    """Query-specific localness on the 3 lower encoder layers: 0.7–0.9M over transformer_wmt_en_de
+    with a 37,000-symbol shared vocabulary (paper: 88.0M -> 88.8M)."""
+    data = tiny_dictionary_dir(tmp_path, size=37000 - 4)
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    base, _ = build_model(data, "transformer_wmt_en_de")
+    loc, _ = build_model(data, "transformer_localness_base")
+    increase = count(loc) - count(base)
+    assert 0.7e6 <= increase <= 0.9e6, increase
+    assert increase == 3 * (512 * 512 + 2 * 8 * 512)
+
+
+def localness_modules(model):
+    found = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LocalnessBias):
+            found[name] = module
+    return found
+
+
+def test_options_reach_the_modules(tmp_path):
+    data = tiny_dictionary_dir(tmp_path)
+    tiny = TINY_MODEL + ["--encoder-layers", "3", "--decoder-layers", "3"]
+    model, _ = build_model(data, "transformer_localness_small", *tiny)
+    assert sorted(localness_modules(model)) == [f"encoder.layers.{i}.self_attn.bias_module" for i in range(3)]
+    assert all(m.window == "query" and not m.causal for m in localness_modules(model).values())
+    assert not any(isinstance(m, RelativePositionMultiheadAttention) for m in model.modules())
+
+    model, _ = build_model(
+        data, "transformer_localness_small", *tiny, "--localness-window", "fixed",
+        "--localness-fixed-window", "7", "--localness-layers", "1",
+        "--localness-attention-types", "encoder_self,decoder_self,cross",
+    )
+    mods = localness_modules(model)
+    assert sorted(mods) == sorted([
+        "encoder.layers.1.self_attn.bias_module", "decoder.layers.1.self_attn.bias_module",
+        "decoder.layers.1.encoder_attn.bias_module",
+    ])
+    assert {m.window for m in mods.values()} == {"fixed"} and {m.fixed_window for m in mods.values()} == {7.0}
+    assert mods["decoder.layers.1.self_attn.bias_module"].causal
+    assert not mods["decoder.layers.1.encoder_attn.bias_module"].causal
+
+    model, _ = build_model(
+        data, "transformer_localness_small", *tiny, "--localness-window", "head",
+        "--localness-head-window-max", "20", "--localness-layers", "all",
+        "--relative-positions", "--max-relative-position", "5",
+        "--relative-position-attention-types", "decoder_self",
+    )
+    mods = localness_modules(model)
+    assert len(mods) == 3 and {m.head_window_max for m in mods.values()} == {20.0}
+    assert {m.window for m in mods.values()} == {"head"}
+    rel = [n for n, m in model.named_modules() if isinstance(m, RelativePositionMultiheadAttention)]
+    assert rel == [f"decoder.layers.{i}.self_attn" for i in range(3)]
+    assert model.decoder.layers[0].self_attn.max_relative_position == 5
+
+    model, _ = build_model(data, "transformer_localness_small", *tiny, "--localness-window", "layer",
+                           "--localness-layers", "", "--relative-positions")
+    assert not localness_modules(model)
+    rel = [n for n, m in model.named_modules() if isinstance(m, RelativePositionMultiheadAttention)]
+    assert len(rel) == 6
+    # the model's bias module is the one the naive-formula tests check: layer strategy has W_d
+    model, _ = build_model(data, "transformer_localness_small", *tiny, "--localness-window", "layer")
+    assert all(hasattr(m, "window_proj") for m in localness_modules(model).values())
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--localness-window", "sentence"], "invalid choice"),
+    (["--localness-attention-types", "encoder_self,decoder"], "unknown attention type"),
+    (["--relative-positions", "--relative-position-attention-types", "cross"], "unknown attention type"),
+    (["--localness-layers", "5"], "out of range"),
+    (["--localness-layers", "one"], "comma-separated"),
+    (["--localness-fixed-window", "0"], "must be > 0"),
+    (["--max-relative-position", "0", "--relative-positions"], "must be >= 1"),
+])
+def test_bad_option_values_fail_at_start_up(tmp_path, extra, message, capsys):
+    data = tiny_dictionary_dir(tmp_path)
+    with pytest.raises((ValueError, SystemExit)) as info:
+        # valid layers for the 2-layer TINY_MODEL unless the case overrides them
+        build_model(data, "transformer_localness_small", *TINY_MODEL, "--localness-layers", "0,1", *extra)
+    text = str(info.value) + capsys.readouterr().err
+    assert message in text
+
+
+def test_incremental_decoding_equals_full_forward_with_beam_reorder(tmp_path):
+    """Localness on decoder self- and cross-attention (each strategy) + relative positions."""
+    data = tiny_dictionary_dir(tmp_path)
+    torch.manual_seed(8)
+    for window in WINDOW_STRATEGIES:
+        model, task = build_model(
+            data, "transformer_localness_small", *TINY_MODEL, "--localness-window", window,
+            "--localness-layers", "all", "--localness-attention-types", "encoder_self,decoder_self,cross",
+            "--relative-positions", "--dropout", "0", "--attention-dropout", "0",
+        )
+        model = randomise(model.double(), seed=9).eval()  # random u, z: non-trivial windows
+        pad = task.source_dictionary.pad()
+        # 2 sentences x 2 beams; the second sentence left-padded, as fairseq builds sources
+        src = torch.randint(4, 30, (2, 7))
+        src[1, :2] = pad
+        src = src.repeat_interleave(2, 0)
+        src_lengths = (src != pad).sum(1)
+        prev = torch.randint(4, 30, (4, 6))
+        prev[:, 0] = task.target_dictionary.eos()
+        enc = model.encoder(src, src_lengths=src_lengths)
+        full, _ = model.decoder(prev, encoder_out=enc)
+
+        # incremental with a beam reorder after step 3 as beam search makes them: within each
+        # sentence, hypotheses are copied/swapped (fairseq keeps the cross-attention cache then)
+        order = torch.tensor([1, 1, 3, 2])
+        state = {}
+        steps = []
+        for t in range(6):
+            if t == 3:
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev = prev[order]
+                full = full[order]
+                steps = [s[order] for s in steps]
+            out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out)
+        torch.testing.assert_close(torch.cat(steps, 1), full, msg=f"window={window}")
+
+
+# ----------------------------------------------------------------------------- end to end
+
+@pytest.mark.parametrize("window, extra", [
+    ("fixed", ["--localness-attention-types", "encoder_self,cross"]),
+    ("layer", ["--localness-attention-types", "encoder_self,decoder_self"]),
+    ("query", ["--relative-positions"]),
+    ("head", ["--localness-attention-types", "decoder_self"]),
+])
+def test_cli_train_generate_and_dump_windows(tmp_path, toy_data_bin, window, extra):
+    save = tmp_path / "ckpt"
+    run_cli([
+        "fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_localness_small",
+        *TINY_MODEL, *TINY_TRAIN, "--localness-window", window, "--localness-layers", "0,1", *extra,
+        "--max-update", "3", "--save-dir", save, "--share-all-embeddings",
+    ])
+    gen = run_cli([
+        "fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+        "--beam", "3", "--batch-size", "8", "--max-len-b", "12", "--cpu", "--gen-subset", "test",
+    ])
+    hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 20
+    if window in ("query", "layer"):
+        # the window dump command on the trained checkpoint
+        out = tmp_path / "windows"
+        run_cli([
+            "python", "-m", "man_fairseq.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
+            "--path", save / "checkpoint_last.pt", "--gen-subset", "valid", "--batch-size", "16",
+            "--cpu", "--windows-output-dir", out,
+        ])
+        tsv = (out / "windows.tsv").read_text().splitlines()
+        assert tsv[0].split("\t")[:4] == ["sample_id", "attention", "layer", "head"]
+        kinds = {line.split("\t")[1] for line in tsv[1:]}
+        assert kinds == set(["encoder_self"] + (["decoder_self"] if window == "layer" else []))
+        assert (out / "windows.md").read_text().count("|") > 10
+        for png in out.glob("*.png"):
+            assert png.stat().st_size > 1000
+        assert list(out.glob("*.png"))
