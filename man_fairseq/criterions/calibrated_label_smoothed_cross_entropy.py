@@ -1,0 +1,142 @@
+"""Joint loss of attention calibration (SPEC §4): one loss, one backward, exact routing.
+
+Two decoder passes per batch:
+
+1. **calibrated pass** through the (possibly DDP-wrapped) model: ``L_NMT(a^comb)``. The
+   calibration modules compute the mask from *detached* perturbation weights, so this term's
+   gradient reaches only the NMT parameters theta (gate included) — and reaches them also
+   through the mask's inputs ``q_t`` and ``K``, i.e. it is the exact partial derivative with
+   theta_m held fixed.
+2. **perturbation pass** with every NMT parameter replaced by a detached copy
+   (``torch.func.functional_call`` on the unwrapped model): ``-L_NMT(a^p) + alpha ||1-m||_2``.
+   Its gradient reaches only theta_m.
+
+The returned loss is the sum of the two terms. Since each term is a function of only one
+parameter group, a single ``backward()`` of the sum writes exactly ``dL_NMT(a^comb)/dtheta`` into
+theta and exactly ``dL(theta_m)/dtheta_m`` into theta_m, and everything the trainer does to that
+one loss stays correct: fp16/bf16 loss scaling (a common factor), ``--update-freq`` (gradients
+accumulate), DDP (every parameter gets exactly one gradient in every backward, so
+``find_unused_parameters`` is not needed; the gradient hooks of DDP sit on the parameters, so
+the pass that bypasses the DDP wrapper still triggers them). Two ``torch.autograd.grad`` calls
+per group would need the loss scaler and the DDP reducer to be bypassed by hand.
+
+Units: fairseq sums losses over target tokens and divides gradients by the sample size, so the
+mask penalty is summed over the real target tokens too: ``alpha * sum_t mean_{layer,head}
+||1 - m_t||_2`` (the norm over the real source keys of query ``t``). ``loss`` in the logs is the
+translation loss ``L_NMT(a^comb)`` (used for validation and the best checkpoint).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from fairseq import metrics, utils
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from torch import nn
+
+from ..modules.calibration import PERTURBED, calibration_mode, calibration_modules
+
+
+@dataclass
+class CalibratedLabelSmoothedCrossEntropyCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    perturbation_weight: float = field(
+        default=1.0,
+        metadata={"help": "alpha of the perturbation objective -L_NMT(a^p) + alpha ||1-m||_2 "
+                  "(larger: masks stay closer to 1, less is perturbed)"},
+    )
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The fairseq model inside DDP / fairseq's ModuleProxyWrapper."""
+    while not hasattr(model, "perturbation_parameters") and isinstance(getattr(model, "module", None), nn.Module):
+        model = model.module
+    return model
+
+
+@register_criterion(
+    "calibrated_label_smoothed_cross_entropy",
+    dataclass=CalibratedLabelSmoothedCrossEntropyCriterionConfig,
+)
+class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
+                 report_accuracy=False, perturbation_weight=1.0):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        if not (perturbation_weight >= 0 and math.isfinite(perturbation_weight)):
+            raise ValueError("--perturbation-weight must be a finite number >= 0")
+        self.perturbation_weight = perturbation_weight
+
+    def perturbation_loss(self, model, sample, reduce=True):
+        """(-L_NMT(a^p) + alpha * penalty, L_NMT(a^p), nll(a^p), penalty, mean m over real keys);
+        the NMT parameters are detached, so only theta_m gets gradients."""
+        inner = unwrap_model(model)
+        if not hasattr(inner, "perturbation_parameters"):
+            raise ValueError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
+        if getattr(inner.decoder, "adaptive_softmax", None) is not None:
+            raise ValueError("calibrated_label_smoothed_cross_entropy does not support adaptive softmax")
+        theta_m = {id(p) for p in inner.perturbation_parameters()}
+        detached = {name: p.detach() for name, p in inner.named_parameters() if id(p) not in theta_m}
+        with calibration_mode(inner, PERTURBED) as cm:
+            net_output = torch.func.functional_call(inner, detached, args=(), kwargs=sample["net_input"])
+        p_loss, p_nll = self.compute_loss(inner, net_output, sample, reduce=reduce)
+
+        target = inner.get_targets(sample, net_output)
+        if self.ignore_prefix_size > 0:
+            target = target[:, self.ignore_prefix_size:]
+        real_tokens = target.ne(self.padding_idx)  # (B, T)
+        # (layers, B, H, T) -> mean over layers and heads -> (B, T)
+        norms = torch.stack([c["mask_norm"] for c in cm.captured]).mean(dim=(0, 2))
+        norms = norms[:, self.ignore_prefix_size:]
+        penalty = (norms * real_tokens).sum()
+        # mean m over the real keys of real queries, for the logs only
+        with torch.no_grad():
+            m_mean = torch.stack([c["m"].float().sum(-1).mean(1) for c in cm.captured]).mean(0)  # (B, T)
+            src_len = sample["net_input"]["src_tokens"].ne(self.padding_idx).sum(-1, keepdim=True)
+            m_mean = ((m_mean[:, self.ignore_prefix_size:] / src_len) * real_tokens).sum()
+        objective = -p_loss + self.perturbation_weight * penalty
+        return objective, p_loss, p_nll, penalty, m_mean
+
+    def forward(self, model, sample, reduce=True):
+        net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        objective, p_loss, p_nll, penalty, m_mean = self.perturbation_loss(model, sample, reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "perturbed_loss": p_loss.data,
+            "perturbed_nll_loss": p_nll.data,
+            "mask_penalty": penalty.data,
+            "mask_mean": m_mean.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = utils.item(n_correct.data)
+            logging_output["total"] = utils.item(total.data)
+        return loss + objective, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        ntokens = sum(log.get("ntokens", 0) for log in logging_outputs)
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        if sample_size == 0 or ntokens == 0:
+            return
+
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        metrics.log_scalar("perturbed_loss", total("perturbed_loss") / sample_size / math.log(2), sample_size, round=3)
+        metrics.log_scalar("perturbed_nll_loss", total("perturbed_nll_loss") / ntokens / math.log(2), ntokens, round=3)
+        metrics.log_scalar("mask_penalty", total("mask_penalty") / ntokens, ntokens, round=3)
+        metrics.log_scalar("mask_mean", total("mask_mean") / ntokens, ntokens, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

@@ -1,0 +1,501 @@
+"""Attention calibration (SPEC §4): formulas, padding, gradient routing, incremental decoding,
+options, and the real fairseq CLIs."""
+
+import argparse
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import man_fairseq  # noqa: F401  (registers models and criterions)
+from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+from fairseq.data import Dictionary
+from man_fairseq.criterions.calibrated_label_smoothed_cross_entropy import (
+    CalibratedLabelSmoothedCrossEntropyCriterion,
+)
+from man_fairseq.models.transformer_calibrated import (
+    TransformerCalibratedModel,
+    transformer_calibrated_base,
+    transformer_calibrated_small,
+)
+from man_fairseq.modules.biased_attention import AttentionContext
+from man_fairseq.modules.calibration import (
+    PERTURBED,
+    CalibrationTransform,
+    calibration_mode,
+    calibration_modules,
+)
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def make_dictionary(size=20):
+    d = Dictionary()
+    for i in range(size):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build_model(extra=(), arch=transformer_calibrated_small, small=True, dictionary=None, double=True):
+    dictionary = dictionary or make_dictionary()
+    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
+    TransformerCalibratedModel.add_args(parser)
+    sizes = [
+        "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+        "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+        "--encoder-layers", "2", "--decoder-layers", "2",
+        "--dropout", "0", "--attention-dropout", "0",
+    ] if small else []
+    args = parser.parse_args(sizes + list(extra))
+    arch(args)
+    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
+    model = TransformerCalibratedModel.build_model(args, task)
+    return model.double() if double else model
+
+
+def make_batch(dictionary, bsz=3, src_len=6, tgt_len=5, seed=0, left_pad_source=True):
+    """Source with pads (on the left by default, like fairseq), target right padded."""
+    g = torch.Generator().manual_seed(seed)
+    nspecial = dictionary.nspecial
+    lo, hi = nspecial, len(dictionary)
+    src = torch.randint(lo, hi, (bsz, src_len), generator=g)
+    src_lengths = torch.tensor([src_len - i % 3 for i in range(bsz)])
+    tgt = torch.randint(lo, hi, (bsz, tgt_len), generator=g)
+    tgt_lengths = torch.tensor([tgt_len - (i + 1) % 2 for i in range(bsz)])
+    for b in range(bsz):
+        n = src_len - src_lengths[b]
+        src[b, src_len - 1] = dictionary.eos()
+        if n > 0:
+            # real tokens end with eos; pads on one side
+            real = src[b, :src_lengths[b]].clone()
+            real[-1] = dictionary.eos()
+            if left_pad_source:
+                src[b] = torch.cat([torch.full((n,), dictionary.pad()), real])
+            else:
+                src[b] = torch.cat([real, torch.full((n,), dictionary.pad())])
+        tgt[b, tgt_lengths[b] - 1] = dictionary.eos()
+        tgt[b, tgt_lengths[b]:] = dictionary.pad()
+    prev = torch.full_like(tgt, dictionary.pad())
+    prev[:, 0] = dictionary.eos()
+    prev[:, 1:] = tgt[:, :-1]
+    prev = prev.masked_fill(tgt.eq(dictionary.pad()), dictionary.pad())
+    return {
+        "net_input": {"src_tokens": src, "src_lengths": src_lengths, "prev_output_tokens": prev},
+        "target": tgt,
+        "ntokens": int(tgt.ne(dictionary.pad()).sum()),
+        "nsentences": bsz,
+    }
+
+
+def make_criterion(dictionary, alpha=0.7, eps=0.1):
+    task = types.SimpleNamespace(target_dictionary=dictionary, source_dictionary=dictionary)
+    return CalibratedLabelSmoothedCrossEntropyCriterion(task, False, eps, perturbation_weight=alpha)
+
+
+def make_context(bsz=2, tgt_len=3, src_len=5, dim=4, key_dim=6, heads=2, pad=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(tgt_len, bsz, dim, generator=g, dtype=torch.float64)
+    key = torch.randn(src_len, bsz, key_dim, generator=g, dtype=torch.float64)
+    logits = torch.randn(bsz, heads, tgt_len, src_len, generator=g, dtype=torch.float64)
+    if pad is not None:
+        logits = logits.masked_fill(pad[:, None, None, :], float("-inf"))
+    probs = logits.softmax(-1)
+    ctx = AttentionContext(
+        query=query, key=key, q=torch.zeros(bsz, heads, tgt_len, dim // heads, dtype=torch.float64),
+        k=torch.zeros(bsz, heads, src_len, dim // heads, dtype=torch.float64), key_padding_mask=pad,
+        query_start=0, incremental_state=None, self_attention=False,
+    )
+    return probs, ctx
+
+
+def naive_mask(t: CalibrationTransform, ctx):
+    """m[b,h,t,s] by explicit loops over heads and positions."""
+    with torch.no_grad():
+        return _naive_mask(t, ctx)
+
+
+def _naive_mask(t, ctx):
+    wq, bq = t.perturbation.q_proj.weight, t.perturbation.q_proj.bias
+    wk, bk = t.perturbation.k_proj.weight, t.perturbation.k_proj.bias
+    d = t.head_dim
+    tl, bsz, _ = ctx.query.shape
+    sl = ctx.key.shape[0]
+    m = torch.zeros(bsz, t.num_heads, tl, sl, dtype=torch.float64)
+    for b in range(bsz):
+        for h in range(t.num_heads):
+            rows = slice(h * d, (h + 1) * d)
+            for i in range(tl):
+                qv = ctx.query[i, b] @ wq[rows].T + bq[rows]
+                for s in range(sl):
+                    if ctx.key_padding_mask is not None and ctx.key_padding_mask[b, s]:
+                        continue  # pad key: m = 0
+                    kv = ctx.key[s, b] @ wk[rows].T + bk[rows]
+                    m[b, h, i, s] = 1 / (1 + math.exp(-float(qv @ kv) / math.sqrt(d)))
+    return m
+
+
+def transform(**kw):
+    t = CalibrationTransform(query_dim=4, key_dim=6, num_heads=2, **kw).double()
+    torch.manual_seed(3)
+    for p in t.parameters():
+        torch.nn.init.normal_(p)  # nonzero biases, so a dropped bias would show
+    return t
+
+
+PAD_RIGHT = torch.tensor([[False, False, False, True, True], [False] * 5])
+PAD_LEFT = torch.tensor([[True, True, False, False, False], [False] * 5])
+
+
+# ----------------------------------------------------------------------------------------------
+# formulas (float64, naive)
+
+
+@pytest.mark.parametrize("pad", [None, PAD_RIGHT, PAD_LEFT])
+def test_perturbed_weights_match_formula_and_pads(pad):
+    t = transform()
+    a, ctx = make_context(pad=pad)
+    m = naive_mask(t, ctx)
+    with calibration_mode(t, PERTURBED) as cm:
+        out = t(a, ctx)
+    torch.testing.assert_close(cm.captured[0]["m"], m)
+    real = torch.ones(2, 5, dtype=torch.float64) if pad is None else (~pad).double()
+    mu0 = real / real.sum(-1, keepdim=True)
+    expected = torch.zeros_like(a)
+    for b in range(2):
+        for h in range(2):
+            for i in range(3):
+                for s in range(5):
+                    expected[b, h, i, s] = m[b, h, i, s] * a[b, h, i, s] + (1 - m[b, h, i, s]) * mu0[b, s]
+    torch.testing.assert_close(out, expected)
+    # pad keys: m = 0 and no weight (mu0 covers only the real keys)
+    if pad is not None:
+        assert (m[pad[:, None, None, :].expand_as(m)] == 0).all()
+        assert (out[pad[:, None, None, :].expand_as(out)] == 0).all()
+    # penalty norm over real keys only
+    norm = cm.captured[0]["mask_norm"]
+    torch.testing.assert_close(norm, (((1 - m) * real[:, None, None, :]) ** 2).sum(-1).sqrt())
+
+
+def test_degenerate_full_mask_keeps_attention_and_zero_mask_gives_uniform():
+    t = transform()
+    a, ctx = make_context(pad=PAD_RIGHT)
+    with torch.no_grad():
+        t.perturbation.q_proj.weight.zero_()
+        t.perturbation.q_proj.bias.zero_()
+    # logits 0 -> m = 1/2 exactly on real keys
+    with calibration_mode(t, PERTURBED) as cm:
+        out = t(a, ctx)
+    real = (~PAD_RIGHT).double()[:, None, None, :]
+    torch.testing.assert_close(cm.captured[0]["m"], 0.5 * real.expand_as(a))
+    torch.testing.assert_close(out, 0.5 * a + 0.5 * real / real.sum(-1, keepdim=True))
+    # a constant mask keeps a distribution over the real keys
+    torch.testing.assert_close(out.sum(-1), torch.ones_like(out.sum(-1)))
+
+
+@pytest.mark.parametrize("pad", [None, PAD_LEFT])
+@pytest.mark.parametrize("variant", ["fixed", "fixed_no_softmax", "anneal", "gate"])
+def test_calibrated_fusions_match_formula(variant, pad):
+    lam = 0.37
+    kw = dict(fusion=variant.replace("_no_softmax", ""), calibration_lambda=lam,
+              fixed_no_softmax=variant == "fixed_no_softmax", anneal_steps=50.0)
+    t = transform(**kw)
+    t.set_num_updates(20)
+    a, ctx = make_context(pad=pad)
+    m = naive_mask(t, ctx)
+    with calibration_mode(t) as cm:
+        out = t(a, ctx)
+    torch.testing.assert_close(cm.captured[0]["m"], m)
+    expected = torch.zeros_like(a)
+    for b in range(2):
+        for h in range(2):
+            for i in range(3):
+                ac = [a[b, h, i, s] * math.exp(1 - m[b, h, i, s]) for s in range(5)]
+                real = [pad is None or not pad[b, s] for s in range(5)]
+                if variant == "fixed":
+                    z = [math.exp(a[b, h, i, s] + lam * ac[s]) if real[s] else 0.0 for s in range(5)]
+                    row = [v / sum(z) for v in z]
+                elif variant == "fixed_no_softmax":
+                    row = [a[b, h, i, s] + lam * ac[s] for s in range(5)]
+                elif variant == "anneal":
+                    gamma = math.exp(-20 / 50.0)
+                    row = [gamma * a[b, h, i, s] + (1 - gamma) * ac[s] for s in range(5)]
+                else:
+                    g = 1 / (1 + math.exp(-float((ctx.query[i, b] @ t.gate.weight[h] + t.gate.bias[h]).detach())))
+                    row = [g * a[b, h, i, s] + (1 - g) * ac[s] for s in range(5)]
+                expected[b, h, i] = torch.tensor(row, dtype=torch.float64)
+    torch.testing.assert_close(out, expected)
+    if pad is not None:
+        assert (out[pad[:, None, None, :].expand_as(out)] == 0).all()
+
+
+def test_gradcheck_perturbation_and_gate_parameters():
+    for mode, fusion in [(PERTURBED, "gate"), ("calibrated", "gate"), ("calibrated", "fixed"), ("calibrated", "anneal")]:
+        t = transform(fusion=fusion, anneal_steps=10.0)
+        t.set_num_updates(3)
+        a, ctx = make_context(pad=PAD_RIGHT)
+        # the calibrated mode uses theta_m as constants by design (checked below); the
+        # perturbed mode does not use the gate
+        names = [n for n, _ in t.named_parameters()
+                 if ("perturbation" in n) == (mode == PERTURBED)]
+        params = tuple(dict(t.named_parameters())[n].detach().clone().requires_grad_() for n in names)
+        query = ctx.query.clone().requires_grad_()
+        key = ctx.key.clone().requires_grad_()
+        a = a.clone().requires_grad_()
+
+        def f(*inputs):
+            *ps, a_, q_, k_ = inputs
+            c = AttentionContext(query=q_, key=k_, q=ctx.q, k=ctx.k, key_padding_mask=ctx.key_padding_mask,
+                                 query_start=0, incremental_state=None, self_attention=False)
+            with calibration_mode(t, mode, capture=False):
+                return torch.func.functional_call(t, dict(zip(names, ps)), (a_, c))
+
+        assert torch.autograd.gradcheck(f, params + (a, query, key))
+        if mode != PERTURBED:
+            t.zero_grad()
+            f(*params, a, query, key).sum().backward()
+            assert all(p.grad is None for p in t.perturbation.parameters())
+
+
+# ----------------------------------------------------------------------------------------------
+# the joint criterion: gradient routing
+
+
+@pytest.mark.parametrize("fusion", ["fixed", "gate"])
+def test_one_backward_routes_exact_gradients(fusion):
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model = build_model(["--calibration-fusion", fusion], dictionary=d)
+    model.train()
+    alpha = 0.7
+    crit = make_criterion(d, alpha=alpha)
+    sample = make_batch(d)
+    theta_m = model.perturbation_parameters()
+    theta_m_ids = {id(p) for p in theta_m}
+    theta = [p for p in model.parameters() if id(p) not in theta_m_ids]
+    assert len(theta_m) == 4 * 2 and len(theta) > 0
+
+    # references, computed independently of the criterion's routing
+    net_output = model(**sample["net_input"])
+    nmt_loss, _ = crit.compute_loss(model, net_output, sample)
+    ref_theta = torch.autograd.grad(nmt_loss, theta, allow_unused=True)
+    with calibration_mode(model, PERTURBED) as cm:
+        p_output = model(**sample["net_input"])  # no detached parameters here
+    p_loss, _ = crit.compute_loss(model, p_output, sample)
+    real_tgt = sample["target"].ne(d.pad())
+    src_real = sample["net_input"]["src_tokens"].ne(d.pad())[:, None, None, :]
+    penalty = 0
+    for b in range(real_tgt.size(0)):
+        for i in range(real_tgt.size(1)):
+            if real_tgt[b, i]:
+                per_layer_head = [((1 - c["m"][b, h, i]) ** 2 * src_real[b, 0, 0]).sum().sqrt()
+                                  for c in cm.captured for h in range(2)]
+                penalty = penalty + sum(per_layer_head) / len(per_layer_head)
+    objective = -p_loss + alpha * penalty
+    ref_theta_m = torch.autograd.grad(objective, theta_m, retain_graph=True)
+    leak = torch.autograd.grad(objective, theta, allow_unused=True)
+    # the perturbation objective does depend on the NMT parameters: routing is not trivial
+    assert sum(float(g.abs().sum()) for g in leak if g is not None) > 1e-3
+
+    model.zero_grad()
+    loss, sample_size, log = crit(model, sample)
+    loss.backward()
+    torch.testing.assert_close(log["loss"], nmt_loss.detach())
+    torch.testing.assert_close(log["mask_penalty"], penalty.detach())
+    for p, ref in zip(theta_m, ref_theta_m):
+        torch.testing.assert_close(p.grad, ref)
+    for p, ref in zip(theta, ref_theta):
+        assert p.grad is not None  # DDP without find_unused_parameters needs every gradient
+        torch.testing.assert_close(p.grad, ref if ref is not None else torch.zeros_like(p))
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in theta_m)
+
+
+def test_perturbation_weight_reaches_gradients():
+    d = make_dictionary()
+    grads = []
+    for alpha in (0.0, 2.0):
+        torch.manual_seed(0)
+        model = build_model(dictionary=d)
+        loss, _, _ = make_criterion(d, alpha=alpha)(model, make_batch(d))
+        loss.backward()
+        grads.append(model.perturbation_parameters()[0].grad.clone())
+    assert not torch.allclose(grads[0], grads[1])
+    with pytest.raises(ValueError, match="perturbation-weight"):
+        make_criterion(d, alpha=-1.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# model-level behaviour
+
+
+def decoder_logits(model, sample):
+    model.eval()
+    with torch.no_grad():
+        return model(**sample["net_input"])[0]
+
+
+def test_left_and_right_padded_sources_agree():
+    d = make_dictionary()
+    torch.manual_seed(1)
+    for fusion in ("fixed", "gate"):
+        model = build_model(["--calibration-fusion", fusion], dictionary=d)
+        left = make_batch(d, left_pad_source=True)
+        right = make_batch(d, left_pad_source=False)
+        real = left["target"].ne(d.pad())
+        torch.testing.assert_close(decoder_logits(model, left)[real], decoder_logits(model, right)[real])
+
+
+def test_incremental_decoding_with_beam_reorder_equals_full_forward():
+    d = make_dictionary()
+    for fusion in ("fixed", "anneal", "gate"):
+        torch.manual_seed(2)
+        model = build_model(["--calibration-fusion", fusion], dictionary=d)
+        model.set_num_updates(5000)
+        model.eval()
+        sample = make_batch(d, bsz=4, tgt_len=5)
+        net = sample["net_input"]
+        prev = net["prev_output_tokens"].clone()
+        prev[prev.eq(d.pad())] = d.eos() + 5  # keep every target position real here
+        # beam search reorders: at step 2 two hypotheses finish and the others are re-sorted
+        # (fairseq's generator shrinks the batch like this); at step 3 a plain permutation
+        orders = {2: torch.tensor([3, 1, 0]), 3: torch.tensor([0, 1, 2])}
+        with torch.no_grad():
+            enc = model.encoder(net["src_tokens"], net["src_lengths"])
+            state = {}
+            outs = []
+            tokens, src, lengths = prev, net["src_tokens"], net["src_lengths"]
+            for step in range(prev.size(1)):
+                if step in orders:
+                    new_order = orders[step].clone()  # a new tensor object per step
+                    model.decoder.reorder_incremental_state_scripting(state, new_order)
+                    enc = model.encoder.reorder_encoder_out(enc, new_order)
+                    tokens, src, lengths = (x.index_select(0, new_order) for x in (tokens, src, lengths))
+                    outs = [o.index_select(0, new_order) for o in outs]
+                out, _ = model.decoder(tokens[:, : step + 1], encoder_out=enc, incremental_state=state)
+                outs.append(out[:, -1:])
+            incremental = torch.cat(outs, 1)
+            full = model(src, lengths, tokens)[0]
+        torch.testing.assert_close(incremental, full)
+
+
+def test_every_option_changes_the_output():
+    d = make_dictionary()
+    sample = make_batch(d)
+
+    def logits(extra, num_updates=0):
+        torch.manual_seed(4)
+        model = build_model(extra, dictionary=d)
+        model.set_num_updates(num_updates)
+        return decoder_logits(model, sample)
+
+    base = logits([])
+    variants = {
+        "fusion anneal": logits(["--calibration-fusion", "anneal"], num_updates=30000),
+        "fusion gate": logits(["--calibration-fusion", "gate"]),
+        "lambda": logits(["--calibration-lambda", "0.5"]),
+        "no softmax": logits(["--calibration-fixed-no-softmax"]),
+    }
+    for name, out in variants.items():
+        assert not torch.allclose(base, out), name
+    # anneal: the schedule follows the update count, and its time constant matters
+    a1 = logits(["--calibration-fusion", "anneal"], num_updates=100)
+    a2 = logits(["--calibration-fusion", "anneal"], num_updates=30000)
+    a3 = logits(["--calibration-fusion", "anneal", "--calibration-anneal-steps", "50"], num_updates=100)
+    assert not torch.allclose(a1, a2) and not torch.allclose(a1, a3)
+    # the calibration is really in the decoding path: a plain transformer with the same
+    # weights (calibration removed) differs
+    torch.manual_seed(4)
+    model = build_model([], dictionary=d)
+    for layer in model.decoder.layers:
+        layer.encoder_attn.post_softmax = None
+    assert not torch.allclose(base, decoder_logits(model, sample))
+
+
+def test_unknown_options_fail_at_build():
+    with pytest.raises((ValueError, SystemExit)):
+        build_model(["--calibration-fusion", "sum"])
+    with pytest.raises(ValueError, match="anneal-steps"):
+        build_model(["--calibration-anneal-steps", "0"])
+    with pytest.raises(ValueError, match="fusion"):
+        CalibrationTransform(4, 4, 2, fusion="sum")
+
+
+def test_num_updates_buffer_survives_state_dict_and_half():
+    torch.manual_seed(0)
+    model = build_model(["--calibration-fusion", "anneal"], double=False)
+    model.set_num_updates(123456)  # beyond the fp16 range on purpose
+    state = model.state_dict()
+    fresh = build_model(["--calibration-fusion", "anneal"], double=False)
+    fresh.load_state_dict(state)
+    fresh.half()
+    assert all(int(m.num_updates) == 123456 for m in calibration_modules(fresh))
+    assert len(calibration_modules(fresh)) == 2
+
+
+def test_extra_parameters_at_base_width():
+    """Perturbation model at base width: 2 projections (512x512 + bias) per decoder layer."""
+    d = make_dictionary(200)
+    model = build_model([], arch=transformer_calibrated_base, small=False, dictionary=d, double=False)
+    extra = sum(p.numel() for p in model.perturbation_parameters())
+    assert extra == 6 * 2 * (512 * 512 + 512)
+    gate_model = build_model(["--calibration-fusion", "gate"], arch=transformer_calibrated_base, small=False,
+                             dictionary=d, double=False)
+    gate_extra = sum(p.numel() for p in gate_model.parameters()) - sum(p.numel() for p in model.parameters())
+    assert gate_extra == 6 * (512 * 8 + 8)
+
+
+# ----------------------------------------------------------------------------------------------
+# real CLIs
+
+
+def checkpoint_num_updates(path):
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    values = {int(v) for k, v in state["model"].items() if k.endswith("post_softmax.num_updates")}
+    return values, state
+
+
+def test_cli_train_resume_generate_export(toy_data_bin, tmp_path):
+    save = tmp_path / "ckpt"
+    common = [
+        "fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_calibrated_small",
+        *TINY_MODEL, *TINY_TRAIN, "--save-dir", save, "--calibration-fusion", "anneal",
+        "--calibration-anneal-steps", "4",
+    ]
+    # the criterion of TINY_TRAIN is replaced (argparse: the last one wins)
+    crit = ["--criterion", "calibrated_label_smoothed_cross_entropy", "--perturbation-weight", "0.5"]
+    out = run_cli(common + crit + ["--max-update", "6"]).stdout
+    assert "perturbed_loss" in out and "mask_penalty" in out
+    values, first = checkpoint_num_updates(save / "checkpoint_last.pt")
+    assert values == {6}
+    # resume (interrupted run continued), with --update-freq 2: the anneal schedule continues
+    out = run_cli(common + crit + ["--max-update", "9", "--update-freq", "2"]).stdout
+    assert "loaded checkpoint" in out
+    values, second = checkpoint_num_updates(save / "checkpoint_last.pt")
+    assert values == {9}
+    pert = [k for k in second["model"] if ".perturbation." in k]
+    assert pert and any(not torch.equal(first["model"][k], second["model"][k]) for k in pert)
+
+    gen = run_cli([
+        "fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+        "--beam", "3", "--batch-size", "8", "--gen-subset", "valid", "--cpu", "--max-len-b", "12",
+    ]).stdout
+    hyps = [line for line in gen.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 40
+
+    export = tmp_path / "export"
+    run_cli([
+        "man-export-calibration", toy_data_bin, "--path", save / "checkpoint_last.pt",
+        "--gen-subset", "valid", "--output-dir", export, "--num-heatmaps", "2", "--cpu",
+    ])
+    table = (export / "calibration_stats.md").read_text()
+    assert "| layer |" in table and table.count("\n| ") >= 3  # header + 2 layers
+    assert (export / "calibration_stats.png").stat().st_size > 0
+    assert len(list((export / "heatmaps").glob("*.png"))) == 2
+    masks = torch.load(export / "masks.pt", weights_only=False)
+    assert len(masks) == 40
+    first_mask = next(iter(masks.values()))["mask"]
+    assert first_mask.dim() == 4 and first_mask.shape[0] == 2  # (layers, heads, tgt, src)
+    assert float(first_mask.min()) >= 0 and float(first_mask.max()) <= 1
