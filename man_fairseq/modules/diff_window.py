@@ -1,0 +1,286 @@
+"""Differentiable windows for dynamic local attention (SPEC §3).
+
+Each query ``t`` predicts two pointer distributions over the keys, for the left and the right
+boundary of its window::
+
+    phi_L = softmax(q W_QL (K W_KL)^T / sqrt(d) / temperature)        (B, T, S)
+    phi_R = softmax(q W_QR (K W_KR)^T / sqrt(d) / temperature)
+
+``q`` and ``K`` are the attention's *inputs* (sublayer input at the queries, key input), ``d``
+the query-side model width. Pad keys, and future keys in decoder self-attention, are excluded
+from these softmaxes. Pointers (and the additive window's local logits) are shared by all heads:
+SPEC writes them with full-width projections and ``sqrt(d)``.
+
+The soft window mask is the expectation of the discrete window indicator over the two pointers::
+
+    m = (phi_L L) * (phi_R L^T) + (phi_R L) * (phi_L L^T),   L[i, j] = 1 if i <= j
+
+``(phi L)[t, j] = P(pointer <= j)`` is a cumulative sum from the left and ``(phi L^T)[t, j] =
+P(pointer >= j)`` one from the right, so both are computed with ``cumsum`` (O(T·S)), never with
+an ``S x S`` triangular product. The first term is the window ``[l, r]`` when ``l <= r``, the
+second the swapped window ``[r, l]`` when ``l > r``. As in the paper both terms are 1 when
+``l == r``, so a one-hot pointer pair with ``l == r`` gives the value 2 at that single key (the
+formula is the expectation of ``1[l<=j<=r] + 1[r<=j<=l]``).
+
+Segment masks replace ``L`` by ``J`` with ``J[i, j] = 1 if i <= b * ceil(j / b)`` (1-based ``i, j``;
+segment size ``b``). In 0-based indices used in this file: key ``j`` lies in segment
+``g(j) = (j - o) // b`` where ``o`` is the index of the first non-pad key of the sequence (so a
+left-padded batch has the same segments as an unpadded one; with ``o = 0`` this is exactly the
+paper's ``J``). With ``end(j) = o + (g(j) + 1) b - 1`` (clipped to ``S - 1``) and
+``start(j) = o + g(j) b``::
+
+    (phi J)[t, j]   = P(g(pointer) <= g(j)) = cumsum(phi)[t, end(j)]
+    (phi J^T)[t, j] = P(g(pointer) >= g(j)) = revcumsum(phi)[t, start(j)]
+
+so every key of a segment gets the same mask value. ``segment_size = 1`` is the token mask.
+
+Two ways to use ``m`` (both in :class:`BiasedMultiheadAttention`):
+
+* :class:`AdditiveWindow` (AW), a bias module: local logits ``Q W_Ql (K W_Kl)^T`` masked by ``m``
+  and scaled by ``1/sqrt(d)`` are added to fairseq's usual per-head global logits (which are
+  scaled by ``1/sqrt(d_h)``); the same ``(B, 1, T, S)`` bias for every head, so the fused
+  ``scaled_dot_product_attention`` path stays usable.
+* :class:`MultiplicativeWindow` (MW), a post-softmax transform: ``softmax(e) * m``, optionally
+  renormalised over the keys.
+
+In incremental decoding the core caches projected keys but not the key *inputs*, so each window
+caches its own key projections ``K W_KL | K W_KR (| K W_Kl)`` in its incremental state.
+"""
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from fairseq.incremental_decoding_utils import with_incremental_state
+from torch import Tensor, nn
+
+from .biased_attention import AttentionContext
+
+WINDOW_MODES = ("none", "aw", "mw")
+MASK_TYPES = ("token", "segment")
+
+
+def segment_bounds(
+    num_keys: int, segment_size: int, key_padding_mask: Optional[Tensor], device
+) -> Tuple[Tensor, Tensor]:
+    """0-based ``(start(j), end(j))`` of the segment of every key, each ``(B|1, S)`` long.
+
+    Segments start at the first non-pad key of each sequence (see the module docstring).
+    """
+    keys = torch.arange(num_keys, device=device)
+    if key_padding_mask is None:
+        offset = torch.zeros(1, 1, dtype=torch.long, device=device)
+    else:
+        # index of the first real key; argmax returns the first maximum
+        offset = (~key_padding_mask).to(torch.int8).argmax(dim=-1, keepdim=True).long()
+    segment = torch.div(keys[None, :] - offset, segment_size, rounding_mode="floor")
+    start = (offset + segment * segment_size).clamp(0, num_keys - 1)
+    end = (offset + (segment + 1) * segment_size - 1).clamp(0, num_keys - 1)
+    return start, end
+
+
+def soft_window_mask(
+    phi_left: Tensor,
+    phi_right: Tensor,
+    segment_size: int = 1,
+    key_padding_mask: Optional[Tensor] = None,
+) -> Tensor:
+    """Soft window mask ``m`` (B, T, S) from boundary pointers ``phi_*`` (B, T, S).
+
+    ``segment_size > 1`` gives the segment-based mask (``J`` instead of ``L``); segments are
+    aligned to the first non-pad key given ``key_padding_mask`` (B, S), True at pads.
+    """
+    # P(pointer <= j) and P(pointer >= j); the total (1 up to rounding) keeps them consistent
+    left_le = phi_left.cumsum(-1)
+    right_le = phi_right.cumsum(-1)
+    left_ge = left_le[..., -1:] - left_le + phi_left
+    right_ge = right_le[..., -1:] - right_le + phi_right
+    if segment_size > 1:
+        bsz, tgt_len, src_len = phi_left.shape
+        start, end = segment_bounds(src_len, segment_size, key_padding_mask, phi_left.device)
+        start = start[:, None, :].expand(bsz, tgt_len, src_len)
+        end = end[:, None, :].expand(bsz, tgt_len, src_len)
+        left_le, right_le = left_le.gather(-1, end), right_le.gather(-1, end)
+        left_ge, right_ge = left_ge.gather(-1, start), right_ge.gather(-1, start)
+    return left_le * right_ge + right_le * left_ge
+
+
+@with_incremental_state
+class WindowPointers(nn.Module):
+    """Boundary pointers (and, for AW, local logits) of one attention; base of AW and MW.
+
+    Args:
+        embed_dim: query-side width ``d`` (also the projection width).
+        kdim: key input width (encoder width for cross-attention).
+        num_products: 2 for the pointers only, 3 when local logits are needed too (AW).
+        segment_size: 1 for token masks, ``b > 1`` for segment masks.
+        temperature: divides the pointer logits (not the local logits).
+        causal: decoder self-attention; future keys are excluded from the pointers. Segment
+            masks are refused here because a segment extends into the future.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        kdim: Optional[int] = None,
+        num_products: int = 2,
+        segment_size: int = 1,
+        temperature: float = 1.0,
+        causal: bool = False,
+    ):
+        super().__init__()
+        if segment_size < 1:
+            raise ValueError(f"diffwin segment size must be >= 1, got {segment_size}")
+        if not temperature > 0:
+            raise ValueError(f"diffwin temperature must be > 0, got {temperature}")
+        if causal and segment_size > 1:
+            raise ValueError(
+                "decoder self-attention supports token masks only: a segment mask would let a "
+                "query look at later tokens of its segment"
+            )
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.num_products = num_products
+        self.segment_size = segment_size
+        self.temperature = float(temperature)
+        self.causal = causal
+        # rows: W_QL | W_QR (| W_Ql), no bias as in the formulas
+        self.query_proj = nn.Linear(embed_dim, num_products * embed_dim, bias=False)
+        self.key_proj = nn.Linear(self.kdim, num_products * embed_dim, bias=False)
+        nn.init.xavier_uniform_(self.query_proj.weight)
+        nn.init.xavier_uniform_(self.key_proj.weight)
+        # beam search reaches reorder_incremental_state twice per step (the decoder visits every
+        # submodule and the attention core forwards the call); reorder once per new_order
+        self._last_reorder: Optional[Tensor] = None
+
+    def extra_repr(self) -> str:
+        return (
+            f"embed_dim={self.embed_dim}, kdim={self.kdim}, segment_size={self.segment_size}, "
+            f"temperature={self.temperature}, causal={self.causal}"
+        )
+
+    # ---- incremental state: projected key inputs, batch first (B, S, P*d) ----
+    def _get_input_buffer(self, incremental_state) -> Dict[str, Optional[Tensor]]:
+        result = self.get_incremental_state(incremental_state, "diffwin_state")
+        return result if result is not None else {}
+
+    def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
+        return self.set_incremental_state(incremental_state, "diffwin_state", buffer)
+
+    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
+        if incremental_state is None or new_order is self._last_reorder:
+            return incremental_state
+        self._last_reorder = new_order
+        buffer = self._get_input_buffer(incremental_state)
+        if "prev_key_proj" in buffer and buffer["prev_key_proj"] is not None:
+            buffer["prev_key_proj"] = buffer["prev_key_proj"].index_select(0, new_order)
+            incremental_state = self._set_input_buffer(incremental_state, buffer)
+        return incremental_state
+
+    def _key_projections(self, ctx: AttentionContext) -> Tensor:
+        """``K W_K*`` for every key, (B, S, P*d), through the cache when decoding."""
+        new = None if ctx.key is None else self.key_proj(ctx.key).transpose(0, 1)
+        if ctx.incremental_state is None:
+            assert new is not None, "key input is required outside incremental decoding"
+            return new
+        buffer = self._get_input_buffer(ctx.incremental_state)
+        prev = buffer.get("prev_key_proj")
+        if new is None:
+            # cross-attention after the first step: encoder keys are static
+            assert prev is not None, "no cached key projections for static keys"
+            keys = prev
+        elif ctx.self_attention and prev is not None:
+            keys = torch.cat([prev, new], dim=1)
+        else:
+            keys = new
+        buffer["prev_key_proj"] = keys
+        self._last_reorder = None
+        self._set_input_buffer(ctx.incremental_state, buffer)
+        return keys
+
+    def products(self, ctx: AttentionContext) -> Tensor:
+        """Scaled query-key products (B, P, T, S): pointer logits (masked) and local logits."""
+        tgt_len, bsz, _ = ctx.query.shape
+        d = self.embed_dim
+        queries = self.query_proj(ctx.query).view(tgt_len, bsz, self.num_products, d).permute(1, 2, 0, 3)
+        keys = self._key_projections(ctx)
+        src_len = keys.size(1)
+        if src_len != ctx.num_keys:
+            raise RuntimeError(f"diffwin key cache has {src_len} keys, attention has {ctx.num_keys}")
+        keys = keys.view(bsz, src_len, self.num_products, d).permute(0, 2, 3, 1)
+        return torch.matmul(queries, keys) * (1.0 / math.sqrt(d))
+
+    def pointers_and_mask(self, ctx: AttentionContext, pointer_logits: Tensor) -> Tensor:
+        """Soft window mask (B, T, S) from pointer logits (B, 2, T, S)."""
+        logits = pointer_logits / self.temperature
+        excluded = None
+        if ctx.key_padding_mask is not None:
+            excluded = ctx.key_padding_mask[:, None, None, :]
+        if self.causal:
+            future = ctx.key_positions()[None, :] > ctx.query_positions()[:, None]
+            if future.any():
+                future = future[None, None]
+                excluded = future if excluded is None else excluded | future
+        if excluded is not None:
+            # finite fill: a query with no allowed key (left-padded causal rows) stays finite
+            logits = logits.masked_fill(excluded, torch.finfo(logits.dtype).min)
+        low_precision = logits.dtype in (torch.float16, torch.bfloat16)
+        phi = F.softmax(logits, dim=-1, dtype=torch.float32 if low_precision else None).to(logits.dtype)
+        return soft_window_mask(phi[:, 0], phi[:, 1], self.segment_size, ctx.key_padding_mask)
+
+
+class AdditiveWindow(WindowPointers):
+    """AW bias module: ``(Q W_Ql (K W_Kl)^T * m) / sqrt(d)`` as a (B, 1, T, S) logit bias."""
+
+    def __init__(self, embed_dim, kdim=None, segment_size=1, temperature=1.0, causal=False):
+        super().__init__(embed_dim, kdim, 3, segment_size, temperature, causal)
+
+    def forward(self, ctx: AttentionContext) -> Tensor:
+        prods = self.products(ctx)
+        mask = self.pointers_and_mask(ctx, prods[:, :2])
+        return (prods[:, 2] * mask).unsqueeze(1)
+
+
+class MultiplicativeWindow(WindowPointers):
+    """MW post-softmax transform: ``softmax(e) * m``, renormalised over keys if asked."""
+
+    def __init__(self, embed_dim, kdim=None, segment_size=1, temperature=1.0, causal=False,
+                 renormalize: bool = False):
+        super().__init__(embed_dim, kdim, 2, segment_size, temperature, causal)
+        self.renormalize = renormalize
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", renormalize={self.renormalize}"
+
+    def forward(self, probs: Tensor, ctx: AttentionContext) -> Tensor:
+        mask = self.pointers_and_mask(ctx, self.products(ctx))
+        out = probs * mask.unsqueeze(1).to(probs.dtype)
+        if self.renormalize:
+            out = out / out.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
+        return out
+
+
+def build_window(
+    mode: str,
+    embed_dim: int,
+    kdim: Optional[int] = None,
+    mask_type: str = "token",
+    segment_size: int = 5,
+    temperature: float = 1.0,
+    causal: bool = False,
+    renormalize: bool = False,
+) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
+    """``(bias_module, post_softmax)`` for :class:`BiasedMultiheadAttention`."""
+    if mode not in WINDOW_MODES:
+        raise ValueError(f"unknown diffwin mode {mode!r}; choose one of {WINDOW_MODES}")
+    if mask_type not in MASK_TYPES:
+        raise ValueError(f"unknown diffwin mask {mask_type!r}; choose one of {MASK_TYPES}")
+    if mode == "none":
+        return None, None
+    seg = segment_size if mask_type == "segment" else 1
+    if mask_type == "segment" and segment_size < 1:
+        raise ValueError(f"diffwin segment size must be >= 1, got {segment_size}")
+    if mode == "aw":
+        return AdditiveWindow(embed_dim, kdim, seg, temperature, causal), None
+    return None, MultiplicativeWindow(embed_dim, kdim, seg, temperature, causal, renormalize)
