@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""Gather finished runs (runs/*/results.json) into Markdown tables laid out like the papers'
+tables, the papers' numbers (from configs/) beside ours. See --help."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from man_fairseq.recipes.results_table import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
