@@ -3,6 +3,7 @@ options, and the real fairseq CLIs."""
 
 import argparse
 import math
+import sys
 import types
 
 import pytest
@@ -466,15 +467,17 @@ def test_cli_train_resume_generate_export(toy_data_bin, tmp_path):
     ]
     # the criterion of TINY_TRAIN is replaced (argparse: the last one wins)
     crit = ["--criterion", "calibrated_label_smoothed_cross_entropy", "--perturbation-weight", "0.5"]
-    out = run_cli(common + crit + ["--max-update", "6"]).stdout
+    out = run_cli(common + crit + ["--max-update", "4"]).stdout
     assert "perturbed_loss" in out and "mask_penalty" in out
+    # the trainer hands the model the count of *completed* updates before each update, so
+    # the last of 4 updates ran with s = 3 (and generation uses that s)
     values, first = checkpoint_num_updates(save / "checkpoint_last.pt")
-    assert values == {6}
+    assert values == {3}
     # resume (interrupted run continued), with --update-freq 2: the anneal schedule continues
-    out = run_cli(common + crit + ["--max-update", "9", "--update-freq", "2"]).stdout
-    assert "loaded checkpoint" in out
+    out = run_cli(common + crit + ["--max-update", "6", "--update-freq", "2"]).stdout
+    assert "Loaded checkpoint" in out and "@ 4 updates" in out
     values, second = checkpoint_num_updates(save / "checkpoint_last.pt")
-    assert values == {9}
+    assert values == {5}
     pert = [k for k in second["model"] if ".perturbation." in k]
     assert pert and any(not torch.equal(first["model"][k], second["model"][k]) for k in pert)
 
@@ -487,7 +490,7 @@ def test_cli_train_resume_generate_export(toy_data_bin, tmp_path):
 
     export = tmp_path / "export"
     run_cli([
-        "man-export-calibration", toy_data_bin, "--path", save / "checkpoint_last.pt",
+        sys.executable, "-m", "man_fairseq.cli.export_calibration", toy_data_bin, "--path", save / "checkpoint_last.pt",
         "--gen-subset", "valid", "--output-dir", export, "--num-heatmaps", "2", "--cpu",
     ])
     table = (export / "calibration_stats.md").read_text()
