@@ -429,38 +429,62 @@ def test_incremental_decoding_equals_full_forward_with_beam_reorder(tmp_path):
 
 # ----------------------------------------------------------------------------- end to end
 
-@pytest.mark.parametrize("window, extra", [
-    ("fixed", ["--localness-attention-types", "encoder_self,cross"]),
-    ("layer", ["--localness-attention-types", "encoder_self,decoder_self"]),
-    ("query", ["--relative-positions"]),
-    ("head", ["--localness-attention-types", "decoder_self"]),
-])
-def test_cli_train_generate_and_dump_windows(tmp_path, toy_data_bin, window, extra):
-    save = tmp_path / "ckpt"
-    run_cli([
+CLI_CASES = {  # one training run per window strategy, together covering every attention type
+    "fixed": ["--localness-attention-types", "encoder_self,cross"],
+    "layer": ["--localness-attention-types", "encoder_self,decoder_self"],
+    "query": ["--relative-positions"],
+    "head": ["--localness-attention-types", "decoder_self"],
+}
+
+
+def run_parallel(commands):
+    """The fairseq commands at once (each one thread): their start-up dominates, not compute."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(commands)) as pool:
+        futures = [pool.submit(run_cli, cmd, env={"OMP_NUM_THREADS": "1"}) for cmd in commands]
+        return [f.result() for f in futures]
+
+
+def test_cli_train_generate_each_strategy_and_dump_windows(tmp_path, toy_raw, toy_data_bin):
+    saves = {w: tmp_path / f"ckpt_{w}" for w in CLI_CASES}
+    run_parallel([[
         "fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_localness_small",
-        *TINY_MODEL, *TINY_TRAIN, "--localness-window", window, "--localness-layers", "0,1", *extra,
-        "--max-update", "3", "--save-dir", save, "--share-all-embeddings",
-    ])
-    gen = run_cli([
-        "fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
-        "--beam", "3", "--batch-size", "8", "--max-len-b", "12", "--cpu", "--gen-subset", "test",
-    ])
-    hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
-    assert len(hyps) == 20
-    if window in ("query", "layer"):
-        # the window dump command on the trained checkpoint
-        out = tmp_path / "windows"
-        run_cli([
-            "python", "-m", "man_fairseq.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
-            "--path", save / "checkpoint_last.pt", "--gen-subset", "valid", "--batch-size", "16",
-            "--cpu", "--windows-output-dir", out,
-        ])
-        tsv = (out / "windows.tsv").read_text().splitlines()
-        assert tsv[0].split("\t")[:4] == ["sample_id", "attention", "layer", "head"]
-        kinds = {line.split("\t")[1] for line in tsv[1:]}
-        assert kinds == set(["encoder_self"] + (["decoder_self"] if window == "layer" else []))
-        assert (out / "windows.md").read_text().count("|") > 10
-        for png in out.glob("*.png"):
-            assert png.stat().st_size > 1000
-        assert list(out.glob("*.png"))
+        *TINY_MODEL, *TINY_TRAIN, "--localness-window", w, "--localness-layers", "0,1", *extra,
+        "--max-update", "3", "--save-dir", saves[w], "--share-all-embeddings",
+    ] for w, extra in CLI_CASES.items()])
+
+    windows_dir = tmp_path / "windows"
+    generate = [[
+        "fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", saves[w] / "checkpoint_last.pt",
+        "--beam", "3", "--batch-size", "8", "--required-batch-size-multiple", "1", "--max-len-b", "12",
+        "--cpu", "--gen-subset", "test",
+    ] for w in CLI_CASES]
+    dump = [  # the window dump command on the layer-strategy model (encoder and decoder self)
+        "python", "-m", "man_fairseq.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
+        "--path", saves["layer"] / "checkpoint_last.pt", "--gen-subset", "valid", "--batch-size", "16",
+        "--required-batch-size-multiple", "1", "--cpu", "--windows-output-dir", windows_dir,
+    ]
+    *generated, dumped = run_parallel(generate + [dump])
+
+    num_test = len((toy_raw / "test.src").read_text().splitlines())
+    for window, gen in zip(CLI_CASES, generated):
+        hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
+        assert len(hyps) == num_test, (window, gen.stdout[-2000:])
+
+    rows = [line.split("\t") for line in (windows_dir / "windows.tsv").read_text().splitlines()]
+    assert rows[0] == ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
+    assert {(r[1], r[2]) for r in rows[1:]} == {(k, l) for k in ("encoder_self", "decoder_self") for l in "01"}
+    num_valid = len((toy_raw / "valid.src").read_text().splitlines())
+    assert {int(r[0]) for r in rows[1:]} == set(range(num_valid))
+    for r in rows[1:]:
+        # centre inside the visible keys, window inside (0, I): P, D = I * sigmoid(.)
+        length, centre, window = int(r[5]), float(r[6]), float(r[7])
+        assert 0 <= centre <= length and 0 < window <= length
+        if r[1] == "decoder_self":
+            assert length == int(r[4]) + 1  # visible prefix
+    table = (windows_dir / "windows.md").read_text()
+    assert table.count("\n") == 2 + 4 and "| decoder_self | 1 |" in table
+    for kind in ("encoder_self", "decoder_self"):
+        assert (windows_dir / f"windows_{kind}.png").stat().st_size > 1000
+    assert "wrote windows of 4 attention layers" in dumped.stdout
