@@ -502,3 +502,50 @@ def test_cli_train_resume_generate_export(toy_data_bin, tmp_path):
     first_mask = next(iter(masks.values()))["mask"]
     assert first_mask.dim() == 4 and first_mask.shape[0] == 2  # (layers, heads, tgt, src)
     assert float(first_mask.min()) >= 0 and float(first_mask.max()) <= 1
+
+
+# ----------------------------------------------------------------------------------------------
+# PyTorch DDP (gloo, CPU) without find_unused_parameters
+
+
+def _ddp_worker(rank, world, port, result_path):
+    import torch.distributed as dist
+    from fairseq.distributed import ModuleProxyWrapper
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model = build_model(["--calibration-fusion", "gate"], dictionary=d)
+    # fairseq's own wrapping for --ddp-backend pytorch_ddp
+    ddp = ModuleProxyWrapper(torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False))
+    crit = make_criterion(d)
+    for it in range(2):  # DDP raises in the 2nd iteration if a gradient was missing in the 1st
+        ddp.zero_grad()
+        loss, _, _ = crit(ddp, make_batch(d, bsz=2, seed=10 * it + rank))
+        (loss * world).backward()  # DDP averages over ranks; x world gives their sum
+    if rank == 0:
+        torch.save({k: p.grad.clone() for k, p in model.named_parameters()}, result_path)
+    dist.destroy_process_group()
+
+
+def test_pytorch_ddp_one_backward_without_find_unused_parameters(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = tmp_path / "grads.pt"
+    mp.spawn(_ddp_worker, args=(2, port, str(result)), nprocs=2)
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model = build_model(["--calibration-fusion", "gate"], dictionary=d)
+    crit = make_criterion(d)
+    for rank in range(2):
+        loss, _, _ = crit(model, make_batch(d, bsz=2, seed=10 + rank))
+        loss.backward()
+    ddp_grads = torch.load(result)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(ddp_grads[name], p.grad, msg=name)
