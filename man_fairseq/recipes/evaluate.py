@@ -148,9 +148,16 @@ def main(argv=None):
     except AverageError as e:
         sys.exit(f"cannot average: {e}")
     checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
-    _run([sys.executable, "-m", "man_fairseq.cli.average_checkpoints", "--inputs", str(ckpt_dir),
-          "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
-          "--output", str(checkpoint)], eval_dir / "average.log")
+    from man_fairseq.cli.average_checkpoints import main as average_main
+
+    avg_argv = ["--inputs", str(ckpt_dir),
+                "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
+                "--output", str(checkpoint)]
+    print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
+    try:
+        average_main(avg_argv)  # in-process: saves a second fairseq start-up
+    except AverageError as e:
+        sys.exit(f"cannot average: {e}")
 
     gen_cmd = ["fairseq-generate"] + generate_args(cfg, data, checkpoint, subset, device,
                                                    args.precision, args.batch_size)

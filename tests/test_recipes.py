@@ -1,0 +1,292 @@
+"""Recipes: configs parse with fairseq's own parser, launch commands keep the paper's effective
+batch, a 2-process CPU (gloo) training run, evaluate.sh end to end, BLEU/ROUGE scoring, tables."""
+
+import json
+import math
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, SHARED_DATA, TINY_MODEL
+
+from man_fairseq.recipes import launch, scoring
+from man_fairseq.recipes.config import ConfigError, all_configs, load_config, option_args
+from man_fairseq.recipes.results_table import build_tables, collect_runs
+
+CONFIGS = all_configs()
+
+
+def script_env():
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHON"] = sys.executable
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_script(args, timeout=400):
+    proc = subprocess.run([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, env=script_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-5000:]
+    return proc.stdout
+
+
+# ------------------------------------------------------------------------------- configs
+
+def test_every_paper_table_has_rows_and_names_are_unique():
+    tables = {(c["paper"], str(c["table"])) for c in CONFIGS}
+    expected = ({("man", t) for t in "1234"} | {("localness", t) for t in "1234"}
+                | {("diffwin", t) for t in "123"} | {("calibration", "2")})
+    assert expected <= tables
+    names = [c["name"] for c in CONFIGS]
+    assert len(names) == len(set(names))
+    for c in CONFIGS:
+        assert {"lr", "max-update", "warmup-updates", "max-tokens"} <= set(c["train"]), c["name"]
+        metric_keys = {"rouge": {"rouge1", "rouge2", "rougeL"}}.get(c["eval"]["metric"], {"bleu"})
+        assert metric_keys <= set(c["paper_results"]), c["name"]
+        if c["eval"]["metric"] == "rouge":
+            assert c["eval"]["no_repeat_ngram_size"] == 3  # trigram blocking (SPEC §1)
+
+
+def test_headline_paper_numbers_come_from_configs():
+    by_name = {c["name"]: c for c in CONFIGS}
+    assert by_name["man-t1-iwslt14-man-small"]["paper_results"]["bleu"] == 36.3
+    assert by_name["man-t2-cnndm-man"]["paper_results"] == {"rouge1": 40.98, "rouge2": 18.29, "rougeL": 37.88}
+    assert by_name["diffwin-t3-enc-aw-cr-aw-seg-dec-mw"]["paper_results"]["bleu"] == 28.25
+    text = build_tables(CONFIGS, {})
+    assert "| MAN (small) IWSLT14 | IWSLT14 De-En | 36.30 | – |" in text
+    assert "### Attention Calibration for Transformer in NMT — Table 2" in text
+
+
+def test_config_errors_are_clear(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"inherit": str(REPO / "configs/_base/iwslt14.yaml"), "name": "x",
+                                   "paper": "man", "table": 1, "row": "x", "arch": "a", "trian": {}}))
+    with pytest.raises(ConfigError, match="unknown keys.*trian"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="config not found"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def _registered_archs():
+    from fairseq import utils
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    utils.import_user_module(type("A", (), {"user_dir": launch.USER_DIR})())
+    return ARCH_MODEL_REGISTRY
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c["name"] for c in CONFIGS])
+def test_config_parses_with_fairseq_train_parser(cfg, tmp_path):
+    """The config's argument list is accepted by fairseq-train's own parser, option values included."""
+    archs = _registered_archs()
+    if cfg["arch"] not in archs:
+        pytest.skip(f"arch {cfg['arch']} is not registered yet (its family lands at integration)")
+    from fairseq import options
+
+    argv = launch.train_args(cfg, tmp_path / "ckpt", world_size=2, device="gpu", precision="fp16",
+                             data=tmp_path)
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    assert args.arch == cfg["arch"] and args.update_freq == [launch.update_freq_for(cfg, 2)[0]]
+    for key, value in {**(cfg.get("model") or {}), **cfg["train"]}.items():
+        got = getattr(args, key.replace("-", "_"))
+        if isinstance(value, bool):
+            assert bool(got) == value, key
+        elif isinstance(value, (int, float)) and not isinstance(got, (list, str)):
+            assert float(got) == float(value), key
+        elif isinstance(got, list):
+            assert float(got[0]) == float(value), key  # --lr parses to a list
+        else:
+            assert str(got) == str(value), key
+
+
+# ------------------------------------------------------------------------ launch / batch
+
+def test_update_freq_keeps_effective_batch():
+    wmt = load_config("configs/man/t1-wmt14-man-base.yaml")  # 8 GPUs x 12288 tokens in the paper
+    assert [launch.update_freq_for(wmt, n)[:2] for n in (1, 2, 4, 8)] == [(8, 8), (4, 8), (2, 8), (1, 8)]
+    uf, got, warning = launch.update_freq_for(wmt, 3)
+    assert (uf, got) == (3, 9) and "differs from the paper" in warning
+    big = load_config("configs/localness/t4-big-localness.yaml")  # Ott et al.: 8 x 16
+    assert launch.update_freq_for(big, 4)[:2] == (32, 128)
+
+
+def test_launch_commands():
+    cfg = load_config("configs/man/t1-wmt14-man-base.yaml")
+    single = launch.launch_command(cfg, "ck", nproc=1, device="gpu")
+    assert single[0] == "fairseq-train" and "--fp16" in single
+    assert single[single.index("--update-freq") + 1] == "8"
+    tr = launch.launch_command(cfg, "ck", nproc=4, launcher="torchrun", device="gpu", precision="bf16")
+    assert tr[:4] == ["torchrun", "--nproc_per_node=4", "--standalone", "-m"] and tr[4] == "fairseq_cli.train"
+    assert "--bf16" in tr and tr[tr.index("--update-freq") + 1] == "2"
+    slurm = launch.launch_command(cfg, "ck", nproc=8, nnodes=2, launcher="slurm", device="gpu")
+    assert slurm[0] == "srun" and slurm[slurm.index("--distributed-world-size") + 1] == "16"
+    assert "--distributed-port" in slurm and slurm[slurm.index("--update-freq") + 1] == "1"
+    cpu = launch.launch_command(cfg, "ck", nproc=2, device="cpu")
+    assert "man_fairseq.recipes.torchrun_cpu" in cpu and "gloo" in cpu and "--cpu" in cpu
+    assert "--fp16" not in cpu
+    assert option_args({"a-b": True, "c": False, "d": [1, 2], "e": 0.5}) == ["--a-b", "--d", "1", "2", "--e", "0.5"]
+
+
+def test_train_sh_dry_run(tmp_path):
+    out = run_script(["bash", "scripts/train.sh", "configs/man/t1-iwslt14-man-small.yaml", "--gpus", "4",
+                      "--dry-run", "--run-dir", tmp_path / "run"])
+    rec = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert rec["world_size"] == 4 and rec["update_freq"] == 1  # paper: 1 GPU; 4 GPUs cannot do less
+    assert "WARNING: effective batch differs" in out
+    assert rec["command"][:2] == ["torchrun", "--nproc_per_node=4"]
+
+
+# ---------------------------------------------------- distributed CPU training + evaluation
+
+@pytest.fixture(scope="module")
+def toy_run(toy_data_bin, tmp_path_factory):
+    """scripts/train.sh on the toy corpus with 2 CPU processes (torchrun + gloo), epoch checkpoints kept."""
+    tmp = tmp_path_factory.mktemp("toy_run")
+    model = {TINY_MODEL[i].lstrip("-"): TINY_MODEL[i + 1] for i in range(0, len(TINY_MODEL), 2)}
+    cfg = {"name": "toy-man-small", "paper": "man", "table": "toy", "row": "toy", "dataset": "toy",
+           "data": str(toy_data_bin), "source_lang": "src", "target_lang": "tgt",
+           "arch": "transformer_man_small", "model": model,
+           "train": {"optimizer": "adam", "lr": 0.003, "lr-scheduler": "inverse_sqrt", "warmup-updates": 10,
+                     "criterion": "label_smoothed_cross_entropy", "label-smoothing": 0.1,
+                     "max-tokens": 1000, "max-epoch": 3, "share-all-embeddings": True,
+                     "num-workers": 0, "no-progress-bar": True, "log-interval": 5, "seed": 1},
+           "batch": {"paper_gpus": 2, "paper_update_freq": 2},
+           "eval": {"metric": "bleu_ci", "beam": 2, "lenpen": 1.0, "max_len_a": 1, "max_len_b": 5,
+                    "avg_last": 2, "remove_bpe": "@@ "},
+           "paper_results": {"bleu": None}}
+    cfg_path = tmp / "toy.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    run = tmp / "run"
+    log = run_script(["bash", "scripts/train.sh", cfg_path, "--cpu", "--gpus", "2", "--run-dir", run])
+    return run, log
+
+
+def test_two_process_cpu_training(toy_run):
+    run, log = toy_run
+    assert "distributed init (rank 0)" in log and "distributed init (rank 1)" in log
+    rec = json.loads((run / "run.json").read_text())
+    assert rec["world_size"] == 2 and rec["update_freq"] == 2
+    assert "--update-freq 2" in (run / "train.log").read_text() or rec["command"][rec["command"].index("--update-freq") + 1] == "2"
+    for f in ("checkpoint1.pt", "checkpoint2.pt", "checkpoint3.pt"):
+        assert (run / "checkpoints" / f).is_file()
+
+
+def _evaluate_as(run, metric, tmp_path):
+    """Copy the toy run with another metric in its config, run evaluate.sh, return results.json."""
+    import shutil
+
+    dst = tmp_path / f"run-{metric}"
+    shutil.copytree(run, dst, ignore=shutil.ignore_patterns("eval", "results.*"))
+    cfg = yaml.safe_load((dst / "config.yaml").read_text())
+    cfg["eval"]["metric"] = metric
+    (dst / "config.yaml").write_text(yaml.safe_dump(cfg))
+    run_script(["bash", "scripts/evaluate.sh", dst, "--cpu"])
+    return dst, json.loads((dst / "results.json").read_text())
+
+
+def test_evaluate_bleu_and_rouge(toy_run, tmp_path):
+    run, _ = toy_run
+    # WMT metric: tokenized BLEU with compound splitting + detokenized sacreBLEU with signature
+    dst, res = _evaluate_as(run, "bleu_wmt", tmp_path)
+    assert [Path(p).name for p in res["averaged"]] == ["checkpoint3.pt", "checkpoint2.pt"]
+    hyps = (dst / "eval/test.hyp").read_text().splitlines()
+    refs = (dst / "eval/test.ref").read_text().splitlines()
+    assert len(hyps) == len(refs) == res["n_sentences"] > 0
+    # the reported scores are the scorers applied to the files evaluate.sh wrote
+    assert res["scores"]["bleu"] == scoring.tokenized_bleu(hyps, refs, compound=True)["bleu"]
+    assert res["details"]["bleu"]["compound_split"] is True
+    assert res["details"]["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    detok = (dst / "eval/test.detok.hyp").read_text().splitlines()
+    assert res["scores"]["sacrebleu"] == scoring.sacrebleu_detok(detok, scoring.moses_detokenize(refs, "tgt"))["bleu"]
+    md = (dst / "results.md").read_text()
+    assert "| bleu |" in md and "| sacrebleu |" in md
+    gen = " ".join(res["generate_command"])
+    assert "--beam 2" in gen and "--max-len-b 5" in gen and "--max-len-a 1" in gen
+
+    # results_table reads evaluate.sh's output next to the config's paper number
+    table_runs = tmp_path / "table_runs" / "r"
+    table_runs.mkdir(parents=True)
+    (table_runs / "results.json").write_text((dst / "results.json").read_text())
+    cfg = yaml.safe_load((dst / "config.yaml").read_text())
+    cfg["_path"] = str(dst / "config.yaml")
+    cfg["paper_results"] = {"bleu": 12.5}
+    table = build_tables([cfg], collect_runs(table_runs.parent))
+    assert f"| toy | toy | 12.50 | {res['scores']['bleu']:.2f} | {res['scores']['sacrebleu']:.2f} |" in table
+
+    # summarization metric: ROUGE-1/2/L F1 and the implementation that produced them
+    dst, res = _evaluate_as(run, "rouge", tmp_path)
+    hyps = (dst / "eval/test.hyp").read_text().splitlines()
+    refs = (dst / "eval/test.ref").read_text().splitlines()
+    direct = scoring.rouge(hyps, refs)
+    assert res["scores"] == {k: direct[k] for k in ("rouge1", "rouge2", "rougeL")}
+    assert res["details"]["rouge_implementation"] == direct["implementation"]
+    assert "| rougeL |" in (dst / "results.md").read_text()
+
+
+# --------------------------------------------------------------------------------- scoring
+
+def test_compound_split_bleu_hand_computed():
+    hyp = ["a state-of-the-art model works"]
+    ref = ["a state-of-the-art model runs well"]
+    # split: hyp 10 tokens, ref 11; matched n-grams 9/10, 8/9, 7/8, 6/7; BP = exp(1 - 11/10)
+    expected = 100 * math.exp(1 - 11 / 10) * (9 / 10 * 8 / 9 * 7 / 8 * 6 / 7) ** 0.25
+    got = scoring.tokenized_bleu(hyp, ref, compound=True)
+    assert got["sys_len"] == 10 and got["ref_len"] == 11
+    assert got["bleu"] == round(expected, 2) == 79.64
+    # without splitting no 4-gram matches: unsmoothed BLEU is 0
+    assert scoring.tokenized_bleu(hyp, ref)["bleu"] == 0.0
+    assert scoring.compound_split("x @-@ y") == "x @ ##AT##-##AT## @ y"  # same as the Perl one-liner
+    assert scoring.tokenized_bleu(["The Cat sat Down"], ["the cat sat down"], lowercase=True)["bleu"] == 100.0
+    assert scoring.tokenized_bleu(["The Cat sat Down"], ["the cat sat down"])["bleu"] == 0.0
+
+
+def _rouge_pairs():
+    if SHARED_DATA.is_dir():
+        art = (SHARED_DATA / "gigaword-sample/valid.article.filter.4K.txt").read_text().splitlines()[:60]
+        ttl = (SHARED_DATA / "gigaword-sample/valid.title.filter.4K.txt").read_text().splitlines()[:60]
+        return [" ".join(a.split()[:12]) for a in art], ttl
+    return (["the cats were sitting on the mats", "police arrested two men"],
+            ["a cat sat on the mat", "two men were arrested by police"])
+
+
+def test_rouge_wrapper_matches_rouge_score(monkeypatch):
+    from rouge_score import rouge_scorer
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # make sure files2rouge is not picked up
+    hyps, refs = _rouge_pairs()
+    got = scoring.rouge(hyps, refs)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    per = [scorer.score(r, h) for h, r in zip(hyps, refs)]
+    for key in ("rouge1", "rouge2", "rougeL"):
+        direct = 100 * sum(p[key].fmeasure for p in per) / len(per)
+        assert got[key] == pytest.approx(direct, abs=0.006)
+    assert got["implementation"].startswith("rouge-score")
+
+
+def test_rouge_uses_files2rouge_when_installed(tmp_path, monkeypatch):
+    fake = tmp_path / "files2rouge"
+    # prints what files2rouge (ROUGE-1.5.5) prints; the wrapper must read the Average_F lines
+    fake.write_text("#!/bin/sh\ncat <<'EOF'\n---------------------------------------------\n"
+                    "1 ROUGE-1 Average_R: 0.41000 (95%-conf.int. 0.40 - 0.42)\n"
+                    "1 ROUGE-1 Average_F: 0.40980 (95%-conf.int. 0.40 - 0.42)\n"
+                    "1 ROUGE-2 Average_F: 0.18290 (95%-conf.int. 0.18 - 0.19)\n"
+                    "1 ROUGE-L Average_F: 0.37880 (95%-conf.int. 0.37 - 0.38)\nEOF\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path) + os.pathsep + os.environ["PATH"])
+    got = scoring.rouge(["a b"], ["a b"])
+    assert (got["rouge1"], got["rouge2"], got["rougeL"]) == (40.98, 18.29, 37.88)
+    assert got["implementation"].startswith("files2rouge")
+
+
+def test_read_generate_output_orders_by_id():
+    from man_fairseq.recipes.evaluate import read_generate_output
+
+    text = "S-1\tb\nT-1\tref b\nH-1\t-0.1\thyp b\nD-1\t-0.1\thyp b\nS-0\ta\nT-0\tref a\nH-0\t-0.2\thyp a\n"
+    assert read_generate_output(text) == ([0, 1], ["hyp a", "hyp b"], ["ref a", "ref b"])
