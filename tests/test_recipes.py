@@ -105,6 +105,17 @@ def test_config_parses_with_fairseq_train_parser(cfg, tmp_path):
         else:
             assert str(got) == str(value), key
 
+    # and the model builds with these options (start-up validation of the family), at toy width
+    from fairseq import tasks
+
+    for lang in (cfg["source_lang"], cfg["target_lang"]):
+        (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(20)))
+    small = options.parse_args_and_arch(options.get_training_parser(), input_args=argv + TINY_MODEL + [
+        "--encoder-layers", "3", "--decoder-layers", "3", "--max-source-positions", "64",
+        "--max-target-positions", "64"])
+    model = tasks.setup_task(small).build_model(small)
+    assert sum(p.numel() for p in model.parameters()) > 0
+
 
 # ------------------------------------------------------------------------ launch / batch
 
@@ -290,3 +301,15 @@ def test_read_generate_output_orders_by_id():
 
     text = "S-1\tb\nT-1\tref b\nH-1\t-0.1\thyp b\nD-1\t-0.1\thyp b\nS-0\ta\nT-0\tref a\nH-0\t-0.2\thyp a\n"
     assert read_generate_output(text) == ([0, 1], ["hyp a", "hyp b"], ["ref a", "ref b"])
+
+
+def test_docs_list_every_row_with_its_command_and_paper_number():
+    docs = (REPO / "docs" / "recipes.md").read_text()
+    for cfg in CONFIGS:
+        rel = Path(cfg["_path"]).relative_to(REPO)
+        line = next((l for l in docs.splitlines() if f"scripts/train.sh {rel} " in l), None)
+        assert line is not None, f"docs/recipes.md lacks the command for {rel}"
+        assert f"scripts/evaluate.sh runs/{cfg['name']}`" in line
+        bleu = (cfg.get("paper_results") or {}).get("bleu")
+        if bleu is not None:
+            assert f"{bleu:.2f}" in line, rel
