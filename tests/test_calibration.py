@@ -466,6 +466,32 @@ def test_extra_parameters_at_base_width():
     assert gate_extra == 6 * (512 * 8 + 8)
 
 
+def test_export_statistics_formulas():
+    from man_fairseq.cli.export_calibration import entropy_bits, jsd_bits, layer_statistics
+
+    p = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    q = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    assert float(jsd_bits(p, q)) == pytest.approx(1.0)  # disjoint supports: 1 bit
+    assert float(jsd_bits(p, p)) == pytest.approx(0.0)
+    assert float(entropy_bits(torch.full((4,), 0.25))) == pytest.approx(2.0)
+    # one sentence, one head, one target token, keys [real, real, pad]; the unnormalised fused
+    # weights (anneal / no-softmax) are renormalised over the real keys
+    attn = torch.tensor([[[[0.5, 0.5, 0.0]]]])
+    fused = torch.tensor([[[[0.3, 0.1, 0.0]]]])
+    m = torch.tensor([[[[0.2, 0.6, 0.0]]]])
+    rows, n = layer_statistics([{"attn": attn, "calibrated": fused, "m": m}],
+                               torch.tensor([[True, True, False]]), torch.tensor([[True]]))
+    fused_n = torch.tensor([0.75, 0.25], dtype=torch.float64)
+    mid = (torch.tensor([0.5, 0.5], dtype=torch.float64) + fused_n) / 2
+    naive_jsd = 0.5 * sum(0.5 * math.log2(0.5 / mid[i]) for i in range(2)) + \
+        0.5 * sum(fused_n[i] * math.log2(fused_n[i] / mid[i]) for i in range(2))
+    assert n == 1
+    assert rows[0]["jsd"] == pytest.approx(float(naive_jsd))
+    assert rows[0]["entropy_original"] == pytest.approx(1.0)
+    assert rows[0]["entropy_calibrated"] == pytest.approx(-(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25)))
+    assert rows[0]["mask_mean"] == pytest.approx(0.4)
+
+
 # ----------------------------------------------------------------------------------------------
 # real CLIs
 

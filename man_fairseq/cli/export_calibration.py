@@ -212,6 +212,7 @@ def main(args):
 
 def cli_main():
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-manager debug noise
     main(get_parser().parse_args())
 
 
