@@ -207,6 +207,24 @@ def test_attention_with_localness_equals_naive(window):
     torch.testing.assert_close(out[real], want[real])
 
 
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+def test_fused_and_explicit_paths_give_the_same_gradients(window):
+    """The default (SDPA, float mask) path must back-propagate into the localness parameters."""
+    torch.manual_seed(11)
+    attn = localness_attention(window).train()
+    x = torch.randn(5, 2, DIM, dtype=DT)
+    kpm = padding_mask([5, 3], 5, left=True)
+    grads = []
+    for need_weights in (False, True):  # fused kernel / explicit softmax
+        attn.zero_grad()
+        out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=need_weights)
+        out.masked_fill(kpm.t()[..., None], 0.0).pow(2).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in attn.bias_module.named_parameters()})
+    assert grads[0] and all(g.abs().sum() > 0 for g in grads[0].values())
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name])
+
+
 def test_zero_bias_limit_is_plain_attention():
     """A fixed window much wider than the sentence makes the Gaussian flat: plain attention."""
     torch.manual_seed(5)
