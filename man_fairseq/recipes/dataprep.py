@@ -63,10 +63,14 @@ def sha256_of(path, chunk=1 << 20):
     return h.hexdigest()
 
 
-def verify_archive(path):
-    """Read an archive to its end (gzip CRC / tar structure / zip CRC) or raise PrepError."""
+def verify_archive(path, name=None):
+    """Read an archive to its end (gzip CRC / tar structure / zip CRC) or raise PrepError.
+
+    ``name`` (default: the file name) decides the format, so a ``*.part`` file can be checked
+    before it takes its final name.
+    """
     path = Path(path)
-    name = path.name
+    name = name or path.name
     try:
         if name.endswith((".tgz", ".tar.gz", ".tar", ".tar.bz2", ".tbz2", ".tar.xz")):
             with tarfile.open(path) as tar:
@@ -123,6 +127,9 @@ def fetch(url, dest, expected_sha256=None, checksum_file=None):
     except Exception as e:
         raise PrepError(f"cannot download {url}: {e}. Without internet, fetch it elsewhere and "
                         f"pass --from <folder or archive>.") from e
+    if "text/html" in resp.headers.get("Content-Type", "") and not url.endswith((".html", ".txt")):
+        raise PrepError(f"{url} returned a web page instead of the file (a login or Google Drive "
+                        "confirmation page?). Download it in a browser and pass --from <file>.")
     resumed = start and resp.status == 206
     length = resp.headers.get("Content-Length")
     total = (int(length) + (start if resumed else 0)) if length else None
@@ -145,8 +152,12 @@ def fetch(url, dest, expected_sha256=None, checksum_file=None):
     if want and digest != want:
         part.unlink()
         raise PrepError(f"{url}: SHA-256 {digest} does not match the expected {want}")
+    try:
+        verify_archive(part, name=dest.name)
+    except PrepError:
+        part.unlink()  # a broken download must not survive as the finished file
+        raise
     os.replace(part, dest)
-    verify_archive(dest)
     if checksum_file:
         sums[dest.name] = digest
         Path(checksum_file).write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n")

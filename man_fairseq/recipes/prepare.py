@@ -38,7 +38,7 @@ def _stage(args, steps, urls, archive_names):
 
     def download():
         for url in urls:
-            name = url.rsplit("/", 1)[-1].split("?")[0]
+            url, name = url if isinstance(url, tuple) else (url, url.rsplit("/", 1)[-1].split("?")[0])
             fetch(url, steps.work / "downloads" / name, checksum_file=steps.work / "downloads" / "SHA256SUMS.json")
             if name.endswith((".tgz", ".tar.gz", ".zip", ".tar")):
                 from .dataprep import extract
@@ -309,7 +309,7 @@ def prepare_cnndm(args):
 
 GIGAWORD_URLS = [
     # Rush et al. (2015) release ("sumdata"), as mirrored by the UniLM / OpenNMT recipes.
-    "https://drive.google.com/uc?export=download&id=0B6N7tANPyVeBNmlSX19Ld2xDU1E",
+    ("https://drive.google.com/uc?export=download&id=0B6N7tANPyVeBNmlSX19Ld2xDU1E", "summary.tar.gz"),
 ]
 GIGAWORD_FILES = {
     "train": ("train.article.txt", "train.title.txt"),
@@ -353,7 +353,7 @@ DATASETS = {
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Prepare a corpus for fairseq: download or --from, "
+    p = argparse.ArgumentParser(prog="data-prep/prepare-*.sh", description="Prepare a corpus for fairseq: download or --from, "
                                 "Moses tokenization (sacremoses), cleaning, subword-nmt BPE, fairseq-preprocess.")
     p.add_argument("dataset", choices=sorted(DATASETS))
     p.add_argument("--from", dest="from_path", default=None,
