@@ -262,7 +262,7 @@ class Built:
         self.model.train()
         self.criterion.train()
         _sync(self.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.optimizer.zero_grad()
         if hasattr(self.model, "set_num_updates"):
             self.model.set_num_updates(self.num_updates)
@@ -280,18 +280,18 @@ class Built:
             self.optimizer.step()
         _sync(self.device)
         self.num_updates += 1
-        return time.perf_counter() - t0, loss.item() / max(1.0, float(sample_size))
+        return (time.perf_counter() - t0, time.process_time() - c0), loss.item() / max(1.0, float(sample_size))
 
     def decode(self, generator, sample):
         import torch
 
         self.model.eval()
         _sync(self.device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with torch.no_grad(), _autocast(self.device, self.amp_dtype):
             hyps = generator.generate([self.model], sample)
         _sync(self.device)
-        return time.perf_counter() - t0, hyps
+        return (time.perf_counter() - t0, time.process_time() - c0), hyps
 
 
 def memory_worker(spec) -> dict:
@@ -318,7 +318,7 @@ def memory_worker(spec) -> dict:
         mem0 = _rss_kib("VmRSS") * 1024
         reset_ok = _reset_peak_rss()
     for it in range(spec["memory_iters"]):
-        dt, loss = built.train_step(sample)
+        (dt, _), loss = built.train_step(sample)
         log(f"  memory {m['label']}: step {it + 1}/{spec['memory_iters']} on the largest batch "
             f"({int(sample['ntokens'])} tok) {dt:.2f}s")
     if device.type == "cuda":
@@ -367,11 +367,12 @@ def timing_worker(spec) -> dict:
         ],
     }
     times = {k: [] for k in models}
+    cpu_times = {k: [] for k in models}
     for it, sample in enumerate(train):
         phase = "warm-up" if it < spec["warmup"] else "timed"
         for key, built in list(models.items()):
             try:
-                dt, loss = built.train_step(sample)
+                (dt, cpu), loss = built.train_step(sample)
             except Exception as e:
                 results[key] = {"error": f"training step failed: {type(e).__name__}: {e}"}
                 log(f"  {built.label}: TRAIN STEP FAILED: {type(e).__name__}: {e}")
@@ -379,12 +380,14 @@ def timing_worker(spec) -> dict:
                 continue
             if it >= spec["warmup"]:
                 times[key].append(dt)
+                cpu_times[key].append(cpu)
             log(f"  train iter {it + 1}/{len(train)} ({phase}) {built.label}: "
-                f"{int(sample['ntokens'])} tok in {dt:.2f}s, loss {loss:.3f}")
+                f"{int(sample['ntokens'])} tok in {dt:.2f}s (process CPU {cpu:.2f}s), loss {loss:.3f}")
     for built in models.values():
         del built.optimizer  # free Adam state before decoding
     nsent = int(decode_sample["nsentences"])
     dec_times = {k: [] for k in models}
+    dec_cpu_times = {k: [] for k in models}
     hyp_len = {}
     n_dec = spec["decode_warmup"] + spec["decode_iters"]
     for it in range(n_dec):
@@ -395,7 +398,7 @@ def timing_worker(spec) -> dict:
                 max_len_b=spec["decode_len"], min_len=spec["decode_len"],
             )
             try:
-                dt, hyps = built.decode(generator, decode_sample)
+                (dt, cpu), hyps = built.decode(generator, decode_sample)
             except Exception as e:
                 results[key] = {"error": f"decoding failed: {type(e).__name__}: {e}"}
                 log(f"  {built.label}: DECODING FAILED: {type(e).__name__}: {e}")
@@ -403,17 +406,26 @@ def timing_worker(spec) -> dict:
                 continue
             if it >= spec["decode_warmup"]:
                 dec_times[key].append(dt)
+                dec_cpu_times[key].append(cpu)
             hyp_len[key] = statistics.mean(len(h[0]["tokens"]) for h in hyps)
-            log(f"  decode {it + 1}/{n_dec} ({phase}) {built.label}: {nsent} sent x beam {spec['beam']} in {dt:.2f}s")
+            log(f"  decode {it + 1}/{n_dec} ({phase}) {built.label}: {nsent} sent x beam {spec['beam']} in {dt:.2f}s (process CPU {cpu:.2f}s)")
     tokens = batch_info["batch_tokens"][spec["warmup"]:]
     for key in models:
         r = results[key]
         r.update(batch_info)
-        r["train_times"] = times[key]
-        r["train_tok_s"] = statistics.median(n / t for n, t in zip(tokens, times[key]))
-        r["train_tok_s_total"] = sum(tokens) / sum(times[key])
-        r["decode_times"] = dec_times[key]
-        r["decode_sent_s"] = statistics.median(nsent / t for t in dec_times[key])
+        # the clock used for the rates: wall time, or the CPU time of this process (steadier on a
+        # shared machine, meaningful with --threads 1 where no OpenMP thread spins)
+        train_t = times[key] if spec["clock"] == "wall" else cpu_times[key]
+        dec_t = dec_times[key] if spec["clock"] == "wall" else dec_cpu_times[key]
+        r["train_times"], r["train_cpu_times"] = times[key], cpu_times[key]
+        r["train_tok_s"] = statistics.median(n / t for n, t in zip(tokens, train_t))
+        r["train_tok_s_wall"] = statistics.median(n / t for n, t in zip(tokens, times[key]))
+        r["train_tok_s_cpu"] = statistics.median(n / t for n, t in zip(tokens, cpu_times[key]))
+        r["train_tok_s_total"] = sum(tokens) / sum(train_t)
+        r["decode_times"], r["decode_cpu_times"] = dec_times[key], dec_cpu_times[key]
+        r["decode_sent_s"] = statistics.median(nsent / t for t in dec_t)
+        r["decode_sent_s_wall"] = statistics.median(nsent / t for t in dec_times[key])
+        r["decode_sent_s_cpu"] = statistics.median(nsent / t for t in dec_cpu_times[key])
         r["decode_sentences"] = nsent
         r["decode_hyp_len"] = hyp_len[key]
     return results
@@ -503,6 +515,9 @@ def main(argv=None):
     p.add_argument("--decode-warmup", type=int, default=1)
     p.add_argument("--memory-iters", type=int, default=1,
                    help="training steps on the largest batch for the peak-memory measurement (0: skip memory)")
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="time base of the rates: wall clock, or the CPU time of the benchmark process "
+                        "(for a shared, loaded CPU machine; use it with --threads 1; CPU only)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", default=None, help="also write the Markdown report to this file")
     p.add_argument("--json", default=None, help="also write the raw per-model measurements as JSON")
@@ -526,6 +541,8 @@ def main(argv=None):
             p.error("--device cuda: torch.cuda.is_available() is False")
     if args.dtype == "fp16" and not cuda:
         p.error("--dtype fp16 is only supported with --device cuda (CPU autocast: use bf16)")
+    if args.clock == "process" and cuda:
+        p.error("--clock process measures CPU time; use --clock wall with --device cuda")
     threads = args.threads or os.cpu_count() or 1
     defaults_used = []
 
@@ -536,18 +553,21 @@ def main(argv=None):
             defaults_used.append(f"--{name.replace('_', '-')} {value}")
         return value
 
-    iters = default("iters", 3, 20)
+    # CPU defaults keep a base-width run of all cases to a few minutes on an idle 2-core machine;
+    # they are few iterations, so the report lists them and more give steadier numbers
+    iters = default("iters", 2, 20)
     warmup = default("warmup", 1, 5)
-    max_tokens = default("max_tokens", 2048, 4096)
-    decode_sentences = default("decode_sentences", 16, 64)
-    decode_len = default("decode_len", 15, 40)
+    max_tokens = default("max_tokens", 1024, 4096)
+    decode_sentences = default("decode_sentences", 8, 64)
+    decode_len = default("decode_len", 10, 40)
     decode_iters = default("decode_iters", 2, 5)
     if args.width == "tiny":
         # smoke-test width: short sentences, small batches
         max_tokens = args.max_tokens or 256
         args.len_mean, args.len_std = 8.0, 3.0
         decode_len = args.decode_len or 5
-        defaults_used = [d for d in defaults_used if not d.startswith("--max-tokens")] + [
+        defaults_used = [d for d in defaults_used if not d.startswith(("--max-tokens", "--decode-len"))] + [
+            f"--decode-len {decode_len} (tiny)",
             f"--max-tokens {max_tokens} (tiny)", "sentence length 8±3 (tiny)"]
 
     archs, criterions = registered(USER_DIR)
@@ -582,7 +602,7 @@ def main(argv=None):
             "len_mean": args.len_mean, "len_std": args.len_std, "len_max": args.len_max,
             "beam": args.beam, "decode_sentences": decode_sentences, "decode_len": decode_len,
             "decode_iters": decode_iters, "decode_warmup": args.decode_warmup,
-            "memory_iters": args.memory_iters,
+            "memory_iters": args.memory_iters, "clock": args.clock,
         }
 
     def model_spec(key, label, arch, width, extra, criterion):
@@ -646,6 +666,8 @@ def render(args, runs, results, skipped, defaults_used, threads, iters, warmup, 
     lines.append(f"- date {now}; {os.cpu_count()} CPU cores, torch threads {threads}; torch {torch.__version__}, "
                  f"fairseq {fairseq.__version__}, Python {platform.python_version()}")
     lines.append(f"- load average before the run {header_load[0]:.2f} (1 min); total run time {elapsed:.0f}s")
+    lines.append("- clock: " + ("wall time" if args.clock == "wall" else
+                                "CPU time of the benchmark process (time.process_time), not wall time"))
     lines.append(f"- training: {warmup} warm-up + {iters} timed iterations per model, --max-tokens {max_tokens}, "
                  f"random sentences of length ~{args.len_mean:g}±{args.len_std:g} batched by length as "
                  f"fairseq-train does; tokens/s = target tokens (fairseq's ntokens) per second, median over the "
@@ -678,6 +700,7 @@ def render(args, runs, results, skipped, defaults_used, threads, iters, warmup, 
 
     shown_baselines = set()
     extra_notes = []
+    both_clocks = []
     for case, width, arch in runs:
         base_key = f"baseline:{width}"
         base = results.get(base_key, {"error": "not run"})
@@ -715,11 +738,23 @@ def render(args, runs, results, skipped, defaults_used, threads, iters, warmup, 
             target = f"none; cost per update {1 / tr:.2f}× (≈1.5× expected)"
             extra_notes.append(f"- calibration: extra parameters over {BASELINE_ARCH[width]}: "
                                f"{(r['params'] - base['params']) / 1e6:+.2f}M (paper: about 6M at base width)")
+        both_clocks.append(
+            f"- {case.name}: training ratio {r['train_tok_s_wall'] / base['train_tok_s_wall']:.3f}× wall / "
+            f"{r['train_tok_s_cpu'] / base['train_tok_s_cpu']:.3f}× process CPU time; decoding ratio "
+            f"{r['decode_sent_s_wall'] / base['decode_sent_s_wall']:.3f}× wall / "
+            f"{r['decode_sent_s_cpu'] / base['decode_sent_s_cpu']:.3f}× process CPU time")
+        for who, res in ((case.name, r), (f"baseline ({width})", base)):
+            if "memory_error" in res and f"- {who}: peak memory not measured: {res['memory_error']}" not in extra_notes:
+                extra_notes.append(f"- {who}: peak memory not measured: {res['memory_error']}")
         lines.append(f"| {case.name} | {model} | {r['params'] / 1e6:.2f}M | {r['train_tok_s']:.0f} | {fmt_ratio(tr)} | "
                      f"{mib(r.get('train_peak_bytes'))} | {fmt_ratio(mr)} | {r['decode_sent_s']:.2f} | {fmt_ratio(dr)} | "
                      f"{target} | {ok} |")
     lines.append("")
     lines.extend(extra_notes)
+    if both_clocks:
+        lines.append("- the same ratios by both clocks (wall time is what a user waits; process CPU time is "
+                     "steadier when other jobs share the CPU):")
+        lines.extend("  " + line for line in both_clocks)
     for s in skipped:
         lines.append(f"- skipped: {s}")
     if not runs:
