@@ -1,0 +1,117 @@
+"""MAN through the real fairseq CLIs: train, resume, average, generate/validate/interactive."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+
+TRAIN = ["fairseq-train", "--user-dir", USER_DIR, "--arch", "transformer_man_base",
+         "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN]
+TRAIN.remove("--no-epoch-checkpoints")  # averaging needs epoch checkpoints
+
+
+@pytest.fixture(scope="module")
+def trained_run(toy_data_bin, tmp_path_factory):
+    """An 'interrupted' run (stopped after 2 epochs) resumed to 4 epochs."""
+    save = tmp_path_factory.mktemp("man_run")
+    first = run_cli([*TRAIN, toy_data_bin, "--save-dir", save, "--max-epoch", "2"])
+    second = run_cli([*TRAIN, toy_data_bin, "--save-dir", save, "--max-epoch", "4"])
+    return save, first.stdout, second.stdout
+
+
+def _updates(log):
+    return [int(x) for x in re.findall(r"num_updates (\d+)", log)]
+
+
+def test_resume_continues_not_restarts(trained_run):
+    save, first, second = trained_run
+    done = _updates(first)[-1]
+    assert f"Loaded checkpoint {save}/checkpoint_last.pt (epoch 3 @ {done} updates)" in second
+    assert "epoch 001" not in second, "the resumed run started again from epoch 1"
+    assert _updates(second)[-1] == 2 * done  # two more epochs of the same size
+    assert sorted(p.name for p in save.glob("checkpoint[0-9]*.pt")) == [f"checkpoint{i}.pt" for i in range(1, 5)]
+
+
+def test_average_generate_validate_interactive(trained_run, toy_data_bin, toy_raw, tmp_path):
+    save, _, _ = trained_run
+    avg = tmp_path / "avg.pt"
+    run_cli(["man-average-checkpoints", "--inputs", save, "--num-epoch-checkpoints", "3", "--output", avg])
+    # the average of epochs 2..4 equals the mean of their parameters
+    states = [torch.load(save / f"checkpoint{i}.pt", weights_only=False)["model"] for i in (2, 3, 4)]
+    averaged = torch.load(avg, weights_only=False)["model"]
+    name = "encoder.layers.0.blocks.0.bias_module.distance_bias"
+    torch.testing.assert_close(averaged[name], sum(s[name] for s in states) / 3)
+
+    gen = run_cli(["fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", avg,
+                   "--beam", "4", "--batch-size", "16", "--cpu"])
+    n_test = sum(1 for _ in open(toy_raw / "test.src"))
+    assert len(re.findall(r"^H-\d+", gen.stdout, flags=re.M)) == n_test, "every test sentence is translated"
+    assert re.search(r"BLEU4 = [\d.]+", gen.stdout)
+
+    val = run_cli(["fairseq-validate", toy_data_bin, "--user-dir", USER_DIR, "--task", "translation", "--path", avg, "--cpu",
+                   "--valid-subset", "valid", "--max-tokens", "1000"])
+    assert re.search(r"valid on 'valid' subset \| loss [\d.]+", val.stdout)
+
+    bindir = subprocess.run([sys.executable, "-c", "import sys,os;print(os.path.dirname(sys.executable))"],
+                            capture_output=True, text=True).stdout.strip()
+    inter = subprocess.run(
+        [f"{bindir}/fairseq-interactive", str(toy_data_bin), "--user-dir", USER_DIR, "--path", str(avg),
+         "--beam", "2", "--cpu", "-s", "src", "-t", "tgt"],
+        input="w1 w2 w3 w4\n", capture_output=True, text=True, timeout=120,
+    )
+    assert inter.returncode == 0, inter.stderr[-3000:]
+    assert re.search(r"^H-0\t", inter.stdout, flags=re.M)
+
+
+def test_averaging_errors_are_clear(trained_run, tmp_path):
+    save, _, _ = trained_run
+    few = run_cli(["man-average-checkpoints", "--inputs", save, "--num-epoch-checkpoints", "9",
+                   "--output", tmp_path / "x.pt"], check=False)
+    assert few.returncode == 2 and "holds only 4" in few.stdout
+    assert not (tmp_path / "x.pt").exists()
+
+    truncated = tmp_path / "checkpoint9.pt"
+    truncated.write_bytes((save / "checkpoint4.pt").read_bytes()[:5000])
+    bad = run_cli(["man-average-checkpoints", "--inputs", truncated, save / "checkpoint4.pt",
+                   "--output", tmp_path / "y.pt"], check=False)
+    assert bad.returncode == 2 and f"cannot read checkpoint {truncated}" in bad.stdout
+    assert not (tmp_path / "y.pt").exists(), "no half-written output"
+
+
+def test_checkpoints_load_under_safe_loading(trained_run):
+    """torch>=2.6 loads fairseq checkpoints with weights_only=True once the plugin is imported;
+    arbitrary classes are still refused."""
+    save, _, _ = trained_run
+    ckpt = str(save / "checkpoint_last.pt")
+    code = (
+        "import torch, sys, man_fairseq\n"
+        f"s = torch.load({ckpt!r})\n"
+        "assert 'model' in s and s['cfg'] is not None\n"
+        "import pickle, io\n"
+        "class Evil:\n    pass\n"
+        "buf = io.BytesIO(); torch.save({'x': Evil()}, buf); buf.seek(0)\n"
+        "try:\n    torch.load(buf)\nexcept pickle.UnpicklingError:\n    print('REFUSED')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REFUSED" in out.stdout
+    # without the plugin's allow-list torch refuses the checkpoint (so the test above means something)
+    plain = subprocess.run([sys.executable, "-c", f"import torch; torch.load({ckpt!r})"],
+                           capture_output=True, text=True, timeout=120)
+    assert plain.returncode != 0 and "weights_only" in plain.stderr
+
+
+def test_unknown_sublayer_is_a_clear_cli_error(toy_data_bin, tmp_path):
+    proc = run_cli([*TRAIN, toy_data_bin, "--save-dir", tmp_path, "--max-epoch", "1",
+                    "--encoder-sublayers", "dman,sn,ffn"], check=False)
+    assert proc.returncode != 0
+    assert "--encoder-sublayers: unknown sublayer(s) ['sn']" in proc.stdout
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_missing_data_is_a_clear_cli_error(tmp_path):
+    proc = run_cli([*TRAIN, tmp_path / "nope", "--save-dir", tmp_path, "--max-epoch", "1"], check=False)
+    assert proc.returncode != 0 and "nope" in proc.stdout
