@@ -57,11 +57,14 @@ def load_config(path):
     """Load a row config with its ``inherit`` chain resolved; validates the structure."""
     path = Path(path)
     if not path.is_file():
-        candidate = CONFIG_DIR / f"{path}.yaml"
-        if candidate.is_file():
-            path = candidate
-        else:
+        # also accept a path relative to the repository, or a bare row name
+        candidates = [REPO / path, CONFIG_DIR / f"{path}.yaml"]
+        if len(path.parts) == 1:
+            candidates += sorted(CONFIG_DIR.rglob(f"{path.name}.yaml"))
+        found = [c for c in candidates if c.is_file()]
+        if not found:
             raise ConfigError(f"config not found: {path}")
+        path = found[0]
     cfg = _load_raw(path)
     cfg.setdefault("name", path.stem)
     cfg["_path"] = str(path.resolve())
