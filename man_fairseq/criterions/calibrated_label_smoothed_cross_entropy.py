@@ -7,8 +7,9 @@ Two decoder passes per batch:
    gradient reaches only the NMT parameters theta (gate included) — and reaches them also
    through the mask's inputs ``q_t`` and ``K``, i.e. it is the exact partial derivative with
    theta_m held fixed.
-2. **perturbation pass** with every NMT parameter replaced by a detached copy
-   (``torch.func.functional_call`` on the unwrapped model): ``-L_NMT(a^p) + alpha ||1-m||_2``.
+2. **perturbation pass**: the decoder alone, on the calibrated pass's encoder output (detached),
+   with every decoder parameter except theta_m replaced by a detached copy
+   (``torch.func.functional_call`` on the unwrapped decoder): ``-L_NMT(a^p) + alpha ||1-m||_2``.
    Its gradient reaches only theta_m.
 
 The returned loss is the sum of the two terms. Since each term is a function of only one
@@ -69,18 +70,22 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             raise ValueError("--perturbation-weight must be a finite number >= 0")
         self.perturbation_weight = perturbation_weight
 
-    def perturbation_loss(self, model, sample, reduce=True):
-        """(-L_NMT(a^p) + alpha * penalty, L_NMT(a^p), nll(a^p), penalty, mean m over real keys);
-        the NMT parameters are detached, so only theta_m gets gradients."""
+    def perturbation_loss(self, model, sample, encoder_out, reduce=True):
+        """(-L_NMT(a^p) + alpha * penalty, L_NMT(a^p), nll(a^p), penalty, mean m over real keys).
+
+        The decoder runs on the calibrated pass's encoder output, detached, with every decoder
+        parameter except theta_m replaced by a detached copy: only theta_m gets gradients."""
         inner = unwrap_model(model)
-        if not hasattr(inner, "perturbation_parameters"):
-            raise ValueError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
-        if getattr(inner.decoder, "adaptive_softmax", None) is not None:
-            raise ValueError("calibrated_label_smoothed_cross_entropy does not support adaptive softmax")
+        decoder = inner.decoder
         theta_m = {id(p) for p in inner.perturbation_parameters()}
-        detached = {name: p.detach() for name, p in inner.named_parameters() if id(p) not in theta_m}
+        detached = {name: p.detach() for name, p in decoder.named_parameters() if id(p) not in theta_m}
+        encoder_out = {k: [t.detach() if torch.is_tensor(t) else t for t in v] for k, v in encoder_out.items()}
+        net_input = sample["net_input"]
         with calibration_mode(inner, PERTURBED) as cm:
-            net_output = torch.func.functional_call(inner, detached, args=(), kwargs=sample["net_input"])
+            net_output = torch.func.functional_call(
+                decoder, detached, args=(net_input["prev_output_tokens"],),
+                kwargs={"encoder_out": encoder_out, "src_lengths": net_input["src_lengths"]},
+            )
         p_loss, p_nll = self.compute_loss(inner, net_output, sample, reduce=reduce)
 
         target = inner.get_targets(sample, net_output)
@@ -100,9 +105,21 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         return objective, p_loss, p_nll, penalty, m_mean
 
     def forward(self, model, sample, reduce=True):
-        net_output = model(**sample["net_input"])
+        inner = unwrap_model(model)
+        if not hasattr(inner, "perturbation_parameters"):
+            raise ValueError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
+        if getattr(inner.decoder, "adaptive_softmax", None) is not None:
+            raise ValueError("calibrated_label_smoothed_cross_entropy does not support adaptive softmax")
+        # keep the encoder output of the calibrated pass for the perturbation pass (saves an
+        # encoder forward; detached there, so the encoder gets no gradient from it)
+        captured = {}
+        hook = inner.encoder.register_forward_hook(lambda module, args, out: captured.__setitem__("enc", out))
+        try:
+            net_output = model(**sample["net_input"])
+        finally:
+            hook.remove()
         loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
-        objective, p_loss, p_nll, penalty, m_mean = self.perturbation_loss(model, sample, reduce)
+        objective, p_loss, p_nll, penalty, m_mean = self.perturbation_loss(model, sample, captured["enc"], reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,
