@@ -138,6 +138,18 @@ def test_launch_commands():
     tr = launch.launch_command(cfg, "ck", nproc=4, launcher="torchrun", device="gpu", precision="bf16")
     assert tr[:4] == ["torchrun", "--nproc_per_node=4", "--standalone", "-m"] and tr[4] == "fairseq_cli.train"
     assert "--bf16" in tr and tr[tr.index("--update-freq") + 1] == "2"
+    assert tr[tr.index("--distributed-world-size") + 1] == "4"
+    os.environ.pop("MASTER_ADDR", None)
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        launch.launch_command(cfg, "ck", nproc=1, nnodes=2, launcher="torchrun", device="gpu")
+    os.environ["MASTER_ADDR"] = "node0"
+    try:
+        multi = launch.launch_command(cfg, "ck", nproc=1, nnodes=2, launcher="torchrun", device="gpu",
+                                      master_port=1234)
+    finally:
+        del os.environ["MASTER_ADDR"]
+    assert "--nnodes=2" in multi and "--rdzv_endpoint=node0:1234" in multi
+    assert multi[multi.index("--distributed-world-size") + 1] == "2"
     slurm = launch.launch_command(cfg, "ck", nproc=8, nnodes=2, launcher="slurm", device="gpu")
     assert slurm[0] == "srun" and slurm[slurm.index("--distributed-world-size") + 1] == "16"
     assert "--distributed-port" in slurm and slurm[slurm.index("--update-freq") + 1] == "1"

@@ -84,14 +84,19 @@ def launch_command(cfg, save_dir, nproc=1, launcher="torchrun", device="gpu", pr
     if launcher == "torchrun":
         cmd = ["torchrun", f"--nproc_per_node={nproc}"]
         if nnodes == 1:
-            cmd += ["--standalone"]
+            cmd += ["--standalone"] + ([f"--master_port={master_port}"] if master_port else [])
         else:
-            cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d",
-                    "--rdzv_endpoint=${MASTER_ADDR}:${MASTER_PORT:-29500}"]
-        if master_port:
-            cmd += [f"--master_port={master_port}"]
-        module = "man_fairseq.recipes.torchrun_cpu" if device == "cpu" else "fairseq_cli.train"
-        return cmd + ["-m", module] + fargs
+            addr = os.environ.get("MASTER_ADDR")
+            if not addr:
+                raise ValueError("multi-node torchrun needs MASTER_ADDR (the first node's address) "
+                                 "in the environment of every node")
+            port = master_port or os.environ.get("MASTER_PORT", "29500")
+            cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={addr}:{port}"]
+        if device == "cpu":
+            return cmd + ["-m", "man_fairseq.recipes.torchrun_cpu"] + fargs
+        # fairseq skips distributed set-up when its default world size (the local GPU count)
+        # is 1, e.g. one GPU per node on several nodes: state the world size explicitly.
+        return cmd + ["-m", "fairseq_cli.train"] + fargs + ["--distributed-world-size", str(world_size)]
     if launcher == "slurm":
         # One task per GPU; fairseq derives rank/world size from SLURM_* and the port.
         return (["srun", f"--ntasks-per-node={nproc}", f"--nodes={nnodes}", "fairseq-train"] + fargs
