@@ -41,10 +41,13 @@ def naive_mask(phi_l, phi_r, M):
     return (phi_l @ M) * (phi_r @ M.T) + (phi_r @ M) * (phi_l @ M.T)
 
 
-def discrete_mask(l, r, n, b=1):
-    """Discrete window for pointers l, r (0-based): 1[g(l)<=g(j)<=g(r)] + 1[g(r)<=g(j)<=g(l)]."""
+def discrete_mask(l, r, n, b=1, union=False):
+    """Discrete window for pointers l, r (0-based): 1[g(l)<=g(j)<=g(r)] + 1[g(r)<=g(j)<=g(l)]
+    (the paper's formula), or with ``union`` 1[min <= g(j) <= max]."""
     g = torch.arange(n) // b
     gl, gr = l // b, r // b
+    if union:
+        return ((min(gl, gr) <= g) & (g <= max(gl, gr))).double()
     return ((gl <= g) & (g <= gr)).double() + ((gr <= g) & (g <= gl)).double()
 
 
@@ -130,6 +133,26 @@ def test_soft_mask_is_expectation_of_discrete_window(b):
             assert (w - exact).abs().max() > 0.05
 
 
+@pytest.mark.parametrize("b", [1, 3])
+def test_union_mask_is_probability_of_key_inside_window(b):
+    n = 8
+    phi_l, phi_r = random_pointers(2, 1, 2, n, seed=7)
+    m = soft_window_mask(phi_l, phi_r, segment_size=b, union=True)[0]
+    exact = torch.zeros(2, n, dtype=torch.float64)
+    for t in range(2):
+        for l in range(n):
+            for r in range(n):
+                exact[t] += phi_l[0, t, l] * phi_r[0, t, r] * discrete_mask(l, r, n, b, union=True)
+    torch.testing.assert_close(m, exact, rtol=0, atol=1e-12)
+    assert m.max() <= 1 + 1e-12
+    # one-hot pointers: the exact 0/1 window for every l <= r, l == r included
+    for l, r in itertools.combinations_with_replacement(range(n), 2):
+        pl, pr = (F.one_hot(torch.tensor([[p]]), n).double() for p in (l, r))
+        expected = discrete_mask(l, r, n, b, union=True)
+        assert torch.equal(soft_window_mask(pl, pr, segment_size=b, union=True)[0, 0], expected)
+        assert torch.equal(soft_window_mask(pr, pl, segment_size=b, union=True)[0, 0], expected)
+
+
 def test_segment_bounds_follow_first_real_key():
     pad = torch.tensor([[True, True, False, False, False, False, False, False]])
     start, end = segment_bounds(8, 3, pad, "cpu")
@@ -152,11 +175,11 @@ def test_soft_mask_builds_no_square_matrix_product(monkeypatch):
 
 # ---------------------------------------------------------------- attention formulas
 def make_attention(mode, dim=12, heads=3, mask_type="token", seg=3, temperature=1.0, causal=False,
-                   renormalize=False, cross=False, kdim=None, seed=0):
+                   renormalize=False, cross=False, kdim=None, seed=0, union=False):
     torch.manual_seed(seed)
     bias, post = build_window(mode, dim, kdim=kdim if cross else None, mask_type=mask_type,
                               segment_size=seg, temperature=temperature, causal=causal,
-                              renormalize=renormalize)
+                              renormalize=renormalize, union=union)
     attn = BiasedMultiheadAttention(
         dim, heads, kdim=kdim if cross else None, vdim=kdim if cross else None,
         self_attention=not cross, encoder_decoder_attention=cross,
@@ -165,7 +188,7 @@ def make_attention(mode, dim=12, heads=3, mask_type="token", seg=3, temperature=
     return attn.double().eval()
 
 
-def naive_window_attention(attn, query, key, kpm, mode, seg, temperature, causal, renormalize):
+def naive_window_attention(attn, query, key, kpm, mode, seg, temperature, causal, renormalize, union=False):
     """Full AW/MW attention written out from SPEC §3, float64, one loop over the batch."""
     window = attn.bias_module if mode == "aw" else attn.post_softmax
     T, B, d = query.shape
@@ -188,6 +211,9 @@ def naive_window_attention(attn, query, key, kpm, mode, seg, temperature, causal
         M = torch.zeros(S, S, dtype=torch.float64)
         M[first:, first:] = naive_J(S - first, seg) if seg > 1 else naive_L(S - first)
         m = naive_mask(phis[0], phis[1], M)
+        if union:  # minus P(both pointers in j's segment): M * M^T marks same-segment pairs
+            same = M * M.T
+            m = m - (phis[0] @ same) * (phis[1] @ same)
         q = (x @ attn.q_proj.weight.T + attn.q_proj.bias).view(T, H, D).transpose(0, 1)
         k = (y @ attn.k_proj.weight.T + attn.k_proj.bias).view(S, H, D).transpose(0, 1)
         v = (y @ attn.v_proj.weight.T + attn.v_proj.bias).view(S, H, D).transpose(0, 1)
@@ -215,15 +241,19 @@ CASES = [
     ("aw", "segment", False, False, True),
     ("mw", "token", True, False, False),
     ("aw", "token", True, False, False),
+    ("mw", "segment", False, False, "union"),
+    ("aw", "token", True, False, "union"),
 ]
 
 
 @pytest.mark.parametrize("mode,mask,causal,renorm,cross", CASES)
 @pytest.mark.parametrize("need_weights", [False, True])  # SDPA path and explicit path
 def test_attention_equals_naive_formula(mode, mask, causal, renorm, cross, need_weights):
+    union = cross == "union"  # the union mask, tested in self-attention
+    cross = cross is True
     d, T, S, kdim = 12, 6, 9 if cross else 6, 10
     attn = make_attention(mode, dim=d, mask_type=mask, seg=3, temperature=0.7, causal=causal,
-                          renormalize=renorm, cross=cross, kdim=kdim)
+                          renormalize=renorm, cross=cross, kdim=kdim, union=union)
     torch.manual_seed(1)
     query = torch.randn(T, 3, d, dtype=torch.float64)
     key = torch.randn(S, 3, kdim, dtype=torch.float64) if cross else query
@@ -235,7 +265,7 @@ def test_attention_equals_naive_formula(mode, mask, causal, renorm, cross, need_
         kpm[2, -2:] = True
     am = torch.triu(torch.full((T, S), float("-inf"), dtype=torch.float64), 1) if causal else None
     out, _ = attn(query, key, key, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights)
-    ref = naive_window_attention(attn, query, key, kpm, mode, 3 if mask == "segment" else 1, 0.7, causal, renorm)
+    ref = naive_window_attention(attn, query, key, kpm, mode, 3 if mask == "segment" else 1, 0.7, causal, renorm, union)
     real_queries = torch.ones(T, 3, dtype=torch.bool)
     if causal:
         real_queries[-2:, 2] = False
@@ -403,6 +433,7 @@ def toy_batch(task, bsz=3, src_len=7, tgt_len=6, seed=0):
     ("--diffwin-segment-size", ["2", "5"]),
     ("--diffwin-layers", ["1", "2"]),
     ("--diffwin-mw-renormalize", [None, True]),
+    ("--diffwin-mask-union", [None, True]),
 ])
 def test_every_option_changes_the_output(build_model, option, values):
     outputs = []

@@ -80,6 +80,11 @@ class DiffWinConfig(FairseqDataclass):
         default=False, metadata={"help": "renormalise multiplicative-window attention over the keys "
                                  "(the paper does not)"}
     )
+    diffwin_mask_union: bool = field(
+        default=False,
+        metadata={"help": "mask = P(key between the two pointers) <= 1: count l and r in the same "
+                  "token/segment once (the paper's formula counts that event twice)"},
+    )
 
 
 DIFFWIN_DEFAULTS = DiffWinConfig()
@@ -140,10 +145,11 @@ class TransformerDiffWinModel(BiasedTransformerModel):
         validate_diffwin_args(args)
         logger.info(
             "diffwin: preset=%s encoder=%s(%s) decoder=%s(token) cross=%s(%s) layers<%d "
-            "segment_size=%d temperature=%g mw_renormalize=%s",
+            "segment_size=%d temperature=%g mw_renormalize=%s mask_union=%s",
             args.diffwin_preset, args.diffwin_encoder, args.diffwin_encoder_mask,
             args.diffwin_decoder, args.diffwin_cross, args.diffwin_cross_mask, args.diffwin_layers,
             args.diffwin_segment_size, args.diffwin_temperature, args.diffwin_mw_renormalize,
+            args.diffwin_mask_union,
         )
         return super().build_model(args, task)
 
@@ -161,6 +167,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             str(mode), dim, kdim=kdim, mask_type=str(mask),
             segment_size=cfg.diffwin_segment_size, temperature=cfg.diffwin_temperature,
             causal=kind == DECODER_SELF, renormalize=bool(cfg.diffwin_mw_renormalize),
+            union=bool(cfg.diffwin_mask_union),
         )
 
 

@@ -20,7 +20,9 @@ P(pointer >= j)`` one from the right, so both are computed with ``cumsum`` (O(TÂ
 an ``S x S`` triangular product. The first term is the window ``[l, r]`` when ``l <= r``, the
 second the swapped window ``[r, l]`` when ``l > r``. As in the paper both terms are 1 when
 ``l == r``, so a one-hot pointer pair with ``l == r`` gives the value 2 at that single key (the
-formula is the expectation of ``1[l<=j<=r] + 1[r<=j<=l]``).
+formula is the expectation of ``1[l<=j<=r] + 1[r<=j<=l]``). ``union=True`` (option
+``--diffwin-mask-union``, not in the paper) subtracts the double-counted event,
+``P(l and r both in j's token/segment)``, so that ``m = P(min(l,r) <= j <= max(l,r))`` <= 1.
 
 Segment masks replace ``L`` by ``J`` with ``J[i, j] = 1 if i <= b * ceil(j / b)`` (1-based ``i, j``;
 segment size ``b``). In 0-based indices used in this file: key ``j`` lies in segment
@@ -85,25 +87,38 @@ def soft_window_mask(
     phi_right: Tensor,
     segment_size: int = 1,
     key_padding_mask: Optional[Tensor] = None,
+    bounds: Optional[Tuple[Tensor, Tensor]] = None,
+    union: bool = False,
 ) -> Tensor:
     """Soft window mask ``m`` (B, T, S) from boundary pointers ``phi_*`` (B, T, S).
 
     ``segment_size > 1`` gives the segment-based mask (``J`` instead of ``L``); segments are
     aligned to the first non-pad key given ``key_padding_mask`` (B, S), True at pads.
+    ``bounds``: precomputed :func:`segment_bounds` (decoding reuses them for static keys).
+    ``union``: count ``l`` and ``r`` in the same token/segment once (mask <= 1; not the paper).
     """
     # P(pointer <= j) and P(pointer >= j); the total (1 up to rounding) keeps them consistent
     left_le = phi_left.cumsum(-1)
     right_le = phi_right.cumsum(-1)
-    left_ge = left_le[..., -1:] - left_le + phi_left
-    right_ge = right_le[..., -1:] - right_le + phi_right
+    left_total, right_total = left_le[..., -1:], right_le[..., -1:]
+    left_ge = left_total - left_le + phi_left
+    right_ge = right_total - right_le + phi_right
     if segment_size > 1:
         bsz, tgt_len, src_len = phi_left.shape
-        start, end = segment_bounds(src_len, segment_size, key_padding_mask, phi_left.device)
+        if bounds is None:
+            bounds = segment_bounds(src_len, segment_size, key_padding_mask, phi_left.device)
+        start, end = bounds
         start = start[:, None, :].expand(bsz, tgt_len, src_len)
         end = end[:, None, :].expand(bsz, tgt_len, src_len)
         left_le, right_le = left_le.gather(-1, end), right_le.gather(-1, end)
         left_ge, right_ge = left_ge.gather(-1, start), right_ge.gather(-1, start)
-    return left_le * right_ge + right_le * left_ge
+    mask = left_le * right_ge + right_le * left_ge
+    if union:
+        # P(pointer in j's segment) = P(<= seg) + P(>= seg) - total
+        left_in = left_le + left_ge - left_total
+        right_in = right_le + right_ge - right_total
+        mask = mask - left_in * right_in
+    return mask
 
 
 @with_incremental_state
@@ -128,6 +143,7 @@ class WindowPointers(nn.Module):
         segment_size: int = 1,
         temperature: float = 1.0,
         causal: bool = False,
+        union: bool = False,
     ):
         super().__init__()
         if segment_size < 1:
@@ -145,6 +161,7 @@ class WindowPointers(nn.Module):
         self.segment_size = segment_size
         self.temperature = float(temperature)
         self.causal = causal
+        self.union = union
         # rows: W_QL | W_QR (| W_Ql), no bias as in the formulas
         self.query_proj = nn.Linear(embed_dim, num_products * embed_dim, bias=False)
         self.key_proj = nn.Linear(self.kdim, num_products * embed_dim, bias=False)
@@ -157,7 +174,7 @@ class WindowPointers(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"embed_dim={self.embed_dim}, kdim={self.kdim}, segment_size={self.segment_size}, "
-            f"temperature={self.temperature}, causal={self.causal}"
+            f"temperature={self.temperature}, causal={self.causal}, union={self.union}"
         )
 
     # ---- incremental state: projected key inputs, batch first (B, S, P*d) ----
@@ -173,8 +190,10 @@ class WindowPointers(nn.Module):
             return incremental_state
         self._last_reorder = new_order
         buffer = self._get_input_buffer(incremental_state)
-        if "prev_key_proj" in buffer and buffer["prev_key_proj"] is not None:
-            buffer["prev_key_proj"] = buffer["prev_key_proj"].index_select(0, new_order)
+        if buffer:
+            for name, value in buffer.items():
+                if value is not None:
+                    buffer[name] = value.index_select(0, new_order)
             incremental_state = self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 
@@ -213,28 +232,48 @@ class WindowPointers(nn.Module):
 
     def pointers_and_mask(self, ctx: AttentionContext, pointer_logits: Tensor) -> Tensor:
         """Soft window mask (B, T, S) from pointer logits (B, 2, T, S)."""
-        logits = pointer_logits / self.temperature
+        logits = pointer_logits if self.temperature == 1.0 else pointer_logits / self.temperature
         excluded = None
         if ctx.key_padding_mask is not None:
             excluded = ctx.key_padding_mask[:, None, None, :]
-        if self.causal:
+        if self.causal and ctx.query.size(0) > 1:
+            # queries are the last T keys: only a multi-query call has future keys
             future = ctx.key_positions()[None, :] > ctx.query_positions()[:, None]
-            if future.any():
-                future = future[None, None]
-                excluded = future if excluded is None else excluded | future
+            future = future[None, None]
+            excluded = future if excluded is None else excluded | future
         if excluded is not None:
             # finite fill: a query with no allowed key (left-padded causal rows) stays finite
             logits = logits.masked_fill(excluded, torch.finfo(logits.dtype).min)
         low_precision = logits.dtype in (torch.float16, torch.bfloat16)
         phi = F.softmax(logits, dim=-1, dtype=torch.float32 if low_precision else None).to(logits.dtype)
-        return soft_window_mask(phi[:, 0], phi[:, 1], self.segment_size, ctx.key_padding_mask)
+        return soft_window_mask(
+            phi[:, 0], phi[:, 1], self.segment_size, ctx.key_padding_mask, self._segment_bounds(ctx),
+            union=self.union,
+        )
+
+    def _segment_bounds(self, ctx: AttentionContext) -> Optional[Tuple[Tensor, Tensor]]:
+        """Segment bounds; cached with the static keys of cross-attention while decoding."""
+        if self.segment_size == 1:
+            return None
+        cacheable = ctx.incremental_state is not None and not ctx.self_attention
+        if cacheable:
+            buffer = self._get_input_buffer(ctx.incremental_state)
+            if ctx.key is None and buffer.get("segment_start") is not None:
+                return buffer["segment_start"], buffer["segment_end"]
+        start, end = segment_bounds(ctx.num_keys, self.segment_size, ctx.key_padding_mask, ctx.q.device)
+        if cacheable:
+            bsz = ctx.query.size(1)
+            buffer["segment_start"] = start.expand(bsz, -1).contiguous()
+            buffer["segment_end"] = end.expand(bsz, -1).contiguous()
+            self._set_input_buffer(ctx.incremental_state, buffer)
+        return start, end
 
 
 class AdditiveWindow(WindowPointers):
     """AW bias module: ``(Q W_Ql (K W_Kl)^T * m) / sqrt(d)`` as a (B, 1, T, S) logit bias."""
 
-    def __init__(self, embed_dim, kdim=None, segment_size=1, temperature=1.0, causal=False):
-        super().__init__(embed_dim, kdim, 3, segment_size, temperature, causal)
+    def __init__(self, embed_dim, kdim=None, segment_size=1, temperature=1.0, causal=False, union=False):
+        super().__init__(embed_dim, kdim, 3, segment_size, temperature, causal, union)
 
     def forward(self, ctx: AttentionContext) -> Tensor:
         prods = self.products(ctx)
@@ -246,8 +285,8 @@ class MultiplicativeWindow(WindowPointers):
     """MW post-softmax transform: ``softmax(e) * m``, renormalised over keys if asked."""
 
     def __init__(self, embed_dim, kdim=None, segment_size=1, temperature=1.0, causal=False,
-                 renormalize: bool = False):
-        super().__init__(embed_dim, kdim, 2, segment_size, temperature, causal)
+                 renormalize: bool = False, union: bool = False):
+        super().__init__(embed_dim, kdim, 2, segment_size, temperature, causal, union)
         self.renormalize = renormalize
 
     def extra_repr(self) -> str:
@@ -270,6 +309,7 @@ def build_window(
     temperature: float = 1.0,
     causal: bool = False,
     renormalize: bool = False,
+    union: bool = False,
 ) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
     """``(bias_module, post_softmax)`` for :class:`BiasedMultiheadAttention`."""
     if mode not in WINDOW_MODES:
@@ -282,5 +322,5 @@ def build_window(
     if mask_type == "segment" and segment_size < 1:
         raise ValueError(f"diffwin segment size must be >= 1, got {segment_size}")
     if mode == "aw":
-        return AdditiveWindow(embed_dim, kdim, seg, temperature, causal), None
-    return None, MultiplicativeWindow(embed_dim, kdim, seg, temperature, causal, renormalize)
+        return AdditiveWindow(embed_dim, kdim, seg, temperature, causal, union), None
+    return None, MultiplicativeWindow(embed_dim, kdim, seg, temperature, causal, renormalize, union)
