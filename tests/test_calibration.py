@@ -15,6 +15,7 @@ from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
 from fairseq.data import Dictionary
 from man_fairseq.criterions.calibrated_label_smoothed_cross_entropy import (
     CalibratedLabelSmoothedCrossEntropyCriterion,
+    unwrap_model,
 )
 from man_fairseq.models.transformer_calibrated import (
     TransformerCalibratedModel,
@@ -563,6 +564,7 @@ def _ddp_worker(rank, world, port, result_path):
     model = build_model(["--calibration-fusion", "gate"], dictionary=d)
     # fairseq's own wrapping for --ddp-backend pytorch_ddp
     ddp = ModuleProxyWrapper(torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False))
+    assert unwrap_model(ddp) is model
     crit = make_criterion(d)
     for it in range(2):  # DDP raises in the 2nd iteration if a gradient was missing in the 1st
         ddp.zero_grad()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from fairseq import metrics, utils
 from fairseq.criterions import register_criterion
+from fairseq.distributed import ModuleProxyWrapper
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
@@ -53,7 +54,10 @@ class CalibratedLabelSmoothedCrossEntropyCriterionConfig(LabelSmoothedCrossEntro
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The fairseq model inside DDP / fairseq's ModuleProxyWrapper."""
-    while not hasattr(model, "perturbation_parameters") and isinstance(getattr(model, "module", None), nn.Module):
+    # (ModuleProxyWrapper forwards attribute reads to the model, so test the type, not hasattr)
+    while isinstance(model, (ModuleProxyWrapper, nn.parallel.DistributedDataParallel)) or (
+        type(model).__name__.endswith("DistributedDataParallel") and isinstance(getattr(model, "module", None), nn.Module)
+    ):
         model = model.module
     return model
 
