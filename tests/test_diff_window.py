@@ -460,10 +460,14 @@ def test_every_option_changes_the_output(build_model, option, values):
     assert (outputs[0] - outputs[1]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("preset", ["enc_aw-cr_aw_seg-dec_mw", "enc_aw-dec_mw"])
-def test_incremental_decoding_with_beam_reordering_equals_full_forward(build_model, preset):
-    """Decoder self MW (token, causal) and cross AW-seg; reorders as fairseq's beam search does."""
-    model, _, task = build_model("--diffwin-preset", preset, "--diffwin-segment-size", "2", "--dropout", "0")
+@pytest.mark.parametrize("options", [
+    ["--diffwin-preset", "enc_aw-cr_aw_seg-dec_mw"],
+    ["--diffwin-preset", "none", "--diffwin-decoder", "aw", "--diffwin-cross", "mw", "--diffwin-cross-mask", "segment"],
+])
+def test_incremental_decoding_with_beam_reordering_equals_full_forward(build_model, options):
+    """Decoder self MW/AW (token, causal), cross AW/MW with segments; reorders as fairseq's beam
+    search does (the decoder reaches every window's reorder through two paths)."""
+    model, _, task = build_model(*options, "--diffwin-segment-size", "2", "--dropout", "0")
     model = model.double()
     beam = 2
     src, lengths, tgt = toy_batch(task, bsz=2, src_len=9, tgt_len=7)

@@ -117,7 +117,7 @@ def validate_diffwin_args(args):
         value = getattr(args, name)
         if value not in choices:
             raise ValueError(f"--{name.replace('_', '-')}: unknown value {value!r}; choose one of {list(choices)}")
-    if args.diffwin_decoder_mask != "token" and args.diffwin_decoder != "none":
+    if args.diffwin_decoder_mask != "token":
         raise ValueError(
             "--diffwin-decoder-mask segment: decoder self-attention supports token masks only "
             "(a segment would let a target token attend to later tokens of its segment)"
