@@ -68,7 +68,10 @@ class BiasedMultiheadAttention(MultiheadAttention):
 
     Args (beyond fairseq's ``MultiheadAttention``):
         bias_module: ``module(ctx: AttentionContext) -> Tensor`` broadcastable to
-            ``(B, H, T, S)``, added to the scaled logits (``-inf`` allowed).
+            ``(B, H, T, S)``, added to the scaled logits (``-inf`` allowed). A bias module or
+            transform with a decoding cache of its own implements
+            ``reorder_incremental_state``: fairseq's decoder calls it on every submodule, so
+            the core must not forward the call (that would reorder the cache twice).
         post_softmax: ``module(probs, ctx) -> probs`` applied to the ``(B, H, T, S)``
             attention probabilities before dropout.
         head_activation: ``none|relu|gelu`` applied to the concatenated head outputs before the
@@ -120,15 +123,6 @@ class BiasedMultiheadAttention(MultiheadAttention):
     def attend_values(self, probs: Tensor, v: Tensor, ctx: AttentionContext) -> Tensor:
         """(B,H,T,S) probabilities (after dropout) times values -> (B,H,T,D); a subclass hook."""
         return torch.matmul(probs, v)
-
-    # fairseq's decoder calls this on every module that has it when the beam is reordered;
-    # the bias modules may keep caches of their own.
-    def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        super().reorder_incremental_state(incremental_state, new_order)
-        for extra in (self.bias_module, self.post_softmax):
-            if extra is not None and hasattr(extra, "reorder_incremental_state"):
-                extra.reorder_incremental_state(incremental_state, new_order)
-        return incremental_state
 
     def _shape(self, x: Tensor, bsz: int) -> Tensor:
         # (L, B, C) -> (B, H, L, D)

@@ -167,9 +167,6 @@ class WindowPointers(nn.Module):
         self.key_proj = nn.Linear(self.kdim, num_products * embed_dim, bias=False)
         nn.init.xavier_uniform_(self.query_proj.weight)
         nn.init.xavier_uniform_(self.key_proj.weight)
-        # beam search reaches reorder_incremental_state twice per step (the decoder visits every
-        # submodule and the attention core forwards the call); reorder once per new_order
-        self._last_reorder: Optional[Tensor] = None
 
     def extra_repr(self) -> str:
         return (
@@ -186,9 +183,8 @@ class WindowPointers(nn.Module):
         return self.set_incremental_state(incremental_state, "diffwin_state", buffer)
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
-        if incremental_state is None or new_order is self._last_reorder:
+        if incremental_state is None:
             return incremental_state
-        self._last_reorder = new_order
         buffer = self._get_input_buffer(incremental_state)
         if buffer:
             for name, value in buffer.items():
@@ -214,7 +210,6 @@ class WindowPointers(nn.Module):
         else:
             keys = new
         buffer["prev_key_proj"] = keys
-        self._last_reorder = None
         self._set_input_buffer(ctx.incremental_state, buffer)
         return keys
 
