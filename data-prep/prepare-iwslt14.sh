@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare iwslt14 for fairseq (download or --from PATH; see docs/recipes.md). Usage:
+# Prepare iwslt14 for fairseq (download or --from PATH; see "Reproducing the papers" in README.md). Usage:
 #   data-prep/prepare-iwslt14.sh [--from ARCHIVE_OR_DIR] [--workers N] [--dest DIR] [--work DIR]
 # Re-running skips finished steps; an interrupted step is redone.
 set -euo pipefail

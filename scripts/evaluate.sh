@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Evaluate a run: scripts/evaluate.sh runs/<row> [--avg-last N] [--subset test] [--cpu]
 # Averages the last N checkpoints, decodes with the config's beam/lenpen/max-len/ngram blocking,
-# writes RUN/results.json and RUN/results.md (BLEU or ROUGE, see docs/recipes.md).
+# writes RUN/results.json and RUN/results.md (BLEU or ROUGE, see README.md).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-}"

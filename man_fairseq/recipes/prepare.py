@@ -2,7 +2,7 @@
 
 ``python -m man_fairseq.recipes.prepare DATASET [--from PATH] [--work DIR] [--dest DIR]``;
 ``data-prep/prepare-*.sh`` are thin wrappers. Each dataset follows the standard recipe its
-papers used (see docs/recipes.md); all steps go through :class:`dataprep.Steps` (idempotent,
+papers used (see "Reproducing the papers" in README.md); all steps go through :class:`dataprep.Steps` (idempotent,
 resumable).
 """
 
