@@ -13,6 +13,8 @@ setup(
     entry_points={
         "console_scripts": [
             "man-average-checkpoints=man_fairseq.cli.average_checkpoints:cli_main",
+            "man-localness-windows=man_fairseq.cli.localness_windows:cli_main",
+            "man-export-calibration=man_fairseq.cli.export_calibration:cli_main",
         ]
     },
 )
