@@ -217,7 +217,7 @@ def find_file(roots, name, required=True):
             return hits[0]
     if required:
         raise PrepError(f"cannot find {name} under {', '.join(map(str, roots))}: wrong archive "
-                        "or folder? (see "Reproducing the papers" in README.md for the expected layout)")
+                        "or folder? (see 'Reproducing the papers' in README.md for the expected layout)")
     return None
 
 
