@@ -95,7 +95,7 @@ def main(argv=None):
     p.add_argument("--src", default="src")
     p.add_argument("--tgt", default="tgt")
     p.add_argument("--out", type=Path, default=REPO / "demo-out", help="work folder (default: demo-out/)")
-    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--average", type=int, default=3, help="average the last N epoch checkpoints")
     p.add_argument("--train-size", type=int, default=3000, help="synthetic corpus: training pairs")
     p.add_argument("--threads", type=int, default=2)
@@ -137,7 +137,7 @@ def main(argv=None):
              "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
              "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200", "--dropout", "0.1",
              "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-             "--max-tokens", "2048", "--max-epoch", args.epochs, "--save-dir", save,
+             "--max-tokens", "1024", "--max-epoch", args.epochs, "--save-dir", save,
              "--keep-last-epochs", args.average, "--no-progress-bar", "--log-format", "simple",
              "--log-interval", "1000", "--cpu", "--seed", "1", "--num-workers", "0"],
             out / f"train_{tag}.log", show=r"\| (train|valid) \| epoch",
