@@ -137,17 +137,12 @@ class CalibrationTransform(nn.Module):
         cached = self.get_incremental_state(incremental_state, "mask_key")
         if cached is None or cached.get("mask_key") is None:
             return incremental_state
-        # fairseq's decoder calls this on every submodule and BiasedMultiheadAttention also
-        # forwards the call to its post_softmax: apply each reorder (one tensor object per
-        # beam step) only once.
-        if cached.get("last_order") is new_order:
-            return incremental_state
         keys = cached["mask_key"]
         if new_order.max() >= keys.size(0):
             raise RuntimeError("calibration: beam order does not match the cached mask keys")
         self.set_incremental_state(
             incremental_state, "mask_key",
-            {"mask_key": keys.index_select(0, new_order), "last_order": new_order},
+            {"mask_key": keys.index_select(0, new_order)},
         )
         return incremental_state
 
