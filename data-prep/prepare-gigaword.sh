@@ -3,11 +3,5 @@
 #   data-prep/prepare-gigaword.sh [--from ARCHIVE_OR_DIR] [--workers N] [--dest DIR] [--work DIR]
 # Re-running skips finished steps; an interrupted step is redone.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(dirname "$here")"
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  if [ -x "$repo/.venv/bin/python" ]; then python="$repo/.venv/bin/python"; else python=python3; fi
-fi
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "$python" "$here/_prepare.py" gigaword "$@"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
+exec "$python" "$repo/data-prep/_prepare.py" gigaword "$@"

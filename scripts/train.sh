@@ -3,11 +3,5 @@
 #   [--precision fp16|bf16|fp32] [--launcher torchrun|slurm] [--run-dir DIR] [-- fairseq options]
 # --update-freq is derived so the paper's effective batch holds for any number of GPUs.
 set -euo pipefail
-repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  if [ -x "$repo/.venv/bin/python" ]; then python="$repo/.venv/bin/python"; else python=python3; fi
-fi
-export PATH="$(dirname "$python"):$PATH"
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 exec "$python" -m man_fairseq.recipes.launch "$@"
