@@ -506,7 +506,7 @@ def test_cli_train_and_generate_each_preset(toy_raw, toy_data_bin, tmp_path, pre
     assert f"preset={preset}" in out.stdout
     gen = run_cli([
         "fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", ckpt / "checkpoint_last.pt",
-        "--beam", "3", "--batch-size", "8", "--required-batch-size-multiple", "1", "--max-len-b", "12", "--cpu", "--gen-subset", "test",
+        "--beam", "3", "--batch-size", "8", "--max-len-b", "12", "--cpu", "--gen-subset", "test",
     ])
     hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
     num_test = len((toy_raw / "test.src").read_text().splitlines())

@@ -472,13 +472,13 @@ def test_cli_train_generate_each_strategy_and_dump_windows(tmp_path, toy_raw, to
     windows_dir = tmp_path / "windows"
     generate = [[
         "fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", saves[w] / "checkpoint_last.pt",
-        "--beam", "3", "--batch-size", "8", "--required-batch-size-multiple", "1", "--max-len-b", "12",
+        "--beam", "3", "--batch-size", "8", "--max-len-b", "12",
         "--cpu", "--gen-subset", "test",
     ] for w in CLI_CASES]
     dump = [  # the window dump command on the layer-strategy model (encoder and decoder self)
         "python", "-m", "man_fairseq.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
         "--path", saves["layer"] / "checkpoint_last.pt", "--gen-subset", "valid", "--batch-size", "16",
-        "--required-batch-size-multiple", "1", "--cpu", "--windows-output-dir", windows_dir,
+        "--cpu", "--windows-output-dir", windows_dir,
     ]
     *generated, dumped = run_parallel(generate + [dump])
 
