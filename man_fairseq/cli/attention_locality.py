@@ -1,0 +1,410 @@
+"""Attention locality of the encoder self-attentions (MAN paper, Table 5; SPEC §1).
+
+For every encoder layer and every self-attention sublayer of one or more trained models (e.g.
+a ``transformer_man_*`` model and a ``transformer`` baseline) it measures the share of
+attention a query gives to keys within ``|t - s| <= w``:
+
+    share_w(t) = sum_{s real, |t-s| <= w} p[t, s] / sum_{s real} p[t, s]
+
+(the denominator is 1 for softmax attention; it renormalises attentions whose rows do not sum to
+one, such as an unrenormalised multiplicative window). Positions count real tokens from the
+first real token, so left padding (fairseq's default for sources) does not move them. The share
+is averaged over heads and real query tokens of a sentence, then over sentences (every sentence
+weighs the same); ``locality.json`` also has the token-pooled average.
+
+A ``uniform`` row per model gives the share an attention spread evenly over the real keys
+would have on the same sentences: the chance level the learned values compare with.
+
+Works for MAN layers (``layer.sublayers`` / ``layer.blocks``: dman, san, sman1, sman2), for
+fairseq's ``transformer`` (``layer.self_attn``) and for the families that build on it
+(localness, differentiable window, calibration; their label names the bias module).
+
+Writes ``locality.md`` (also printed), ``locality.json`` and ``locality.png`` (share vs layer,
+one panel per ``w``, one line per model and sublayer) to ``--output-dir``::
+
+    man-attention-locality DATA_BIN --path man/checkpoint_best.pt,transformer/checkpoint_best.pt \\
+        --gen-subset valid --windows 1,2,4 --output-dir locality/
+    # or: python -m man_fairseq.cli.attention_locality ... (same options)
+"""
+
+import argparse
+import json
+import logging
+import os
+from collections import Counter, defaultdict
+from typing import Dict, List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger("man_fairseq.attention_locality")
+
+
+def get_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("data", help="fairseq binarized data directory")
+    p.add_argument("--path", required=True,
+                   help="checkpoint, or comma-separated checkpoints to compare (e.g. MAN,Transformer)")
+    p.add_argument("--labels", default=None,
+                   help="comma-separated model names for the table (default: the architecture names)")
+    p.add_argument("--gen-subset", default="valid", help="data split (default: valid)")
+    p.add_argument("--windows", default="1,2,4", help="comma-separated windows w (default: 1,2,4)")
+    p.add_argument("--output-dir", required=True, help="folder for locality.md / .json / .png")
+    p.add_argument("--source-lang", default=None)
+    p.add_argument("--target-lang", default=None)
+    p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
+    p.add_argument("--batch-size", type=int, default=32, help="sentences per batch")
+    p.add_argument("--max-tokens", type=int, default=None, help="source tokens per batch")
+    p.add_argument("--max-sentences", type=int, default=None,
+                   help="use only the first N sentences of the split (by sentence id)")
+    p.add_argument("--log-interval", type=int, default=10, help="log progress every N batches")
+    p.add_argument("--cpu", action="store_true")
+    return p
+
+
+def parse_windows(spec: str) -> List[int]:
+    try:
+        windows = [int(w) for w in spec.split(",") if w.strip()]
+    except ValueError:
+        raise ValueError(f"--windows: expected comma-separated non-negative integers, got {spec!r}")
+    if not windows or any(w < 0 for w in windows):
+        raise ValueError(f"--windows: expected comma-separated non-negative integers, got {spec!r}")
+    return windows
+
+
+# ----------------------------------------------------------------------------- the measure
+
+def real_positions(padding_mask: Tensor) -> Tensor:
+    """(B, S) True at pads -> (B, S) position of every token counted in real tokens from the
+    first real one (pads get the position of the previous real token; they are never used)."""
+    return (~padding_mask).long().cumsum(-1) - 1
+
+
+def locality_shares(probs: Tensor, padding_mask: Tensor, windows: Sequence[int]) -> Tensor:
+    """Share of attention within each window, per sentence, head and query.
+
+    Args:
+        probs: (B, H, T, S) attention weights of a self-attention (T == S), pads included.
+        padding_mask: (B, S) bool, True at pad tokens.
+    Returns:
+        (B, H, T, W) float64 shares; 0 at pad queries.
+    """
+    real = ~padding_mask
+    pos = real_positions(padding_mask)
+    dist = (pos[:, :, None] - pos[:, None, :]).abs()  # (B, T, S)
+    p = probs.double() * real[:, None, None, :]
+    total = p.sum(-1).clamp_min(1e-30)  # (B, H, T)
+    shares = torch.stack(
+        [(p * (dist <= w)[:, None]).sum(-1) / total for w in windows], dim=-1
+    )
+    return shares * real[:, None, :, None]
+
+
+def uniform_shares(padding_mask: Tensor, windows: Sequence[int]) -> Tensor:
+    """(B, 1, T, W) shares of an attention spread evenly over the real keys (the chance level)."""
+    real = ~padding_mask
+    uniform = real[:, None, None, :].double() / real.sum(-1).clamp_min(1).view(-1, 1, 1, 1)
+    return locality_shares(uniform.expand(-1, 1, real.size(1), -1), padding_mask, windows)
+
+
+class LocalityStats:
+    """Running sums of the shares of one attention over sentences and query tokens."""
+
+    def __init__(self, num_windows: int):
+        self.sentence_sum = torch.zeros(num_windows, dtype=torch.float64)
+        self.token_sum = torch.zeros(num_windows, dtype=torch.float64)
+        self.sentences = 0
+        self.tokens = 0
+
+    def add(self, shares: Tensor, padding_mask: Tensor):
+        """shares (B, H, T, W) from :func:`locality_shares`."""
+        shares = shares.cpu()
+        lengths = (~padding_mask).sum(-1).cpu().double()  # (B,)
+        per_token = shares.mean(1)  # (B, T, W): mean over heads
+        per_sentence = per_token.sum(1) / lengths.clamp_min(1)[:, None]  # (B, W)
+        keep = lengths > 0
+        self.sentence_sum += per_sentence[keep].sum(0)
+        self.token_sum += per_token.sum((0, 1))
+        self.sentences += int(keep.sum())
+        self.tokens += int(lengths.sum())
+
+    def means(self):
+        return (self.sentence_sum / max(self.sentences, 1)).tolist(), (self.token_sum / max(self.tokens, 1)).tolist()
+
+
+# ------------------------------------------------------------------ finding the attentions
+
+def self_attention_label(attn) -> str:
+    """'san' for a plain attention, else 'san+<what changes it>' (subclass, bias, post-softmax)."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
+
+    parts = []
+    if type(attn) not in (MultiheadAttention, BiasedMultiheadAttention):
+        parts.append(type(attn).__name__)
+    for extra in (getattr(attn, "bias_module", None), getattr(attn, "post_softmax", None)):
+        if extra is not None:
+            parts.append(type(extra).__name__)
+    return "+".join(["san"] + parts)
+
+
+def encoder_self_attentions(model):
+    """[(layer index, sublayer label, attention module)] of every encoder self-attention."""
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from man_fairseq.modules.man_layers import SELF_ATTENTION_SUBLAYERS
+
+    found = []
+    for layer_idx, layer in enumerate(model.encoder.layers):
+        if hasattr(layer, "sublayers") and hasattr(layer, "blocks"):  # MAN layer
+            names = list(layer.sublayers)
+            repeated = Counter(names)
+            seen = Counter()
+            for name, block in zip(names, layer.blocks):
+                if name not in SELF_ATTENTION_SUBLAYERS:
+                    continue
+                seen[name] += 1
+                # Table 3 orders repeat a sublayer (san,san,ffn): number them in layer order
+                found.append((layer_idx, name if repeated[name] == 1 else f"{name}#{seen[name]}", block))
+        elif isinstance(getattr(layer, "self_attn", None), MultiheadAttention):
+            found.append((layer_idx, self_attention_label(layer.self_attn), layer.self_attn))
+        else:
+            raise SystemExit(f"encoder layer {layer_idx} ({type(layer).__name__}) has no self-attention "
+                             "this command knows (MAN sublayers or fairseq's self_attn)")
+    return found
+
+
+class AttentionRecorder:
+    """Forward hooks that measure the locality of every encoder self-attention.
+
+    How the probabilities are obtained without touching module code: a forward hook re-runs
+    the attention module's own ``forward`` on the same inputs with ``need_weights=True,
+    need_head_weights=True`` (the model is in eval mode, so no dropout: both runs compute the
+    same attention; the hook checks that the outputs agree). The model's own forward and its
+    outputs are unchanged. fairseq's plain ``MultiheadAttention`` takes PyTorch's fused path
+    when called without an incremental state and then returns only head-averaged weights, so
+    the re-run passes a throw-away empty incremental state, which selects fairseq's explicit
+    path and its per-head weights (same formula; nothing is cached between calls).
+    """
+
+    def __init__(self, model, windows: Sequence[int]):
+        from fairseq.modules.multihead_attention import MultiheadAttention
+
+        from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
+
+        self.windows = list(windows)
+        self.attentions = encoder_self_attentions(model)
+        self.stats: Dict[tuple, LocalityStats] = {}
+        self.padding_mask: Optional[Tensor] = None  # (B, S) of the batch being run
+        self.mismatch_warned = False
+        self.last_probs: Dict[tuple, Tensor] = {}
+        self.keep_probs = False  # tests read the probabilities
+        self.handles = []
+        for layer_idx, label, attn in self.attentions:
+            key = (layer_idx, label)
+            self.stats[key] = LocalityStats(len(self.windows))
+            plain_fairseq = isinstance(attn, MultiheadAttention) and not isinstance(attn, BiasedMultiheadAttention)
+            self.handles.append(attn.register_forward_hook(
+                self._hook(key, plain_fairseq), with_kwargs=True))
+
+    def _hook(self, key, plain_fairseq: bool):
+        def hook(module, args, kwargs, output):
+            if self.padding_mask is None:
+                return None
+            if module.training:
+                raise RuntimeError("attention locality needs the model in eval mode (no dropout)")
+            rerun = dict(kwargs, need_weights=True, need_head_weights=True)
+            if plain_fairseq:
+                rerun["incremental_state"] = {}
+            out, probs = module.forward(*args, **rerun)  # .forward: no hooks, no recursion
+            if not self.mismatch_warned and not torch.allclose(out, output[0], rtol=1e-3, atol=1e-4):
+                logger.warning("re-run of %s differs from its forward pass (max abs diff %.2e)",
+                               key, (out - output[0]).abs().max().item())
+                self.mismatch_warned = True
+            probs = probs.transpose(0, 1)  # (H, B, T, S) -> (B, H, T, S)
+            if self.keep_probs:
+                self.last_probs[key] = probs.detach()
+            self.stats[key].add(locality_shares(probs, self.padding_mask, self.windows), self.padding_mask)
+            return None
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+# ----------------------------------------------------------------------------- running
+
+def sentence_batches(task, subset, model, max_sentences, batch_size, max_tokens):
+    """Batches of the first ``max_sentences`` sentences (by id) that fit the model; + #skipped."""
+    import numpy as np
+    from fairseq import utils
+
+    dataset = task.dataset(subset)
+    indices = dataset.ordered_indices()
+    if max_sentences is not None:
+        # the size-ordered order would take the shortest sentences; cap by id instead
+        indices = indices[indices < max_sentences]
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    indices, ignored = dataset.filter_indices_by_size(indices, max_positions)
+    batches = dataset.batch_by_size(np.asarray(indices), max_tokens=max_tokens, max_sentences=batch_size)
+    return dataset, batches, len(ignored)
+
+
+def analyse_model(path, args, windows, use_cuda):
+    from fairseq import checkpoint_utils, utils
+
+    overrides = {"data": args.data}
+    if args.source_lang:
+        overrides["source_lang"] = args.source_lang
+    if args.target_lang:
+        overrides["target_lang"] = args.target_lang
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+    model = models[0].eval()
+    if use_cuda:
+        model.cuda()
+    task.load_dataset(args.gen_subset)
+    dataset, batches, skipped = sentence_batches(
+        task, args.gen_subset, model, args.max_sentences, args.batch_size, args.max_tokens)
+    recorder = AttentionRecorder(model, windows)
+    uniform = LocalityStats(len(windows))
+    pad = task.source_dictionary.pad()
+    arch = getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "model")
+    logger.info("%s (%s): %d encoder self-attentions, %d batches of split %s",
+                path, arch, len(recorder.attentions), len(batches), args.gen_subset)
+    try:
+        for i, batch in enumerate(batches, 1):
+            sample = dataset.collater([dataset[int(j)] for j in batch])
+            if use_cuda:
+                sample = utils.move_to_cuda(sample)
+            src_tokens = sample["net_input"]["src_tokens"]
+            recorder.padding_mask = src_tokens.eq(pad)
+            with torch.no_grad():
+                model.encoder(src_tokens, src_lengths=sample["net_input"]["src_lengths"])
+            uniform.add(uniform_shares(recorder.padding_mask, windows), recorder.padding_mask)
+            if i % args.log_interval == 0 or i == len(batches):
+                logger.info("%s: %d/%d batches, %d sentences", arch, i, len(batches), uniform.sentences)
+    finally:
+        recorder.remove()
+    return {"path": path, "arch": arch, "skipped": skipped, "stats": recorder.stats, "uniform": uniform}
+
+
+def model_labels(results, labels_option):
+    if labels_option:
+        labels = [x.strip() for x in labels_option.split(",")]
+        if len(labels) != len(results):
+            raise SystemExit(f"--labels has {len(labels)} names for {len(results)} checkpoints")
+        return labels
+    labels = [r["arch"] for r in results]
+    counts = Counter(labels)
+    # same architecture twice: tell them apart by checkpoint path
+    return [f"{lab} ({r['path']})" if counts[lab] > 1 else lab for lab, r in zip(labels, results)]
+
+
+def build_rows(results, labels):
+    rows = []
+    for label, r in zip(labels, results):
+        for (layer, sublayer), stats in r["stats"].items():
+            sentence_mean, token_mean = stats.means()
+            rows.append({"model": label, "layer": layer, "sublayer": sublayer, "share": sentence_mean,
+                         "share_token_pooled": token_mean, "sentences": stats.sentences,
+                         "query_tokens": stats.tokens})
+        sentence_mean, token_mean = r["uniform"].means()
+        rows.append({"model": label, "layer": None, "sublayer": "uniform", "share": sentence_mean,
+                     "share_token_pooled": token_mean, "sentences": r["uniform"].sentences,
+                     "query_tokens": r["uniform"].tokens})
+    return rows
+
+
+def markdown_table(rows, windows, subset):
+    lines = [
+        f"Share of encoder self-attention on keys with |t-s| <= w (split `{subset}`; mean over heads "
+        "and real query tokens per sentence, then over sentences; layers 0-based; `uniform` = an "
+        "attention spread evenly over the real keys).",
+        "",
+        "| model | layer | sublayer | " + " | ".join(f"w={w}" for w in windows) + " | sentences |",
+        "|---|---|---|" + "---|" * len(windows) + "---|",
+    ]
+    for r in rows:
+        layer = "all" if r["layer"] is None else str(r["layer"])
+        shares = " | ".join(f"{s:.3f}" for s in r["share"])
+        lines.append(f"| {r['model']} | {layer} | {r['sublayer']} | {shares} | {r['sentences']} |")
+    return "\n".join(lines) + "\n"
+
+
+def save_plot(path, rows, windows):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(windows), figsize=(4.2 * len(windows), 3.6), squeeze=False, sharey=True)
+    series = defaultdict(list)  # (model, sublayer) -> rows in layer order
+    for r in rows:
+        if r["layer"] is not None:
+            series[(r["model"], r["sublayer"])].append(r)
+    uniform = {r["model"]: r["share"] for r in rows if r["layer"] is None}
+    for wi, (ax, w) in enumerate(zip(axes[0], windows)):
+        for (model, sublayer), rs in series.items():
+            rs = sorted(rs, key=lambda r: r["layer"])
+            ax.plot([r["layer"] for r in rs], [r["share"][wi] for r in rs], "o-", label=f"{model} {sublayer}")
+        for model, share in uniform.items():
+            ax.axhline(share[wi], linestyle=":", color="grey", linewidth=1)
+        ax.set_title(f"w = {w}")
+        ax.set_xlabel("encoder layer")
+        ax.set_ylim(0, 1.02)
+        layers = sorted({r["layer"] for r in rows if r["layer"] is not None})
+        ax.set_xticks(layers)
+    axes[0][0].set_ylabel("attention share within |t-s| <= w")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle("dotted: uniform attention", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(args):
+    import man_fairseq  # noqa: F401  (registers the archs before the checkpoints are read)
+    from fairseq import utils
+
+    utils.import_user_module(args)
+    windows = parse_windows(args.windows)
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    paths = utils.split_paths(args.path, separator=",")
+    results = [analyse_model(p, args, windows, use_cuda) for p in paths]
+    labels = model_labels(results, args.labels)
+    rows = build_rows(results, labels)
+
+    os.makedirs(args.output_dir, exist_ok=True)
+    table = markdown_table(rows, windows, args.gen_subset)
+    with open(os.path.join(args.output_dir, "locality.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(args.output_dir, "locality.json"), "w") as f:
+        json.dump({
+            "split": args.gen_subset, "windows": windows,
+            "averaging": "share: mean over heads and real query tokens per sentence, then over sentences; "
+                         "share_token_pooled: mean over heads, then over all real query tokens",
+            "models": [{"label": lab, "path": r["path"], "arch": r["arch"], "skipped_too_long": r["skipped"]}
+                       for lab, r in zip(labels, results)],
+            "rows": rows,
+        }, f, indent=2)
+    save_plot(os.path.join(args.output_dir, "locality.png"), rows, windows)
+    print(table)
+    return rows
+
+
+def cli_main():
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-manager debug noise
+    args = get_parser().parse_args()
+    try:
+        parse_windows(args.windows)  # fail before loading anything
+    except ValueError as e:
+        raise SystemExit(str(e))
+    main(args)
+
+
+if __name__ == "__main__":
+    cli_main()
