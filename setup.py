@@ -15,6 +15,7 @@ setup(
             "man-average-checkpoints=man_fairseq.cli.average_checkpoints:cli_main",
             "man-localness-windows=man_fairseq.cli.localness_windows:cli_main",
             "man-export-calibration=man_fairseq.cli.export_calibration:cli_main",
+            "man-attention-locality=man_fairseq.cli.attention_locality:cli_main",
         ]
     },
 )
