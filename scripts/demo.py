@@ -98,6 +98,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--average", type=int, default=3, help="average the last N epoch checkpoints")
     p.add_argument("--train-size", type=int, default=3000, help="synthetic corpus: training pairs")
+    p.add_argument("--eval-size", type=int, default=300, help="synthetic corpus: valid and test pairs each")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
 
@@ -117,7 +118,7 @@ def main(argv=None):
         from man_fairseq.toy_corpus import write_corpus
 
         raw, src, tgt = out / "raw", "src", "tgt"
-        write_corpus(str(raw), train=args.train_size, valid=300, test=300)
+        write_corpus(str(raw), train=args.train_size, valid=args.eval_size, test=args.eval_size)
         log(f"generated the synthetic local-context corpus in {raw} "
             f"({args.train_size} training pairs; rule in man_fairseq/toy_corpus.py)")
 
@@ -149,8 +150,10 @@ def main(argv=None):
         run([BIN / "man-average-checkpoints", "--inputs", save, "--num-epoch-checkpoints", args.average,
              "--output", avg], out / f"average_{tag}.log")
         log(f"{name}: fairseq-generate (beam 4) on the test set")
+        # max length 1.2 x source + 10 (fairseq's default 200 lets an undertrained model ramble)
         gen = run(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", avg, "--beam", "4",
-                   "--batch-size", "64", "--cpu"], out / f"generate_{tag}.log")
+                   "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "64", "--cpu"],
+                  out / f"generate_{tag}.log")
         hyps, refs = parse_generate(gen)
         bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none")
         rows.append((name, model_args[1], params, bleu.score, sum(wps) / max(len(wps), 1), len(refs)))

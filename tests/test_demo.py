@@ -15,7 +15,7 @@ def test_demo_runs_the_whole_pipeline(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, REPO / "scripts" / "demo.py", "--out", out, "--epochs", "2", "--average", "2",
-         "--train-size", "300"],
+         "--train-size", "300", "--eval-size", "40"],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
