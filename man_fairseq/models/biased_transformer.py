@@ -6,7 +6,9 @@ with a bias module or a post-softmax transform. A subclass of :class:`BiasedTran
 overrides :meth:`BiasedTransformerModel.attention_extras` and nothing else about the layers.
 """
 
+import dataclasses
 import itertools
+from enum import Enum
 from typing import Callable, Optional, Tuple
 
 from fairseq.distributed import fsdp_wrap
@@ -148,3 +150,19 @@ def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
     if bad:
         raise ValueError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
     return tuple(layers)
+
+
+def fill_option_defaults(args, config) -> None:
+    """Give ``args`` every option of the dataclass ``config`` it lacks (or holds as None).
+
+    Choice options become plain strings: an Enum inside the checkpoint's Namespace would not
+    load under torch's safe loading.
+    """
+    for f in dataclasses.fields(config):
+        if f.name.startswith("_"):
+            continue
+        if getattr(args, f.name, None) is None:
+            setattr(args, f.name, getattr(config, f.name))
+        value = getattr(args, f.name)
+        if isinstance(value, Enum):
+            setattr(args, f.name, str(value))

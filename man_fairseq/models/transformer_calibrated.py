@@ -20,7 +20,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from torch import nn
 
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
-from .biased_transformer import CROSS, BiasedTransformerModel
+from .biased_transformer import CROSS, BiasedTransformerModel, fill_option_defaults
 
 
 @dataclass
@@ -94,10 +94,7 @@ class TransformerCalibratedModel(BiasedTransformerModel):
 
 
 def calibrated_base_architecture(args):
-    for name, value in vars(CALIBRATION_DEFAULTS).items():
-        if not name.startswith("_") and getattr(args, name, None) is None:
-            setattr(args, name, value)
-    args.calibration_fusion = str(args.calibration_fusion)
+    fill_option_defaults(args, CALIBRATION_DEFAULTS)
 
 
 @register_model_architecture("transformer_calibrated", "transformer_calibrated_small")

@@ -22,7 +22,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, build_window
-from .biased_transformer import CROSS, DECODER_SELF, ENCODER_SELF, BiasedTransformerModel
+from .biased_transformer import CROSS, DECODER_SELF, ENCODER_SELF, BiasedTransformerModel, fill_option_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +105,7 @@ def diffwin_base_architecture(args):
     for name, value in DIFFWIN_PRESETS[preset].items():
         if getattr(args, name, None) is None:
             setattr(args, name, value)
-    for name, value in vars(DIFFWIN_DEFAULTS).items():
-        if not name.startswith("_") and getattr(args, name, None) is None:
-            setattr(args, name, value)
-    for name in _CHOICES:
-        setattr(args, name, str(getattr(args, name)))
+    fill_option_defaults(args, DIFFWIN_DEFAULTS)
 
 
 def validate_diffwin_args(args):

@@ -28,6 +28,7 @@ from .biased_transformer import (
     DECODER_SELF,
     ENCODER_SELF,
     BiasedTransformerModel,
+    fill_option_defaults,
     parse_layer_set,
 )
 
@@ -157,10 +158,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
 
 
 def localness_base_architecture(args):
-    for name, value in vars(LOCALNESS_DEFAULTS).items():
-        if not name.startswith("_") and getattr(args, name, None) is None:
-            setattr(args, name, value)
-    args.localness_window = str(args.localness_window)
+    fill_option_defaults(args, LOCALNESS_DEFAULTS)
 
 
 @register_model_architecture("transformer_localness", "transformer_localness_base")

@@ -22,7 +22,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.man_layers import MANDecoderLayer, MANEncoderLayer, parse_sublayers
-from .biased_transformer import wrap_layer
+from .biased_transformer import fill_option_defaults, wrap_layer
 
 
 @dataclass
@@ -96,10 +96,7 @@ class TransformerMANModel(TransformerModel):
 
 
 def man_base_architecture(args):
-    for name, value in vars(MAN_DEFAULTS).items():
-        if not name.startswith("_"):
-            setattr(args, name, getattr(args, name, None) if getattr(args, name, None) is not None else value)
-    args.attention_head_activation = str(args.attention_head_activation)
+    fill_option_defaults(args, MAN_DEFAULTS)
 
 
 @register_model_architecture("transformer_man", "transformer_man_base")
