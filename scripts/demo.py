@@ -76,19 +76,6 @@ def check_user_data(data: Path, src: str, tgt: str):
                 raise SystemExit(f"demo: {p} has empty lines (first at line {empty[0]}); remove them first")
 
 
-def parse_generate(out: str):
-    hyps, refs = {}, {}
-    for line in out.splitlines():
-        if line.startswith("H-"):
-            i, _, text = line.split("\t", 2)
-            hyps[int(i[2:])] = text
-        elif line.startswith("T-"):
-            i, text = line.split("\t", 1)
-            refs[int(i[2:])] = text
-    ids = sorted(refs)
-    return [hyps.get(i, "") for i in ids], [refs[i] for i in ids]
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="folder with your own train/valid/test.{SRC,TGT} text")
@@ -103,6 +90,8 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     import sacrebleu
+
+    from man_fairseq.recipes.evaluate import read_generate_output
 
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     t0 = time.time()
@@ -154,7 +143,7 @@ def main(argv=None):
         gen = run(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", avg, "--beam", "4",
                    "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "64", "--cpu"],
                   out / f"generate_{tag}.log")
-        hyps, refs = parse_generate(gen)
+        _, hyps, refs = read_generate_output(gen)
         bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none")
         rows.append((name, model_args[1], params, bleu.score, sum(wps) / max(len(wps), 1), len(refs)))
         log(f"{name}: BLEU {bleu.score:.2f} on {len(refs)} sentences")

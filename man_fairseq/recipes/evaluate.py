@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from .config import REPO, validate
-from .launch import USER_DIR, visible_gpus
+from .launch import USER_DIR, precision_args, visible_gpus
 from . import scoring
 
 
@@ -52,13 +52,7 @@ def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
         argv += ["--no-repeat-ngram-size", str(ev["no_repeat_ngram_size"])]
     if ev.get("remove_bpe", "@@ "):
         argv += ["--remove-bpe", ev.get("remove_bpe", "@@ ")]
-    if device == "cpu":
-        argv += ["--cpu"]
-    elif precision == "fp16":
-        argv += ["--fp16"]
-    elif precision == "bf16":
-        argv += ["--bf16"]
-    return argv
+    return argv + precision_args(device, precision)
 
 
 def _run(cmd, log_path):

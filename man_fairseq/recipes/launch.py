@@ -26,6 +26,15 @@ from .config import REPO, load_config, option_args
 USER_DIR = str(REPO / "man_fairseq")
 
 
+def precision_args(device: str, precision: str):
+    """fairseq flags for the device and precision (fp16/bf16 apply on GPU only)."""
+    if precision not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
+    if device == "cpu":
+        return ["--cpu"]
+    return {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": []}[precision]
+
+
 def effective_batch_units(cfg):
     """The paper's effective batch in units of one GPU's ``max-tokens``."""
     return cfg["batch"]["paper_gpus"] * cfg["batch"]["paper_update_freq"]
@@ -59,14 +68,7 @@ def train_args(cfg, save_dir, world_size=1, device="gpu", precision="fp16", data
     argv += option_args(cfg.get("model"))
     argv += option_args(cfg["train"])
     argv += ["--update-freq", str(update_freq), "--save-dir", str(save_dir)]
-    if device == "cpu":
-        argv += ["--cpu"]
-    elif precision == "fp16":
-        argv += ["--fp16"]
-    elif precision == "bf16":
-        argv += ["--bf16"]
-    elif precision != "fp32":
-        raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
+    argv += precision_args(device, precision)
     if device == "cpu" and world_size > 1:
         # DDP's c10d wrapper insists on device_ids for fairseq's call; the legacy wrapper
         # all-reduces gradients itself and works on CPU tensors with gloo.
