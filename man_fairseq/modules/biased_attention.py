@@ -113,7 +113,6 @@ class BiasedMultiheadAttention(MultiheadAttention):
             )
         self.bias_module = bias_module
         self.post_softmax = post_softmax
-        self.head_activation_name = head_activation
         self.head_activation = ACTIVATIONS[head_activation]
 
     # Subclasses that read the probabilities in attend_values (relative value embeddings) set
@@ -155,8 +154,6 @@ class BiasedMultiheadAttention(MultiheadAttention):
                 # encoder-decoder attention: keys were computed at the first step
                 assert self.encoder_decoder_attention and not self.self_attention
                 key = value = key_input = None
-        else:
-            saved_state = None
 
         q = self._shape(self.q_proj(query), bsz)
         if self.self_attention:
