@@ -29,6 +29,7 @@ translation loss ``L_NMT(a^comb)`` (used for validation and the best checkpoint)
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from fairseq import metrics, utils
@@ -38,8 +39,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
     LabelSmoothedCrossEntropyCriterionConfig,
 )
+from omegaconf import II
 from torch import nn
 
+from ..plugin_options import VALID, Number, check_options
 from ..modules.calibration import PERTURBED, calibration_mode, calibration_modules
 
 
@@ -48,8 +51,26 @@ class CalibratedLabelSmoothedCrossEntropyCriterionConfig(LabelSmoothedCrossEntro
     perturbation_weight: float = field(
         default=1.0,
         metadata={"help": "alpha of the perturbation objective -L_NMT(a^p) + alpha ||1-m||_2 "
-                  "(larger: masks stay closer to 1, less is perturbed)"},
+                  "(larger: masks stay closer to 1, less is perturbed)", VALID: Number(0)},
     )
+    # the model's --arch, read at start-up to refuse a model without calibration before any data
+    # is loaded (argparse: fairseq copies args.arch here; hydra: interpolated from model._name).
+    # No help text: fairseq then adds no second --arch to the command line.
+    arch: Optional[str] = II("model._name")
+
+
+PERTURBATION_WEIGHT = CalibratedLabelSmoothedCrossEntropyCriterionConfig.__dataclass_fields__[
+    "perturbation_weight"].metadata[VALID]
+
+
+def configured_arch(cfg) -> Optional[str]:
+    """The --arch the criterion config carries, or None (a config built without one, e.g. by hand
+    or from an older checkpoint whose interpolation cannot be resolved)."""
+    try:
+        arch = getattr(cfg, "arch", None)
+    except Exception:  # omegaconf's interpolation errors when there is no model._name
+        return None
+    return str(arch) if isinstance(arch, str) and not arch.startswith("${") else None
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -70,9 +91,29 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
                  report_accuracy=False, perturbation_weight=1.0):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        if not (perturbation_weight >= 0 and math.isfinite(perturbation_weight)):
-            raise ValueError("--perturbation-weight must be a finite number >= 0")
+        problem = PERTURBATION_WEIGHT.problem(perturbation_weight)
+        if problem:
+            raise ValueError(f"--perturbation-weight {perturbation_weight!r}: {problem}")
         self.perturbation_weight = perturbation_weight
+
+    @classmethod
+    def build_criterion(cls, cfg, task):
+        """fairseq-train builds the model, then the criterion, then reads data: check here."""
+        check_options(cfg, CalibratedLabelSmoothedCrossEntropyCriterionConfig,
+                      base=LabelSmoothedCrossEntropyCriterionConfig)
+        arch = configured_arch(cfg)
+        if arch is not None:
+            from fairseq.models import ARCH_MODEL_REGISTRY
+
+            from ..models.transformer_calibrated import TransformerCalibratedModel
+
+            model_cls = ARCH_MODEL_REGISTRY.get(arch)
+            if model_cls is None or not issubclass(model_cls, TransformerCalibratedModel):
+                raise ValueError(
+                    f"--criterion calibrated_label_smoothed_cross_entropy needs a calibrated model "
+                    f"(--arch transformer_calibrated_small/_base/_big), got --arch {arch}"
+                )
+        return super().build_criterion(cfg, task)
 
     def perturbation_loss(self, model, sample, encoder_out, reduce=True):
         """(-L_NMT(a^p) + alpha * penalty, L_NMT(a^p), nll(a^p), penalty, mean m over real keys).

@@ -20,6 +20,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from torch import nn
 
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
+from ..plugin_options import VALID, Number, as_namespace, check_options
 from .biased_transformer import CROSS, BiasedTransformerModel, fill_option_defaults
 
 
@@ -32,7 +33,7 @@ class CalibrationConfig(FairseqDataclass):
                   "gate (g a + (1-g) a^c, g = sigmoid(q W_g + b_g) per head)"},
     )
     calibration_lambda: float = field(
-        default=0.1, metadata={"help": "lambda of the fixed fusion"}
+        default=0.1, metadata={"help": "lambda of the fixed fusion", VALID: Number(0)}
     )
     calibration_fixed_no_softmax: bool = field(
         default=False,
@@ -41,7 +42,8 @@ class CalibrationConfig(FairseqDataclass):
     )
     calibration_anneal_steps: float = field(
         default=100000.0,
-        metadata={"help": "time constant of the anneal fusion, g(s) = exp(-s / steps), s = update number"},
+        metadata={"help": "time constant of the anneal fusion, g(s) = exp(-s / steps), s = update number",
+                  VALID: Number(0, low_open=True)},
     )
 
 
@@ -59,13 +61,10 @@ class TransformerCalibratedModel(BiasedTransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         calibrated_base_architecture(args)
-        if str(args.calibration_fusion) not in FUSIONS:
-            raise ValueError(
-                f"unknown --calibration-fusion {args.calibration_fusion!r}; choose one of {list(FUSIONS)}"
-            )
-        if not args.calibration_anneal_steps > 0:
-            raise ValueError("--calibration-anneal-steps must be > 0")
+        # fail at start-up on any value outside its declared range (choices: FUSIONS)
+        check_options(args, CalibrationConfig)
         if getattr(args, "checkpoint_activations", False):
             # the criterion switches the calibration mode between two passes; a recomputation
             # during backward would run in the wrong mode

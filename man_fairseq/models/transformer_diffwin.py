@@ -22,6 +22,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, build_window
+from ..plugin_options import VALID, Number, as_namespace, check_options, fit_layers
 from .biased_transformer import CROSS, DECODER_SELF, ENCODER_SELF, BiasedTransformerModel, fill_option_defaults
 
 logger = logging.getLogger(__name__)
@@ -69,12 +70,18 @@ class DiffWinConfig(FairseqDataclass):
     diffwin_cross_mask: ChoiceEnum(list(MASK_TYPES)) = field(
         default="token", metadata={"help": "token or segment mask in cross-attention"}
     )
-    diffwin_segment_size: int = field(default=5, metadata={"help": "segment size b of segment masks"})
+    diffwin_segment_size: int = field(
+        default=5, metadata={"help": "segment size b of segment masks", VALID: Number(1, integer=True)}
+    )
     diffwin_layers: int = field(
-        default=3, metadata={"help": "windows in the lower N layers of encoder and decoder (N >= layers: all)"}
+        default=3,
+        metadata={"help": "windows in the lower N layers of encoder and decoder (0: none); the default "
+                  "is cut to a shallower model's depth with a logged note, any other N beyond it is an error",
+                  VALID: Number(0, integer=True)},
     )
     diffwin_temperature: float = field(
-        default=1.0, metadata={"help": "temperature dividing the boundary-pointer logits"}
+        default=1.0,
+        metadata={"help": "temperature dividing the boundary-pointer logits", VALID: Number(0, low_open=True)},
     )
     diffwin_mw_renormalize: bool = field(
         default=False, metadata={"help": "renormalise multiplicative-window attention over the keys "
@@ -88,11 +95,6 @@ class DiffWinConfig(FairseqDataclass):
 
 
 DIFFWIN_DEFAULTS = DiffWinConfig()
-_CHOICES = {
-    "diffwin_preset": tuple(DIFFWIN_PRESETS),
-    "diffwin_encoder": WINDOW_MODES, "diffwin_decoder": WINDOW_MODES, "diffwin_cross": WINDOW_MODES,
-    "diffwin_encoder_mask": MASK_TYPES, "diffwin_decoder_mask": MASK_TYPES, "diffwin_cross_mask": MASK_TYPES,
-}
 
 
 def diffwin_base_architecture(args):
@@ -109,21 +111,21 @@ def diffwin_base_architecture(args):
 
 
 def validate_diffwin_args(args):
-    for name, choices in _CHOICES.items():
-        value = getattr(args, name)
-        if value not in choices:
-            raise ValueError(f"--{name.replace('_', '-')}: unknown value {value!r}; choose one of {list(choices)}")
+    check_options(args, DiffWinConfig)
     if args.diffwin_decoder_mask != "token":
         raise ValueError(
             "--diffwin-decoder-mask segment: decoder self-attention supports token masks only "
             "(a segment would let a target token attend to later tokens of its segment)"
         )
-    if args.diffwin_segment_size < 1:
-        raise ValueError(f"--diffwin-segment-size must be >= 1, got {args.diffwin_segment_size}")
-    if args.diffwin_layers < 0:
-        raise ValueError(f"--diffwin-layers must be >= 0, got {args.diffwin_layers}")
-    if not args.diffwin_temperature > 0:
-        raise ValueError(f"--diffwin-temperature must be > 0, got {args.diffwin_temperature}")
+    # the stacks that get windows: the layer count must exist in each of them
+    depths = [args.encoder_layers] if args.diffwin_encoder != "none" else []
+    if args.diffwin_decoder != "none" or args.diffwin_cross != "none":
+        depths.append(args.decoder_layers)
+    if depths:
+        args.diffwin_layers = fit_layers(
+            "--diffwin-layers", args.diffwin_layers, DIFFWIN_DEFAULTS.diffwin_layers, min(depths),
+            lambda n, depth: depth if n > depth else None, logger,
+        )
 
 
 @register_model("transformer_diffwin")
@@ -137,6 +139,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         diffwin_base_architecture(args)
         validate_diffwin_args(args)
         logger.info(

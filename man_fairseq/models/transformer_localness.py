@@ -10,6 +10,7 @@ fairseq's Transformer whose chosen attentions get the learnable Gaussian localne
 * ``--relative-positions`` (on ``--relative-position-attention-types``, every layer).
 """
 
+import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
@@ -23,6 +24,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from ..modules.relative_position import RelativePositionMultiheadAttention
+from ..plugin_options import VALID, Number, Parsed, as_namespace, check_options, fit_layers, parse_layer_spec
 from .biased_transformer import (
     ATTENTION_TYPES,
     DECODER_SELF,
@@ -31,6 +33,8 @@ from .biased_transformer import (
     fill_option_defaults,
     parse_layer_set,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,19 +46,25 @@ class LocalnessConfig(FairseqDataclass):
                   "with the centre), head (one learned D = N*sigmoid(z) per head)"},
     )
     localness_fixed_window: float = field(
-        default=10.0, metadata={"help": "window size D of the 'fixed' strategy (sigma = D/2)"}
+        default=10.0,
+        metadata={"help": "window size D of the 'fixed' strategy (sigma = D/2)", VALID: Number(0, low_open=True)},
     )
     localness_head_window_max: float = field(
-        default=50.0, metadata={"help": "N of the 'head' strategy: D = N * sigmoid(z_head)"}
+        default=50.0,
+        metadata={"help": "N of the 'head' strategy: D = N * sigmoid(z_head)", VALID: Number(0, low_open=True)},
     )
     localness_layers: str = field(
         default="0,1,2",
         metadata={"help": "0-based layers that get the localness bias ('all'; '' for none); "
-                  "applies to each of --localness-attention-types"},
+                  "applies to each of --localness-attention-types; the default is cut to a shallower "
+                  "model's depth with a logged note, any other index beyond it is an error",
+                  VALID: Parsed(parse_layer_spec, "comma-separated 0-based layer indices, 'all', or '' (none)")},
     )
     localness_attention_types: str = field(
         default="encoder_self",
-        metadata={"help": "comma-separated attentions with localness: encoder_self, decoder_self, cross"},
+        metadata={"help": "comma-separated attentions with localness: encoder_self, decoder_self, cross",
+                  VALID: Parsed(lambda spec: parse_attention_types(spec, "--localness-attention-types"),
+                                "comma-separated subset of " + ", ".join(ATTENTION_TYPES))},
     )
     relative_positions: bool = field(
         default=False,
@@ -62,11 +72,16 @@ class LocalnessConfig(FairseqDataclass):
                   "of --relative-position-attention-types"},
     )
     max_relative_position: int = field(
-        default=16, metadata={"help": "clipping distance K of the relative position representations"}
+        default=16,
+        metadata={"help": "clipping distance K of the relative position representations",
+                  VALID: Number(1, integer=True)},
     )
     relative_position_attention_types: str = field(
         default="encoder_self,decoder_self",
-        metadata={"help": "self-attentions with relative positions: encoder_self, decoder_self"},
+        metadata={"help": "self-attentions with relative positions: encoder_self, decoder_self",
+                  VALID: Parsed(lambda spec: parse_attention_types(spec, "--relative-position-attention-types",
+                                                                   allowed=(ENCODER_SELF, DECODER_SELF)),
+                                "comma-separated subset of encoder_self, decoder_self")},
     )
 
 
@@ -74,6 +89,8 @@ LOCALNESS_DEFAULTS = LocalnessConfig()
 
 
 def parse_attention_types(spec: str, option: str, allowed=ATTENTION_TYPES):
+    if not isinstance(spec, str):
+        raise ValueError(f"{option} must be a comma-separated string, got {spec!r}")
     types = [x.strip() for x in (spec or "").split(",") if x.strip()]
     bad = [x for x in types if x not in allowed]
     if bad:
@@ -89,6 +106,14 @@ def localness_plan(cfg):
         n = cfg.encoder.layers if kind == ENCODER_SELF else cfg.decoder.layers
         plan[kind] = parse_layer_set(cfg.localness_layers, n, "--localness-layers")
     return plan
+
+
+def _layers_within(spec: str, num_layers: int):
+    """``spec`` without the indices >= num_layers, or None when nothing is cut."""
+    layers = parse_layer_spec(spec)
+    if layers is None or all(i < num_layers for i in layers):
+        return None
+    return ",".join(str(i) for i in layers if i < num_layers)
 
 
 def relative_position_types(cfg):
@@ -111,13 +136,17 @@ class TransformerLocalnessModel(BiasedTransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         localness_base_architecture(args)
         # fail at start-up on bad values, before data is read and layers are built
-        for name in ("localness_fixed_window", "localness_head_window_max"):
-            if not getattr(args, name) > 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
-        if args.max_relative_position < 1:
-            raise ValueError("--max-relative-position must be >= 1")
+        check_options(args, LocalnessConfig)
+        types = parse_attention_types(args.localness_attention_types, "--localness-attention-types")
+        if types:
+            depth = min(args.encoder_layers if kind == ENCODER_SELF else args.decoder_layers for kind in types)
+            args.localness_layers = fit_layers(
+                "--localness-layers", args.localness_layers, LOCALNESS_DEFAULTS.localness_layers, depth,
+                _layers_within, logger,
+            )
         from fairseq.models.transformer import TransformerConfig
 
         cfg = TransformerConfig.from_namespace(args)

@@ -21,7 +21,8 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from ..modules.man_layers import MANDecoderLayer, MANEncoderLayer, parse_sublayers
+from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
+from ..plugin_options import VALID, Number, Parsed, as_namespace, check_options
 from .biased_transformer import fill_option_defaults, wrap_layer
 
 
@@ -30,19 +31,24 @@ class MANConfig(FairseqDataclass):
     encoder_sublayers: str = field(
         default="dman,san,ffn",
         metadata={"help": "comma-separated sublayers of each encoder layer: dman, san, sman1, sman2, ffn "
-                  "(paper Table 3 orders, e.g. 'ffn,san,ffn', 'san,dman,ffn')"},
+                  "(paper Table 3 orders, e.g. 'ffn,san,ffn', 'san,dman,ffn')",
+                  VALID: Parsed(lambda spec: parse_sublayers(spec, decoder=False),
+                                "comma-separated, from " + ", ".join(ENCODER_SUBLAYERS))},
     )
     decoder_sublayers: str = field(
         default="dman,san,cross,ffn",
         metadata={"help": "sublayers of each decoder layer; as --encoder-sublayers plus 'cross' "
-                  "(encoder-decoder attention) exactly once"},
+                  "(encoder-decoder attention) exactly once",
+                  VALID: Parsed(lambda spec: parse_sublayers(spec, decoder=True),
+                                "comma-separated, from " + ", ".join(DECODER_SUBLAYERS) + "; cross exactly once")},
     )
     dman_max_relative_distance: int = field(
         default=256,
-        metadata={"help": "DMAN relative distances |t-s| beyond this share the boundary value (K)"},
+        metadata={"help": "DMAN relative distances |t-s| beyond this share the boundary value (K)",
+                  VALID: Number(0, integer=True)},
     )
     static_mask_window: int = field(
-        default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)"}
+        default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)", VALID: Number(0, integer=True)}
     )
     attention_head_activation: ChoiceEnum(["none", "relu", "gelu"]) = field(
         default="none",
@@ -75,14 +81,10 @@ class TransformerMANModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
+        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         man_base_architecture(args)
-        # fail at start-up, before any data is read, on an unknown sublayer name
-        parse_sublayers(args.encoder_sublayers, decoder=False)
-        parse_sublayers(args.decoder_sublayers, decoder=True)
-        if args.dman_max_relative_distance < 0:
-            raise ValueError("--dman-max-relative-distance must be >= 0")
-        if args.static_mask_window < 0:
-            raise ValueError("--static-mask-window must be >= 0")
+        # fail at start-up, before any data is read, on any value outside its declared range
+        check_options(args, MANConfig)
         return super().build_model(args, task)
 
     @classmethod

@@ -32,9 +32,12 @@ DECODER_SUBLAYERS = ENCODER_SUBLAYERS + ("cross",)
 
 def parse_sublayers(spec: str, decoder: bool) -> List[str]:
     """``"dman,san,ffn"`` -> names, with a clear error for anything unknown."""
+    where = "--decoder-sublayers" if decoder else "--encoder-sublayers"
+    if not isinstance(spec, str):
+        # e.g. a config object that lacks the option (it would read as None)
+        raise ValueError(f"{where} must be a comma-separated string, got {spec!r}")
     names = [s.strip().lower() for s in spec.split(",") if s.strip()]
     allowed = DECODER_SUBLAYERS if decoder else ENCODER_SUBLAYERS
-    where = "--decoder-sublayers" if decoder else "--encoder-sublayers"
     if not names:
         raise ValueError(f"{where} is empty")
     unknown = [n for n in names if n not in allowed]

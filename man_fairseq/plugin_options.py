@@ -1,0 +1,197 @@
+"""The plugin's options: one declaration of each option's valid values, checked at start-up.
+
+Every option of the four families (and of the calibration criterion) is a field of a
+``FairseqDataclass``. Its valid values are declared next to its default and help text:
+
+* a ``ChoiceEnum`` field: its choices (the one list in the code the enum is made from);
+* a ``bool`` field: true / false;
+* any other field: ``metadata={"valid": Rule}`` (:class:`Number` for ranges, :class:`Parsed`
+  for the comma-separated specs).
+
+:func:`check_options` checks an args object against that declaration; the models call it in
+``build_model`` and the criterion in ``build_criterion``, both of which fairseq-train runs before
+it reads any data. ``man-options ARCH`` (:mod:`man_fairseq.cli.options`) prints the same
+declarations.
+"""
+
+import dataclasses
+import inspect
+import math
+from argparse import Namespace
+from enum import Enum
+from typing import Callable, Iterable, List, Optional, Tuple
+
+from fairseq.dataclass.utils import interpret_dc_type
+
+VALID = "valid"  # the dataclass field metadata key of a Rule
+
+
+def option_flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+class Rule:
+    """Valid values of one option. ``problem(value)`` is None or why the value is invalid."""
+
+    text = ""
+
+    def problem(self, value) -> Optional[str]:
+        raise NotImplementedError
+
+
+class Number(Rule):
+    """A finite int or float within ``[low, high]`` (``low_open``: ``> low``)."""
+
+    def __init__(self, low=None, high=None, low_open=False, integer=False):
+        self.low, self.high, self.low_open, self.integer = low, high, low_open, integer
+        kind = "integer" if integer else "number"
+        bounds = []
+        if low is not None:
+            bounds.append(f"{'>' if low_open else '>='} {low}")
+        if high is not None:
+            bounds.append(f"<= {high}")
+        self.text = kind + (" " + " and ".join(bounds) if bounds else "")
+
+    def problem(self, value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"must be a {self.text}"
+        if self.integer and not float(value).is_integer():
+            return f"must be a {self.text}"
+        if not math.isfinite(value):
+            return f"must be a finite {self.text}"
+        too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+        too_high = self.high is not None and value > self.high
+        if too_low or too_high:
+            return f"must be a {self.text}"
+        return None
+
+
+class Choice(Rule):
+    def __init__(self, choices: Iterable[str]):
+        self.choices = tuple(str(c) for c in choices)
+        self.text = "one of " + ", ".join(self.choices)
+
+    def problem(self, value):
+        if isinstance(value, Enum):
+            value = value.value
+        if value not in self.choices:
+            return f"unknown value; choose one of {list(self.choices)}"
+        return None
+
+
+class Flag(Rule):
+    text = "true or false"
+
+    def problem(self, value):
+        return None if isinstance(value, bool) else "must be true or false"
+
+
+class Parsed(Rule):
+    """A string that ``parse(value)`` accepts (it raises ValueError with the reason otherwise)."""
+
+    def __init__(self, parse: Callable[[str], object], text: str):
+        self.parse, self.text = parse, text
+
+    def problem(self, value):
+        if not isinstance(value, str):
+            return f"must be a string ({self.text})"
+        try:
+            self.parse(value)
+        except ValueError as e:
+            return str(e)
+        return None
+
+
+def rule_of(f: dataclasses.Field) -> Optional[Rule]:
+    """The declared valid values of one dataclass field (None: nothing declared)."""
+    if VALID in f.metadata:
+        return f.metadata[VALID]
+    field_type = interpret_dc_type(f.type)
+    if inspect.isclass(field_type) and issubclass(field_type, Enum):
+        return Choice(e.value for e in field_type)
+    if field_type is bool:
+        return Flag()
+    return None
+
+
+def own_fields(config_cls, base=None) -> List[dataclasses.Field]:
+    """The user options of ``config_cls`` that ``base`` (a parent dataclass) does not have.
+
+    Private fields and fields that only interpolate another config value (``II(...)``, which
+    fairseq does not put on the command line) are not options.
+    """
+    inherited = {f.name for f in dataclasses.fields(base)} if base is not None else set()
+    return [
+        f for f in dataclasses.fields(config_cls)
+        if not f.name.startswith("_") and f.name not in inherited
+        and not (isinstance(f.default, str) and f.default.startswith("${"))
+    ]
+
+
+def check_options(args, config_cls, base=None, where: str = "") -> None:
+    """Raise ValueError naming the option for the first value outside its declared range."""
+    for f in own_fields(config_cls, base):
+        rule = rule_of(f)
+        if rule is None:
+            raise TypeError(f"{config_cls.__name__}.{f.name} declares no valid values")
+        value = getattr(args, f.name, None)
+        if value is None:
+            raise ValueError(f"{where}{option_flag(f.name)} is not set")
+        problem = rule.problem(value)
+        if problem is not None:
+            raise ValueError(f"{where}{option_flag(f.name)} {value!r}: {problem}")
+
+
+def as_namespace(args):
+    """A flat argparse Namespace of the model options, also from a hydra DictConfig.
+
+    fairseq-hydra-train hands ``build_model`` the ``model:`` node of the YAML (after the arch
+    function filled its defaults). fairseq's ``TransformerConfig.from_namespace`` copies the
+    options it does not know (the plugin's) only from a Namespace, so the plugin models convert
+    once, at the top of ``build_model``.
+    """
+    if isinstance(args, Namespace):
+        return args
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(args):
+        return Namespace(**OmegaConf.to_container(args, resolve=True, enum_to_str=True))
+    return args
+
+
+# ---- layer lists: one behaviour for every family ---------------------------------------------
+
+
+def parse_layer_spec(spec: str) -> Optional[Tuple[int, ...]]:
+    """``"0,1,2"`` -> (0, 1, 2); ``"all"`` -> None (every layer); ``""`` -> ()."""
+    spec = (spec or "").strip()
+    if spec == "":
+        return ()
+    if spec == "all":
+        return None
+    try:
+        layers = sorted({int(x) for x in spec.split(",") if x.strip() != ""})
+    except ValueError:
+        raise ValueError(f"expected comma-separated layer indices or 'all', got {spec!r}")
+    if any(i < 0 for i in layers):
+        raise ValueError(f"layer indices are 0-based and >= 0, got {spec!r}")
+    return tuple(layers)
+
+
+def fit_layers(option: str, value, default, num_layers: int, within, log):
+    """The one rule for a layer option that names more layers than the model has.
+
+    The family's default (the papers' "lower three layers") is cut to the model's depth with a
+    logged note; any other value that does not fit is an error naming the option.
+    ``within(value, n)`` is ``value`` cut to ``n`` layers, or None when it already fits.
+    """
+    cut = within(value, num_layers)
+    if cut is None:
+        return value
+    if str(value) == str(default):
+        log.warning(
+            "%s %s is the default (the paper's lower three layers), the model has %d layers: "
+            "using %s %s (pass the option explicitly to choose)", option, value, num_layers, option, cut,
+        )
+        return cut
+    raise ValueError(f"{option} {value}: the model has only {num_layers} layers (0-based indices < {num_layers})")
