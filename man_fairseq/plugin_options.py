@@ -44,25 +44,24 @@ class Number(Rule):
 
     def __init__(self, low=None, high=None, low_open=False, integer=False):
         self.low, self.high, self.low_open, self.integer = low, high, low_open, integer
-        kind = "integer" if integer else "number"
+        self.kind = "an integer" if integer else "a finite number"
         bounds = []
         if low is not None:
             bounds.append(f"{'>' if low_open else '>='} {low}")
         if high is not None:
             bounds.append(f"<= {high}")
-        self.text = kind + (" " + " and ".join(bounds) if bounds else "")
+        self.bounds = " and ".join(bounds)
+        self.text = ("integer " if integer else "number ") + self.bounds
 
     def problem(self, value):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"must be a {self.text}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"must be {self.kind}"
         if self.integer and not float(value).is_integer():
-            return f"must be a {self.text}"
-        if not math.isfinite(value):
-            return f"must be a finite {self.text}"
+            return f"must be {self.kind}"
         too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
         too_high = self.high is not None and value > self.high
         if too_low or too_high:
-            return f"must be a {self.text}"
+            return f"must be {self.bounds}"
         return None
 
 
@@ -194,4 +193,6 @@ def fit_layers(option: str, value, default, num_layers: int, within, log):
             "using %s %s (pass the option explicitly to choose)", option, value, num_layers, option, cut,
         )
         return cut
-    raise ValueError(f"{option} {value}: the model has only {num_layers} layers (0-based indices < {num_layers})")
+    raise ValueError(
+        f"{option} {value}: layers out of range, the model has {num_layers} (0-based indices < {num_layers})"
+    )
