@@ -1,0 +1,233 @@
+"""Plugin options: every option declares its valid values, every bad value fails at start-up
+naming the option, layer lists behave alike in every family, and `man-options` / docs/options.md
+show them."""
+
+import logging
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+
+import man_fairseq  # noqa: F401  (registers the archs and the criterion)
+from man_fairseq.cli import options as man_options
+from man_fairseq.plugin_options import Choice, Flag, Number, Parsed
+
+FAMILY_ARCH = {
+    "transformer_man": "transformer_man_small",
+    "transformer_localness": "transformer_localness_small",
+    "transformer_diffwin": "transformer_diffwin_small",
+    "transformer_calibrated": "transformer_calibrated_small",
+}
+CRITERION = "calibrated_label_smoothed_cross_entropy"
+
+
+def parse(tmp_path, arch, *extra, criterion=None):
+    """fairseq-train's own parsing (arch function included) on a tiny dictionary."""
+    from fairseq import options
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(30):
+        d.add_symbol(f"w{i}")
+    for lang in ("src", "tgt"):
+        d.save(str(tmp_path / f"dict.{lang}.txt"))
+    argv = [str(tmp_path), "--user-dir", USER_DIR, "--task", "translation", "-s", "src", "-t", "tgt",
+            "--arch", arch, "--share-all-embeddings", *TINY_MODEL, *map(str, extra)]
+    if criterion:
+        argv += ["--criterion", criterion]
+    return options.parse_args_and_arch(options.get_training_parser(), argv)
+
+
+def build(args):
+    from fairseq import tasks
+
+    task = tasks.setup_task(args)
+    return task.build_model(args), task
+
+
+def bad_value(rule):
+    """A value outside the rule (what a hydra YAML, which argparse never sees, could hold)."""
+    if isinstance(rule, Number):
+        return rule.low if rule.low_open else rule.low - 1
+    if isinstance(rule, Flag):
+        return "yes"
+    if isinstance(rule, (Choice, Parsed)):
+        return "no_such_value"
+    raise AssertionError(f"no bad value for {rule!r}")
+
+
+def every_arch_option():
+    """(family, dest, flag, rule) of every plugin option of every family, read from the code."""
+    rules = man_options.declared_rules()
+    found = []
+    for family, archs in man_options.plugin_models().items():
+        from fairseq.models import MODEL_REGISTRY
+
+        for action in man_options._plugin_actions(MODEL_REGISTRY[family]):
+            found.append((family, action.dest, action.option_strings[0], rules.get(action.dest)))
+    return found
+
+
+ARCH_OPTIONS = every_arch_option()
+
+
+def test_every_plugin_option_declares_its_valid_values():
+    assert {f for f, *_ in ARCH_OPTIONS} == set(FAMILY_ARCH), "one family without options?"
+    missing = [(family, flag) for family, _, flag, rule in ARCH_OPTIONS if rule is None]
+    assert not missing, f"declare valid values (metadata={{'valid': ...}} or a ChoiceEnum) for {missing}"
+    for name in man_options.plugin_criterions():
+        rows = man_options.criterion_options(name)
+        assert rows and all(row.valid for row in rows), rows
+    # and man-options shows a valid-values text for every one of them
+    for family, arch in FAMILY_ARCH.items():
+        assert all(row.valid for row in man_options.arch_options(arch))
+
+
+@pytest.mark.parametrize("family, dest, flag, rule", ARCH_OPTIONS, ids=[o[2] for o in ARCH_OPTIONS])
+def test_a_bad_value_of_every_option_fails_at_build_naming_it(tmp_path, family, dest, flag, rule):
+    args = parse(tmp_path, FAMILY_ARCH[family], *(["--localness-layers", "0,1"] if family.endswith("localness") else []))
+    value = bad_value(rule)
+    setattr(args, dest, value)
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        build(args)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--calibration-lambda", "-1"], "--calibration-lambda -1.0: must be >= 0"),
+    (["--calibration-anneal-steps", "0"], "--calibration-anneal-steps 0.0: must be > 0"),
+    (["--calibration-lambda", "inf"], "--calibration-lambda inf: must be a finite number"),
+])
+def test_calibration_values_that_make_no_sense_are_refused(tmp_path, extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(parse(tmp_path, "transformer_calibrated_small", *extra))
+
+
+@pytest.mark.parametrize("arch, extra, message", [
+    ("transformer_man_small", ["--static-mask-window", "-2"], "--static-mask-window -2: must be >= 0"),
+    ("transformer_man_small", ["--dman-max-relative-distance", "-1"], "--dman-max-relative-distance -1: must be >= 0"),
+    ("transformer_localness_small", ["--localness-head-window-max", "0"], "--localness-head-window-max 0.0: must be > 0"),
+    ("transformer_localness_small", ["--max-relative-position", "0"], "--max-relative-position 0: must be >= 1"),
+    ("transformer_diffwin_small", ["--diffwin-temperature", "0"], "--diffwin-temperature 0.0: must be > 0"),
+    ("transformer_diffwin_small", ["--diffwin-layers", "-1"], "--diffwin-layers -1: must be >= 0"),
+])
+def test_range_errors_through_the_command_line(tmp_path, arch, extra, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(parse(tmp_path, arch, *extra))
+
+
+def test_perturbation_weight_is_checked_when_the_criterion_is_built(tmp_path):
+    args = parse(tmp_path, "transformer_calibrated_small", "--perturbation-weight", "-0.5", criterion=CRITERION)
+    model, task = build(args)
+    with pytest.raises(ValueError, match=re.escape("--perturbation-weight -0.5: must be >= 0")):
+        task.build_criterion(args)
+    args = parse(tmp_path, "transformer_calibrated_small", "--perturbation-weight", "0.5", criterion=CRITERION)
+    assert build(args)[1].build_criterion(args).perturbation_weight == 0.5
+
+
+def test_calibrated_criterion_refuses_other_archs_when_built(tmp_path):
+    for arch in ("transformer_man_small", "transformer_localness_small", "transformer_iwslt_de_en"):
+        from fairseq import tasks
+
+        args = parse(tmp_path, arch, criterion=CRITERION)
+        with pytest.raises(ValueError, match=f"needs a calibrated model .* got --arch {arch}"):
+            tasks.setup_task(args).build_criterion(args)
+
+
+def test_calibrated_criterion_with_another_arch_exits_at_start_up(toy_data_bin, tmp_path):
+    """Through the real fairseq-train: a clear message, before any data is read, no crash.pt."""
+    start = time.monotonic()
+    proc = run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_man_small",
+                    "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--criterion", CRITERION,
+                    "--save-dir", tmp_path / "save", "--max-update", "2"], check=False, timeout=300)
+    elapsed = time.monotonic() - start
+    assert proc.returncode not in (0, 134, -6), proc.stdout[-3000:]
+    assert "needs a calibrated model" in proc.stdout and "got --arch transformer_man_small" in proc.stdout
+    assert not re.search(r"loaded \d+ examples", proc.stdout), "data was read before the check"
+    assert "num_updates" not in proc.stdout
+    assert not list(tmp_path.rglob("crash.pt"))
+    print(f"refused in {elapsed:.1f}s")
+
+
+# ------------------------------------------------------------------ layer lists: one behaviour
+
+
+def localness_layers_of(model):
+    return sorted({int(re.search(r"layers\.(\d+)\.", n)[1]) for n, m in model.named_modules()
+                   if type(m).__name__ == "LocalnessBias"})
+
+
+def diffwin_layers_of(model):
+    from man_fairseq.modules.diff_window import WindowPointers
+
+    return sorted({int(re.search(r"layers\.(\d+)\.", n)[1]) for n, m in model.named_modules()
+                   if isinstance(m, WindowPointers)})
+
+
+def test_default_layer_lists_are_cut_to_the_depth_with_a_note(tmp_path, caplog):
+    # 2-layer TINY_MODEL; the defaults name the paper's lower three layers
+    with caplog.at_level(logging.WARNING):
+        model, _ = build(parse(tmp_path, "transformer_localness_small"))
+    assert localness_layers_of(model) == [0, 1]
+    assert "--localness-layers 0,1,2 is the default" in caplog.text and "using --localness-layers 0,1" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        model, _ = build(parse(tmp_path, "transformer_diffwin_small"))
+    assert diffwin_layers_of(model) == [0, 1]
+    assert "--diffwin-layers 3 is the default" in caplog.text and "using --diffwin-layers 2" in caplog.text
+
+
+@pytest.mark.parametrize("arch, extra, message", [
+    ("transformer_localness_small", ["--localness-layers", "0,3"], "--localness-layers 0,3: layers out of range"),
+    ("transformer_localness_small", ["--localness-layers", "2"], "--localness-layers 2: layers out of range"),
+    ("transformer_diffwin_small", ["--diffwin-layers", "4"], "--diffwin-layers 4: layers out of range"),
+])
+def test_explicit_layers_beyond_the_depth_are_errors_naming_the_option(tmp_path, arch, extra, message):
+    with pytest.raises(ValueError, match=re.escape(message) + ".*the model has 2"):
+        build(parse(tmp_path, arch, *extra))
+
+
+def test_explicit_layers_within_the_depth_are_used_as_given(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        model, _ = build(parse(tmp_path, "transformer_localness_small", "--localness-layers", "1"))
+        assert localness_layers_of(model) == [1]
+        model, _ = build(parse(tmp_path, "transformer_diffwin_small", "--diffwin-layers", "1"))
+        assert diffwin_layers_of(model) == [0]
+    assert "is the default" not in caplog.text
+
+
+# ------------------------------------------------------------------ discovery
+
+
+def test_man_options_lists_each_arch_with_defaults_and_help():
+    for arch in ("transformer_man_small", "transformer_localness_base", "transformer_diffwin_big",
+                 "transformer_calibrated"):
+        proc = subprocess.run([sys.executable, "-m", "man_fairseq.cli.options", arch],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        for row in man_options.arch_options(arch):
+            assert f"{row.flag}  (default: {row.default})" in proc.stdout
+            assert row.help.split(";")[0] in proc.stdout
+    man = subprocess.run([sys.executable, "-m", "man_fairseq.cli.options", "transformer_man_small"],
+                         capture_output=True, text=True, timeout=120, cwd=REPO).stdout
+    # an arch's own default, not the family's
+    assert "--decoder-sublayers  (default: san,cross,ffn)" in man
+    assert "valid: integer >= 0" in man
+
+
+def test_man_options_unknown_name_is_a_clear_error():
+    proc = subprocess.run([sys.executable, "-m", "man_fairseq.cli.options", "transformer_mann"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2
+    assert "unknown arch or criterion 'transformer_mann'" in proc.stderr and "transformer_man_small" in proc.stderr
+
+
+def test_docs_options_table_is_in_sync_with_the_code():
+    assert (REPO / "docs" / "options.md").read_text() == man_options.markdown(), (
+        "regenerate: python -m man_fairseq.cli.options --markdown > docs/options.md")
+    text = man_options.markdown()
+    for _, _, flag, _ in ARCH_OPTIONS:
+        assert f"| `{flag}` |" in text
+    assert "| `--perturbation-weight` |" in text
