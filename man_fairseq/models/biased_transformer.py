@@ -23,6 +23,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
 from ..modules.biased_attention import BiasedMultiheadAttention
+from ..plugin_options import parse_layer_spec
 
 # the three places an attention sits in an encoder-decoder Transformer
 ENCODER_SELF, DECODER_SELF, CROSS = "encoder_self", "decoder_self", "cross"
@@ -137,19 +138,16 @@ class BiasedTransformerModel(TransformerModel):
 
 def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
     """``"0,1,2"`` / ``"all"`` / ``""`` -> sorted 0-based layer indices, validated."""
-    spec = (spec or "").strip()
-    if spec == "":
-        return ()
-    if spec == "all":
-        return tuple(range(num_layers))
     try:
-        layers = sorted({int(x) for x in spec.split(",") if x.strip() != ""})
-    except ValueError:
-        raise ValueError(f"{option}: expected comma-separated layer indices or 'all', got {spec!r}")
+        layers = parse_layer_spec(spec)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}")
+    if layers is None:
+        return tuple(range(num_layers))
     bad = [i for i in layers if not 0 <= i < num_layers]
     if bad:
         raise ValueError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
-    return tuple(layers)
+    return layers
 
 
 def fill_option_defaults(args, config) -> None:
