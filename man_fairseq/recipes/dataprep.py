@@ -242,36 +242,31 @@ def write_lines(path, lines):
     os.replace(tmp, path)  # a half-written file never carries the final name
 
 
-_NONPRINT = None
 _TOK = {}
 
 
 def _tok_init(lang, aggressive, escape, normalize, lowercase):
     global _TOK
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    _TOK = {"tok": MosesTokenizer(lang=lang), "norm": MosesPunctNormalizer(lang=lang) if normalize else None,
-            "aggressive": aggressive, "escape": escape, "lowercase": lowercase}
+    _TOK = {"lang": lang, "aggressive": aggressive, "escape": escape, "normalize": normalize,
+            "lowercase": lowercase}
 
 
 def _tok_line(line):
-    import regex
+    from . import moses
 
-    global _NONPRINT
-    if _NONPRINT is None:
-        _NONPRINT = regex.compile(r"\p{C}")
-    if _TOK["norm"] is not None:
+    lang = _TOK["lang"]
+    if _TOK["normalize"]:
         # normalize-punctuation.perl then remove-non-printing-char.perl, as fairseq's WMT recipe
-        line = _TOK["norm"].normalize(line)
-        line = _NONPRINT.sub(" ", line)
-    out = _TOK["tok"].tokenize(line.strip(), aggressive_dash_splits=_TOK["aggressive"],
-                               escape=_TOK["escape"], return_str=True)
-    return out.lower() if _TOK["lowercase"] else out
+        line = moses.remove_non_printing(moses.normalize_punctuation(line, lang))
+    out = moses.tokenize(line, lang, aggressive=_TOK["aggressive"], escape=_TOK["escape"])
+    return moses.lowercase(out) if _TOK["lowercase"] else out
 
 
 def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, lowercase=False,
                    workers=1, desc=""):
-    """Moses tokenization with sacremoses (tokenizer.perl -l LANG [-a]), in ``workers`` processes."""
+    """tokenizer.perl -l LANG [-a] [-no-escape] (then lowercase.perl), in ``workers`` processes.
+
+    The rules are in :mod:`man_fairseq.recipes.moses` (byte-identical to the Perl scripts)."""
     args = (lang, aggressive, escape, normalize, lowercase)
     total = len(lines)
     out = []
@@ -295,20 +290,30 @@ def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, 
     return out
 
 
-def clean_pairs(src, tgt, min_len=1, max_len=175, ratio=1.5):
-    """clean-corpus-n.perl: keep pairs with min_len <= tokens <= max_len on both sides and a
-    token-count ratio <= ``ratio`` both ways (``ratio=None`` skips the ratio test)."""
+def clean_pairs(src, tgt, min_len=1, max_len=175, ratio=1.5, max_word_length=1000):
+    """clean-corpus-n.perl [-ratio R] CORPUS L1 L2 OUT MIN MAX: keep pairs with min_len <= tokens
+    <= max_len on both sides, a token-count ratio <= ``ratio`` both ways (``ratio=None``:
+    -ignore-ratio) and no word longer than ``max_word_length`` characters. As the Perl script,
+    it removes "|" unless the first pair has one (factored corpus) and squeezes whitespace."""
+    if len(src) != len(tgt):
+        raise PrepError(f"clean-corpus: {len(src)} source but {len(tgt)} target lines")
     keep_s, keep_t = [], []
+    factored = bool(src) and ("|" in src[0] or "|" in tgt[0])
     for s, t in zip(src, tgt):
-        s = " ".join(s.split())
-        t = " ".join(t.split())
-        ns, nt = len(s.split()), len(t.split())
+        if not factored:
+            s, t = s.replace("|", ""), t.replace("|", "")
+        ws, wt = s.split(), t.split()
+        if not ws or not wt:
+            continue
+        ns, nt = len(ws), len(wt)
         if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
             continue
         if ratio is not None and (ns / nt > ratio or nt / ns > ratio):
             continue
-        keep_s.append(s)
-        keep_t.append(t)
+        if max(map(len, ws + wt)) > max_word_length:
+            continue
+        keep_s.append(" ".join(ws))
+        keep_t.append(" ".join(wt))
     return keep_s, keep_t
 
 
