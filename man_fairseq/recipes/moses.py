@@ -65,16 +65,15 @@ _ESCAPES = [("&", "&amp;"), ("|", "&#124;"), ("<", "&lt;"), (">", "&gt;"), ("'",
 def nonbreaking_prefixes(lang):
     """{prefix: 1 (always non-breaking) or 2 (only before a number)} as tokenizer.perl loads them
     (falls back to English for a language without a list, as the Perl script does)."""
-    from sacremoses._data_nonbreaking_prefixes import NONBREAKING_PREFIXES as files
-    text = files.get(f"nonbreaking_prefix.{lang}") or files["nonbreaking_prefix.en"]
+    from sacremoses.corpus import NonbreakingPrefixes
+
     out = {}
-    for item in text.split("\n"):
-        if item and not item.startswith("#"):
-            m = regex.match(r"(.*)[\s]+(\#NUMERIC_ONLY\#)", item)
-            if m:
-                out[m.group(1)] = 2
-            else:
-                out[item] = 1
+    for item in NonbreakingPrefixes().words(lang):  # comment lines skipped; English if no list
+        m = regex.match(r"(.*)[\s]+(\#NUMERIC_ONLY\#)", item)
+        if m:
+            out[m.group(1)] = 2
+        else:
+            out[item] = 1
     return out
 
 
