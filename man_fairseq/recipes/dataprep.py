@@ -96,6 +96,10 @@ class Steps:
     def stamp_path(self, name):
         return self.work / f".{name}.done"
 
+    def done(self, name):
+        """Whether ``name`` has a stamp (current or stale: :meth:`run` decides which)."""
+        return self.stamp_path(name).is_file()
+
     def run(self, name, fn, *args, inputs=(), options=None, outputs=(), **kwargs):
         record = {"recipe": RECIPE_VERSION, "after": self.previous,
                   "options": json.loads(json.dumps(options or {}, default=str)),
