@@ -189,10 +189,14 @@ def test_iwslt14_stamps_redo_what_changed(tmp_path):
 
 def test_failed_stage_reruns_once_its_input_is_fixed(iwslt_fixture, tmp_path):
     archive, _, _ = iwslt_fixture
-    given = tmp_path / "de-en.tgz"  # the user's archive: first a wrong one, then the right one
+    given = tmp_path / "de-en.tgz"  # the user's archive: truncated, then a wrong one, then the right one
+    work, dest = tmp_path / "work", tmp_path / "bin"
+    given.write_bytes(archive.read_bytes()[:3000])
+    with pytest.raises(PrepError, match="truncated or not a valid archive"):
+        prep_in_process("iwslt14", "--from", given, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
+    assert not (work / ".stage.done").exists()
     with tarfile.open(given, "w:gz") as tar:
         add_text(tar, "de-en/README", "not the corpus\n")
-    work, dest = tmp_path / "work", tmp_path / "bin"
     with pytest.raises(PrepError, match="cannot find train.tags.de-en.de"):
         prep_in_process("iwslt14", "--from", given, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
     given.write_bytes(archive.read_bytes())
@@ -264,6 +268,10 @@ def test_foreign_folders_are_refused_and_inputs_untouched(iwslt_fixture, tmp_pat
     size = archive.stat().st_size
     with pytest.raises(PrepError, match="overlap"):
         prep_in_process("iwslt14", "--from", archive.parent, "--work", tmp_path / "w", "--dest", archive.parent / "x")
+    with pytest.raises(PrepError, match="overlap"):  # <work>/orig is emptied before staging
+        prep_in_process("iwslt14", "--from", tmp_path / "w" / "orig", "--work", tmp_path / "w", "--dest", tmp_path / "b")
+    with pytest.raises(PrepError, match="overlap"):  # a --from folder holding --work changes every run
+        prep_in_process("iwslt14", "--from", tmp_path, "--work", tmp_path / "w", "--dest", tmp_path.parent / "b")
     assert archive.stat().st_size == size
 
 

@@ -91,14 +91,17 @@ def _bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("trai
 
 
 def _check_paths(args):
-    """--work, --dest and --from must not overlap: replacing --dest must never touch the others."""
+    """--work, --dest and --from must not overlap where it could lose data or serve stale data:
+    --dest is replaced as a whole, <work>/orig is emptied before staging, and a --from folder
+    holding --work would change with every run."""
     work, dest = Path(args.work).absolute().resolve(), Path(args.dest).absolute().resolve()
-    pairs = [("--work", work, "--dest", dest)]
+    pairs = [("--work", work, "--dest", dest, True)]
     if args.from_path:
         src = Path(args.from_path).expanduser().resolve()
-        pairs += [("--from", src, "--dest", dest), ("--from", src, "--work", work)]
-    for name_a, a, name_b, b in pairs:
-        if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        pairs += [("--from", src, "--dest", dest, True), ("--from", src, "--work", work / "orig", True),
+                  ("--from", src, "--work", work, False)]
+    for name_a, a, name_b, b, both_ways in pairs:
+        if a == b or b.is_relative_to(a) or (both_ways and a.is_relative_to(b)):
             raise PrepError(f"{name_a} {a} and {name_b} {b} overlap; use separate folders")
 
 
