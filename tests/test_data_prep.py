@@ -207,10 +207,11 @@ def test_failed_stage_reruns_once_its_input_is_fixed(iwslt_fixture, tmp_path):
     assert (dest / "dict.de.txt").is_file()
 
 
-def test_kill_during_binarization_then_rerun(iwslt_fixture, tmp_path):
+def test_kill_during_binarization_then_rerun(tmp_path):
     """Killing data-prep while fairseq-preprocess writes leaves no destination folder, and the
     rerun (which used to stop with FileExistsError: dict.de.txt) completes."""
-    archive, _, _ = iwslt_fixture
+    archive = tmp_path / "de-en.tgz"
+    make_iwslt_archive(archive, extra_pairs=2000)  # enough lines that binarizing takes a moment
     work, dest = tmp_path / "work", tmp_path / "bin"
     args = ["--from", archive, "--work", work, "--dest", dest, "--bpe-merges", MERGES]
     run_prep("prepare-iwslt14.sh", *args)
@@ -218,8 +219,8 @@ def test_kill_during_binarization_then_rerun(iwslt_fixture, tmp_path):
     shutil_rmtree(dest)
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
            "OMP_NUM_THREADS": "1"}
-    killed_with_dict = False
-    for _ in range(3):  # fairseq-preprocess writes dict.de.txt, then binarizes for a fraction of a second
+    killed_with_dict, attempts = False, 0
+    for attempts in range(1, 6):  # fairseq-preprocess writes dict.de.txt, then binarizes for a fraction of a second
         proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args),
                                  "--allow-nonstandard-splits"], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -230,19 +231,26 @@ def test_kill_during_binarization_then_rerun(iwslt_fixture, tmp_path):
                 os.kill(proc.pid, signal.SIGKILL)  # the python process (the .sh execs it)
                 killed_with_dict = True
                 break
-            time.sleep(0.002)
+            time.sleep(0.001)
         proc.wait()
         if killed_with_dict:
             break
         shutil_rmtree(dest)
         (work / ".binarize.done").unlink()
-    assert killed_with_dict, "could not catch fairseq-preprocess between dict and binaries"
+    assert killed_with_dict, f"could not catch fairseq-preprocess between dict and binaries ({attempts} tries)"
+    print(f"killed on try {attempts}")
     assert not dest.exists()  # nothing half-written under the final name
     assert list(tmp_path.glob(".bin.partial-*"))  # the partial folder is where the kill left it
+    stale_old = tmp_path / ".bin.old-999999999"  # a kill between the two renames (no such pid)
+    stale_old.mkdir()
+    (stale_old / MARKER).write_text("x\n")
+    foreign = tmp_path / ".bin.partial-999999998"  # same name pattern, not ours: left alone
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("x\n")
     out = run_prep("prepare-iwslt14.sh", *args).stdout
     assert "removing" in out and "start binarize" in out
     assert (dest / "dict.de.txt").is_file() and (dest / "test.de-en.en.bin").is_file()
-    assert not list(tmp_path.glob(".bin.partial-*"))
+    assert sorted(p.name for p in tmp_path.glob(".bin.*")) == [foreign.name]
 
 
 def shutil_rmtree(path):

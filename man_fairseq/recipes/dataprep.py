@@ -514,12 +514,13 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
     """
     dest = Path(dest_dir).absolute()
     if dest.exists():
-        claim_check = dest.is_dir() and (is_ours(dest) or not any(dest.iterdir()))
-        if not claim_check:
+        replaceable = dest.is_dir() and (is_ours(dest) or not any(dest.iterdir()))
+        if not replaceable:
             raise PrepError(f"--dest {dest} exists, is not empty and was not made by data-prep (no {MARKER}); "
                             "refusing to replace it. Choose another --dest or remove it yourself.")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f".{dest.name}.partial-*"):
+    stale_dirs = [*dest.parent.glob(f".{dest.name}.partial-*"), *dest.parent.glob(f".{dest.name}.old-*")]
+    for stale in stale_dirs:
         pid = stale.name.rsplit("-", 1)[-1]
         if is_ours(stale) and pid.isdigit() and not _pid_alive(int(pid)):
             log(f"      removing {stale} (left by an interrupted run)")
@@ -546,6 +547,8 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
         shutil.copy(extra, tmp / Path(extra).name)
     if dest.exists():
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        if not is_ours(dest):  # an empty folder: give it the marker so a leftover is recognised
+            (dest / MARKER).write_text("replaced by data-prep\n")
         os.replace(dest, old)
         os.replace(tmp, dest)
         shutil.rmtree(old)  # ours or empty, checked above
