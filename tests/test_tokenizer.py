@@ -1,7 +1,8 @@
 """man_fairseq.recipes.moses reproduces the Moses Perl scripts fairseq's recipes run.
 
 The expected strings of CASES are the output of mosesdecoder's scripts/tokenizer/tokenizer.perl
-(master, with the "split the last word's period" rule), run with perl 5.36 on each input:
+(master, with the "split the last word's period" rule; nonbreaking_prefix files as shipped with
+sacremoses), run with perl 5.36 on each input:
 ``printf '%s\\n' INPUT | perl tokenizer.perl -l LANG [-a]``. Several of them are where sacremoses
 (which the recipes used before) gives another answer; test_sacremoses_differs_here keeps that
 visible.
@@ -35,6 +36,11 @@ CASES = [
     ("de", False, "Das ist's, sagt's Herr Müller's Hund.", "Das ist &apos; s , sagt &apos; s Herr Müller &apos; s Hund ."),
     ("de", False, "Die Straße kostet 1.000,50 Euro.", "Die Straße kostet 1.000,50 Euro ."),
     ("fr", False, "L'homme qu'il a vu aujourd'hui.", "L&apos; homme qu&apos; il a vu aujourd&apos; hui ."),
+    ("fi", False, 'USA:n presidentti sanoi: "Hyvä." Se on EU:ssa 20:een mennessä.',
+     "USA:n presidentti sanoi : &quot; Hyvä . &quot; Se on EU:ssa 20:een mennessä ."),
+    ("ca", False, "L'il·lusió és col·lectiva: Â·b · c. D'acord.",
+     "L&apos; il·lusió és col·lectiva : Â·b · c. D&apos; acord ."),
+    ("so", False, "Ma'a waxaa la yiri 'haa' iyo ka'.", "Ma&apos;a waxaa la yiri &apos; haa &apos; iyo ka &apos; ."),
 ]
 
 

@@ -31,6 +31,12 @@ _ALPHA = r"\p{Alphabetic}"
 _SPACES = regex.compile(r"\s+")
 _CONTROL = regex.compile(r"[\x00-\x1f]")
 _PAD_SPECIAL = regex.compile(rf"([^{_ALNUM}\s\.'`,\-])")
+# fi / sv: ":" inside words (USA:n) unless no lower-case letter follows; tdt: the same for "'"
+_PAD_SPECIAL_FI_SV = [(regex.compile(rf"([^{_ALNUM}\s\.:'`,\-])"), r" \1 "), (regex.compile(r"(:)(?=$|[^\p{Ll}])"), r" \1 ")]
+_PAD_SPECIAL_TDT = [(_PAD_SPECIAL, r" \1 "), (regex.compile(r"(')(?=$|[^\p{Ll}])"), r" \1 ")]
+# ca: tokenizer.perl has no "use utf8", so its "·" is the two characters "Â·": both are kept
+# inside words, and its second rule (split "·" unless a lower-case letter follows) never fires
+_PAD_SPECIAL_CA = [(regex.compile(rf"([^{_ALNUM}\s\.\u00c2\u00b7'`,\-])"), r" \1 ")]
 _AGGRESSIVE_HYPHEN = regex.compile(rf"([{_ALNUM}])\-(?=[{_ALNUM}])")
 _DOTMULTI = regex.compile(r"\.([\.]+)")
 _DOTMULTI_NEXT = regex.compile(r"DOTMULTI\.([^\.])")
@@ -88,7 +94,9 @@ def tokenize(line, lang, aggressive=False, escape=True):
     text = _SPACES.sub(" ", f" {line} ")
     text = _CONTROL.sub("", text)
     text = regex.sub(" +", " ", text).strip(" ")
-    text = _PAD_SPECIAL.sub(r" \1 ", text)
+    padding = {"fi": _PAD_SPECIAL_FI_SV, "sv": _PAD_SPECIAL_FI_SV, "tdt": _PAD_SPECIAL_TDT, "ca": _PAD_SPECIAL_CA}
+    for pattern, repl in padding.get(lang, [(_PAD_SPECIAL, r" \1 ")]):
+        text = pattern.sub(repl, text)
     if aggressive:
         text = _AGGRESSIVE_HYPHEN.sub(r"\1 @-@ ", text)
     # multi-dots stay together
@@ -106,10 +114,11 @@ def tokenize(line, lang, aggressive=False, escape=True):
     elif lang in ("fr", "it", "ga", "ca"):
         for pattern, repl in _APOS_LEFT:
             text = pattern.sub(repl, text)
-    elif lang not in ("so", "tdt"):
+    elif lang in ("so", "tdt"):  # glottal stops stay inside words
+        for pattern, repl in _APOS_LEFT[:3]:
+            text = pattern.sub(repl, text)
+    else:
         text = text.replace("'", " ' ")
-    else:  # pragma: no cover - Somali / Tetun keep glottals, not used by the recipes
-        raise NotImplementedError(f"tokenizer.perl -l {lang}")
     text = _split_periods(text, nonbreaking_prefixes(lang))
     text = regex.sub(" +", " ", text).strip(" ")
     text = _FINAL_PERIOD_QUOTE.sub(" . ' ", text, count=1)
