@@ -494,6 +494,24 @@ def test_cnndm_wrong_layout_or_truncated(tmp_path):
         prep_in_process("cnndm", "--from", other, "--work", tmp_path / "w4", "--dest", tmp_path / "b")
 
 
+def test_cnndm_presplit_folder_rerun_skips(tmp_path, capsys):
+    """A --from folder without archives: the second run finds every stamp current."""
+    rng = random.Random(5)
+    folder = tmp_path / "presplit"
+    folder.mkdir()
+    for split, n in (("train", 30), ("val", 5), ("test", 5)):
+        (folder / f"{split}.source").write_text("\n".join(sentence(rng, WORDS_EN, 12) for _ in range(n)) + "\n")
+        (folder / f"{split}.target").write_text("\n".join(sentence(rng, WORDS_EN, 4) for _ in range(n)) + "\n")
+    argv = ["cnndm", "--from", folder, "--work", tmp_path / "w", "--dest", tmp_path / "b", "--bpe-merges", MERGES]
+    prep_in_process(*argv)
+    capsys.readouterr()
+    prep_in_process(*argv)
+    out = capsys.readouterr().out
+    for step in ("stage", "make_splits", "tokenize", "learn_bpe", "apply_bpe", "binarize"):
+        assert f"skip  {step}" in out
+    assert "redo  " not in out and "start " not in out
+
+
 def test_cnndm_real_sample_presplit(shared_data, tmp_path):
     sample = shared_data / "cnndm-sample"
     src = lines(sample / "val.source")

@@ -40,6 +40,7 @@ def _stage(args, steps, urls, archive_names):
         # must not be mixed with the files of the previous one
         if orig.exists():
             shutil.rmtree(orig)
+        orig.mkdir(parents=True)
     if args.from_path:
         src = Path(args.from_path).expanduser().resolve()
         if not src.exists():
@@ -58,7 +59,6 @@ def _stage(args, steps, urls, archive_names):
             fetch(url, steps.work / "downloads" / name, checksum_file=steps.work / "downloads" / "SHA256SUMS.json")
             if name.endswith((".tgz", ".tar.gz", ".zip", ".tar")):
                 extract(steps.work / "downloads" / name, orig / name.split(".")[0])
-            orig.mkdir(parents=True, exist_ok=True)
     steps.run("download", download, options={"urls": [str(u) for u in urls]}, outputs=[orig])
     return [orig, steps.work / "downloads"]
 
