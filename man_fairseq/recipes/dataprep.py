@@ -24,6 +24,8 @@ import zipfile
 from multiprocessing import Pool
 from pathlib import Path
 
+from . import moses
+
 
 class PrepError(RuntimeError):
     """A user-facing error: bad input archive, missing files, failed download."""
@@ -371,8 +373,6 @@ def _tok_init(lang, aggressive, escape, normalize, lowercase):
 
 
 def _tok_line(line):
-    from . import moses
-
     lang = _TOK["lang"]
     if _TOK["normalize"]:
         # normalize-punctuation.perl then remove-non-printing-char.perl, as fairseq's WMT recipe
