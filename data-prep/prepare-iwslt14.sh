@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare iwslt14 for fairseq (download or --from PATH; see "Reproducing the papers" in README.md). Usage:
-#   data-prep/prepare-iwslt14.sh [--from ARCHIVE_OR_DIR] [--workers N] [--dest DIR] [--work DIR]
-# Re-running skips finished steps; an interrupted step is redone.
+#   data-prep/prepare-iwslt14.sh [--from ARCHIVE_OR_DIR] [--workers N] [--dest DIR] [--work DIR] [--allow-nonstandard-splits]
+# Re-running skips the steps whose inputs and options are unchanged and redoes the rest (docs/data-prep.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
 exec "$python" "$repo/data-prep/_prepare.py" iwslt14 "$@"

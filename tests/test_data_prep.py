@@ -2,28 +2,38 @@
 
 Fixture archives are built here: WIT3 de-en.tgz (train.tags.* + IWSLT14.TED*.xml), the WMT
 training/dev/test-full tarballs (plain text + SGML), CNN/DailyMail story tarballs with See et
-al.'s URL lists, and the Gigaword "sumdata" folder. Real samples from ../shared/data are used
-when present.
+al.'s URL lists, and the Gigaword "sumdata" release (train/*.gz, Giga/, DUC2003/, DUC2004/).
+Tests named *_real_sample* run the same recipes on ../shared/data (through the ``shared_data``
+fixture, which skips when it is absent). The fixtures are far smaller than the standard splits,
+so the runs pass --allow-nonstandard-splits (test_nonstandard_split_is_an_error checks the
+default).
 """
 
+import gzip
 import hashlib
 import io
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED_DATA
+from conftest import REPO
+from man_fairseq.recipes import moses
+from man_fairseq.recipes.dataprep import MARKER, PrepError
 
 PREP = REPO / "data-prep"
 MERGES = "60"  # tiny BPE so the fixtures are quick and still get split into subwords
 
 
 def run_prep(script, *args, check=True):
+    args = [*args, "--allow-nonstandard-splits"]
     proc = subprocess.run(["bash", str(PREP / script), *map(str, args)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=300,
                           env={"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
@@ -31,6 +41,13 @@ def run_prep(script, *args, check=True):
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
     return proc
+
+
+def prep_in_process(*argv, allow=True):
+    """prepare.run() in this process: PrepError propagates, so its message can be asserted."""
+    from man_fairseq.recipes.prepare import run
+
+    return run([*map(str, argv), *(["--allow-nonstandard-splits"] if allow else [])])
 
 
 def lines(path):
@@ -61,21 +78,18 @@ def wit3_xml(name, lang, segs):
             f"<talkid>1</talkid>\n{body}\n</doc>\n</srcset>\n</mteval>\n")
 
 
-@pytest.fixture(scope="module")
-def iwslt_fixture(tmp_path_factory):
-    rng = random.Random(0)
-    tmp = tmp_path_factory.mktemp("iwslt")
+def make_iwslt_archive(archive, extra_pairs=0, seed=0):
+    """A WIT3 de-en.tgz; returns (pairs kept by cleaning, number of test segments)."""
+    rng = random.Random(seed)
     pairs = [(sentence(rng, WORDS_DE, n), sentence(rng, WORDS_EN, n))
-             for n in (rng.randint(3, 12) for _ in range(240))]
+             for n in (rng.randint(3, 12) for _ in range(240 + extra_pairs))]
     pairs[10] = ("Ein", "One two three four five six")            # ratio > 1.5: cleaned away
     pairs[20] = (" ".join(["wort"] * 180), " ".join(["word"] * 180))  # > 175 tokens: cleaned away
-    meta = ["<url>http://www.ted.com/talks/a.html</url>", "<keywords>talks</keywords>",
-            "<speaker>Someone</speaker>", "<talkid>1</talkid>"]
+    meta = ["<url>http://www.ted.com/talks/a.html</url>", "<keywords>talks</keywords>", "<talkid>1</talkid>"]
     de = meta + ["<title>Der Titel</title>", "<description>Eine Beschreibung</description>"] + [p[0] for p in pairs]
     en = meta + ["<title>The title</title>", "<description>A description</description>"] + [p[1] for p in pairs]
     test_sizes = {"IWSLT14.TED.dev2010": 7, "IWSLT14.TEDX.dev2012": 3, "IWSLT14.TED.tst2010": 5,
                   "IWSLT14.TED.tst2011": 4, "IWSLT14.TED.tst2012": 6}
-    archive = tmp / "de-en.tgz"
     with tarfile.open(archive, "w:gz") as tar:
         add_text(tar, "de-en/train.tags.de-en.de", "\n".join(de) + "\n")
         add_text(tar, "de-en/train.tags.de-en.en", "\n".join(en) + "\n")
@@ -86,7 +100,14 @@ def iwslt_fixture(tmp_path_factory):
             add_text(tar, f"de-en/{name}.de-en.en.xml", wit3_xml(name, "en", [t for _, t in segs]))
     kept = [p for i, p in enumerate(pairs) if i not in (10, 20)]
     kept = [("Der Titel", "The title"), ("Eine Beschreibung", "A description")] + kept
-    return archive, kept, sum(test_sizes.values())
+    return kept, sum(test_sizes.values())
+
+
+@pytest.fixture(scope="module")
+def iwslt_fixture(tmp_path_factory):
+    archive = tmp_path_factory.mktemp("iwslt") / "de-en.tgz"
+    kept, n_test = make_iwslt_archive(archive)
+    return archive, kept, n_test
 
 
 def test_iwslt14_from_archive(iwslt_fixture, tmp_path):
@@ -100,10 +121,7 @@ def test_iwslt14_from_archive(iwslt_fixture, tmp_path):
     assert len(lines(tok / "valid.en")) == n_clean // 23
     assert len(lines(tok / "train.en")) == n_clean - n_clean // 23
     assert len(lines(tok / "test.de")) == n_test
-    from sacremoses import MosesTokenizer
-
-    mt = MosesTokenizer(lang="en")
-    expected_valid = [mt.tokenize(kept[i - 1][1], return_str=True).lower() for i in range(23, n_clean + 1, 23)]
+    expected_valid = [moses.lowercase(moses.tokenize(kept[i - 1][1], "en")) for i in range(23, n_clean + 1, 23)]
     assert lines(tok / "valid.en") == expected_valid
     assert lines(tok / "train.en")[0] == "the title"  # <title> text kept, tags and metadata dropped
     assert all(l == l.lower() for l in lines(tok / "train.de"))
@@ -116,19 +134,153 @@ def test_iwslt14_from_archive(iwslt_fixture, tmp_path):
     assert counts == {"train": n_clean - n_clean // 23, "valid": n_clean // 23, "test": n_test}
     assert f"test: {n_test} pairs" in out
 
-    # idempotent: a second run skips every step and leaves the outputs alone
+    assert f"binarized data: {dest}" in out
+
+
+def test_iwslt14_stamps_redo_what_changed(tmp_path):
+    """A stamp records options and inputs: a rerun redoes exactly the steps whose options or
+    inputs changed, and everything after them."""
+    archive = tmp_path / "de-en.tgz"
+    make_iwslt_archive(archive)
+    work, dest = tmp_path / "work", tmp_path / "bin"
+    common = ["--work", work, "--bpe-merges", MERGES]
+    run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest, *common)
+    assert (work / MARKER).is_file() and (dest / MARKER).is_file()
+    stamp = json.loads((work / ".learn_bpe.done").read_text())
+    assert stamp["options"] == {"merges": int(MERGES)}
+
+    # same inputs and options: every step skipped, outputs untouched
     mtime = (dest / "train.de-en.de.bin").stat().st_mtime_ns
-    again = run_prep("prepare-iwslt14.sh", "--from", archive, "--work", work, "--dest", dest,
-                     "--bpe-merges", MERGES).stdout
+    again = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest, *common).stdout
     for step in ("stage", "tokenize_train", "tokenize_test", "learn_bpe", "apply_bpe", "binarize"):
         assert f"skip  {step}" in again
     assert (dest / "train.de-en.de.bin").stat().st_mtime_ns == mtime
 
-    # resumable: drop the last stamp, only that step runs again
+    # other BPE merges: tokenization is kept, BPE and binarization are redone
+    codes = (dest / "code").read_text()
+    out = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest, "--work", work,
+                   "--bpe-merges", "40").stdout
+    assert "skip  tokenize_train" in out and "skip  tokenize_test" in out
+    assert "redo  learn_bpe: options changed: merges 60 -> 40" in out
+    assert "redo  apply_bpe" in out and "redo  binarize" in out
+    assert (dest / "code").read_text() != codes and len((dest / "code").read_text().splitlines()) == 41
+
+    # another --dest: only binarization runs again; the final message names the new folder
+    dest2 = tmp_path / "other-bin"
+    out = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest2, "--work", work,
+                   "--bpe-merges", "40").stdout
+    assert "skip  apply_bpe" in out and "redo  binarize: options changed: dest" in out
+    assert (dest2 / "dict.de.txt").is_file() and f"binarized data: {dest2}" in out
+
+    # another archive at the same path (one more sentence pair): everything is redone
+    kept, _ = make_iwslt_archive(archive, extra_pairs=23)
+    out = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest2, "--work", work,
+                   "--bpe-merges", "40").stdout
+    assert f"redo  stage: input changed: {archive}" in out
+    assert "redo  tokenize_train: an earlier step was redone" in out
+    assert len(lines(work / "tok" / "valid.en")) == len(kept) // 23
+
+    # an output deleted by hand: its step runs again
+    (work / "tok" / "test.de").unlink()
+    out = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest2, "--work", work,
+                   "--bpe-merges", "40").stdout
+    assert "redo  tokenize_test: output missing" in out and (work / "tok" / "test.de").is_file()
+
+
+def test_failed_stage_reruns_once_its_input_is_fixed(iwslt_fixture, tmp_path):
+    archive, _, _ = iwslt_fixture
+    given = tmp_path / "de-en.tgz"  # the user's archive: truncated, then a wrong one, then the right one
+    work, dest = tmp_path / "work", tmp_path / "bin"
+    given.write_bytes(archive.read_bytes()[:3000])
+    with pytest.raises(PrepError, match="truncated or not a valid archive"):
+        prep_in_process("iwslt14", "--from", given, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
+    assert not (work / ".stage.done").exists()
+    with tarfile.open(given, "w:gz") as tar:
+        add_text(tar, "de-en/README", "not the corpus\n")
+    with pytest.raises(PrepError, match="cannot find train.tags.de-en.de"):
+        prep_in_process("iwslt14", "--from", given, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
+    given.write_bytes(archive.read_bytes())
+    os.utime(given, ns=(time.time_ns(), time.time_ns() + 10**9))  # a copy may keep the old second
+    assert prep_in_process("iwslt14", "--from", given, "--work", work, "--dest", dest,
+                           "--bpe-merges", MERGES) == dest
+    assert not (work / "orig" / "de-en" / "README").read_text().startswith("not the corpus")
+    assert (dest / "dict.de.txt").is_file()
+
+
+def test_kill_during_binarization_then_rerun(tmp_path):
+    """Killing data-prep while fairseq-preprocess writes leaves no destination folder, and the
+    rerun (which used to stop with FileExistsError: dict.de.txt) completes."""
+    archive = tmp_path / "de-en.tgz"
+    make_iwslt_archive(archive, extra_pairs=2000)  # enough lines that binarizing takes a moment
+    work, dest = tmp_path / "work", tmp_path / "bin"
+    args = ["--from", archive, "--work", work, "--dest", dest, "--bpe-merges", MERGES]
+    run_prep("prepare-iwslt14.sh", *args)
     (work / ".binarize.done").unlink()
-    third = run_prep("prepare-iwslt14.sh", "--from", archive, "--work", work, "--dest", dest,
-                     "--bpe-merges", MERGES).stdout
-    assert "start binarize" in third and "skip  apply_bpe" in third
+    shutil_rmtree(dest)
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1"}
+    killed_with_dict, attempts = False, 0
+    for attempts in range(1, 6):  # fairseq-preprocess writes dict.de.txt, then binarizes for a fraction of a second
+        proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args),
+                                 "--allow-nonstandard-splits"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 240
+        while proc.poll() is None and time.time() < deadline:
+            partial = list(tmp_path.glob(".bin.partial-*"))
+            if partial and (partial[0] / "dict.de.txt").is_file():
+                os.kill(proc.pid, signal.SIGKILL)  # the python process (the .sh execs it)
+                killed_with_dict = True
+                break
+            time.sleep(0.001)
+        proc.wait()
+        if killed_with_dict:
+            break
+        shutil_rmtree(dest)
+        (work / ".binarize.done").unlink()
+    assert killed_with_dict, f"could not catch fairseq-preprocess between dict and binaries ({attempts} tries)"
+    print(f"killed on try {attempts}")
+    assert not dest.exists()  # nothing half-written under the final name
+    assert list(tmp_path.glob(".bin.partial-*"))  # the partial folder is where the kill left it
+    stale_old = tmp_path / ".bin.old-999999999"  # a kill between the two renames (no such pid)
+    stale_old.mkdir()
+    (stale_old / MARKER).write_text("x\n")
+    foreign = tmp_path / ".bin.partial-999999998"  # same name pattern, not ours: left alone
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("x\n")
+    out = run_prep("prepare-iwslt14.sh", *args).stdout
+    assert "removing" in out and "start binarize" in out
+    assert (dest / "dict.de.txt").is_file() and (dest / "test.de-en.en.bin").is_file()
+    assert sorted(p.name for p in tmp_path.glob(".bin.*")) == [foreign.name]
+
+
+def shutil_rmtree(path):
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_foreign_folders_are_refused_and_inputs_untouched(iwslt_fixture, tmp_path):
+    archive, _, _ = iwslt_fixture
+    mine = tmp_path / "my-data"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me\n")
+    with pytest.raises(PrepError, match="--dest .* not made by data-prep .* refusing to replace it"):
+        prep_in_process("iwslt14", "--from", archive, "--work", tmp_path / "w", "--dest", mine,
+                        "--bpe-merges", MERGES)
+    assert (mine / "notes.txt").read_text() == "keep me\n" and len(list(mine.iterdir())) == 1
+    with pytest.raises(PrepError, match="--work .* not made by data-prep .* refusing to write into it"):
+        prep_in_process("iwslt14", "--from", archive, "--work", mine, "--dest", tmp_path / "b")
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    with pytest.raises(PrepError, match="overlap"):
+        prep_in_process("iwslt14", "--from", archive, "--work", tmp_path / "w", "--dest", tmp_path / "w" / "bin")
+    size = archive.stat().st_size
+    with pytest.raises(PrepError, match="overlap"):
+        prep_in_process("iwslt14", "--from", archive.parent, "--work", tmp_path / "w", "--dest", archive.parent / "x")
+    with pytest.raises(PrepError, match="overlap"):  # <work>/orig is emptied before staging
+        prep_in_process("iwslt14", "--from", tmp_path / "w" / "orig", "--work", tmp_path / "w", "--dest", tmp_path / "b")
+    with pytest.raises(PrepError, match="overlap"):  # a --from folder holding --work changes every run
+        prep_in_process("iwslt14", "--from", tmp_path, "--work", tmp_path / "w", "--dest", tmp_path.parent / "b")
+    assert archive.stat().st_size == size
 
 
 def test_truncated_or_wrong_archive_is_a_clear_error(iwslt_fixture, tmp_path):
@@ -138,25 +290,66 @@ def test_truncated_or_wrong_archive_is_a_clear_error(iwslt_fixture, tmp_path):
     proc = run_prep("prepare-iwslt14.sh", "--from", truncated, "--work", tmp_path / "w1",
                     "--dest", tmp_path / "b1", check=False)
     assert proc.returncode == 2 and "truncated or not a valid archive" in proc.stdout
+    assert "binarized data" not in proc.stdout and not (tmp_path / "b1").exists()
 
     wrong = tmp_path / "other.tgz"
     with tarfile.open(wrong, "w:gz") as tar:
         add_text(tar, "something/else.txt", "x\n")
-    proc = run_prep("prepare-iwslt14.sh", "--from", wrong, "--work", tmp_path / "w2",
-                    "--dest", tmp_path / "b2", check=False)
-    assert proc.returncode == 2 and "cannot find train.tags.de-en.de" in proc.stdout
+    with pytest.raises(PrepError, match=r"cannot find train\.tags\.de-en\.de under .*wrong archive or folder"):
+        prep_in_process("iwslt14", "--from", wrong, "--work", tmp_path / "w2", "--dest", tmp_path / "b2")
+
+
+def test_prep_errors_of_the_shared_steps(iwslt_fixture, tmp_path):
+    archive, _, _ = iwslt_fixture
+    with pytest.raises(PrepError, match=r"--from .*nowhere: no such file or folder"):
+        prep_in_process("iwslt14", "--from", tmp_path / "nowhere", "--work", tmp_path / "w", "--dest", tmp_path / "b")
+    text = tmp_path / "de-en.txt"
+    text.write_text("x\n")
+    with pytest.raises(PrepError, match=r"expected an archive \(\.tgz"):
+        prep_in_process("iwslt14", "--from", text, "--work", tmp_path / "w0", "--dest", tmp_path / "b")
+    # tar path traversal: a member or a link that points outside the extraction folder
+    for name, member in (("evil.tgz", tarfile.TarInfo("../../escaped.txt")),
+                         ("link.tgz", tarfile.TarInfo("de-en/link"))):
+        if name == "link.tgz":
+            member.type, member.linkname = tarfile.SYMTYPE, "../../../etc/passwd"
+        with tarfile.open(tmp_path / name, "w:gz") as tar:
+            add_text(tar, "de-en/README", "x\n")
+            member.size = 0
+            tar.addfile(member, io.BytesIO(b""))
+        with pytest.raises(PrepError, match="escapes the extraction folder"):
+            prep_in_process("iwslt14", "--from", tmp_path / name, "--work", tmp_path / f"w-{name}", "--dest", tmp_path / "b")
+    assert not (tmp_path.parent / "escaped.txt").exists()
+    # misaligned train.tags (one English line missing)
+    bad = tmp_path / "misaligned.tgz"
+    with tarfile.open(archive) as src, tarfile.open(bad, "w:gz") as tar:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name.endswith("train.tags.de-en.en"):
+                data = b"\n".join(data.split(b"\n")[:-2]) + b"\n"
+            add_text(tar, m.name, data.decode("utf-8"))
+    with pytest.raises(PrepError, match=r"train\.tags\.de-en\.\*: \d+ German but \d+ English lines"):
+        prep_in_process("iwslt14", "--from", bad, "--work", tmp_path / "w3", "--dest", tmp_path / "b")
+
+
+def test_nonstandard_split_is_an_error(iwslt_fixture, tmp_path):
+    archive, _, _ = iwslt_fixture
+    with pytest.raises(PrepError, match=r"train has \d+ pairs, the standard split has 160,239.*"
+                                        r"--allow-nonstandard-splits"):
+        prep_in_process("iwslt14", "--from", archive, "--work", tmp_path / "w", "--dest", tmp_path / "b",
+                        "--bpe-merges", MERGES, allow=False)
+    assert not (tmp_path / "b").exists()
+    proc = run_prep("prepare-iwslt14.sh", "--from", archive, "--work", tmp_path / "w",
+                    "--dest", tmp_path / "b", "--bpe-merges", MERGES)
+    assert "skip  tokenize_train" in proc.stdout and "DIFFERS" in proc.stdout  # the flag: goes on
 
 
 def test_iwslt14_real_samples(shared_data):
-    from man_fairseq.recipes.dataprep import apply_bpe_lines, read_seg_lines
+    from man_fairseq.recipes.dataprep import read_seg_lines
 
     sample = shared_data / "iwslt14-sample"
     for lang in ("de", "en"):
         assert len(read_seg_lines(sample / f"IWSLT14.TED.dev2010.de-en.{lang}.xml")) == 887
-    # our BPE application with fairseq's recipe codes reproduces fairseq's valid.en exactly
-    valid = lines(sample / "valid.en")[:1500]
-    plain = [l.replace("@@ ", "") for l in valid]
-    assert apply_bpe_lines(plain, sample / "code") == valid
+    # fairseq's valid.* reproduced line for line (text and BPE): tests/test_tokenizer.py
 
 
 # -------------------------------------------------------------------------------- WMT14
@@ -167,20 +360,10 @@ def sgm(setid, lang, segs, kind):
             f'genre="news" origlang="en">\n<p>\n{body}\n</p>\n</doc>\n</{kind}set>\n')
 
 
-def test_wmt14_from_folder_of_archives(tmp_path):
-    rng = random.Random(1)
-    src_dir = tmp_path / "downloads"
+def make_wmt_folder(src_dir, en_l, de_l):
+    """The five WMT14 downloads (training/dev/test-full tarballs) in ``src_dir``."""
     src_dir.mkdir()
-    if SHARED_DATA.is_dir():  # real WMT text (detokenized back to raw) when the sample is present
-        from sacremoses import MosesDetokenizer
-
-        en_l = lines(SHARED_DATA / "wmt14-sample/src-train.txt")[:300]
-        de_l = lines(SHARED_DATA / "wmt14-sample/tgt-train.txt")[:300]
-        en_l = [MosesDetokenizer(lang="en").detokenize(l.split()) for l in en_l]
-        de_l = [MosesDetokenizer(lang="de").detokenize(l.split()) for l in de_l]
-    else:
-        en_l = [sentence(rng, WORDS_EN, rng.randint(3, 12)) for _ in range(300)]
-        de_l = [sentence(rng, WORDS_DE, rng.randint(3, 12)) for _ in range(300)]
+    en_l, de_l = list(en_l), list(de_l)
     en_l[0], de_l[0] = "A well-known state-of-the-art test.", "Ein bekannter Test."
     chunks = {"training-parallel-europarl-v7.tgz": ("training/europarl-v7.de-en", 0, 100),
               "training-parallel-commoncrawl.tgz": ("commoncrawl.de-en", 100, 200),
@@ -198,6 +381,10 @@ def test_wmt14_from_folder_of_archives(tmp_path):
         add_text(tar, "test-full/newstest2014-deen-src.en.sgm", sgm("newstest2014", "en", test_en, "src"))
         add_text(tar, "test-full/newstest2014-deen-ref.de.sgm", sgm("newstest2014", "de", test_de, "ref"))
         add_text(tar, "test-full/newstest2014-deen-src.de.sgm", sgm("newstest2014", "de", test_de, "src"))
+    return test_en, test_de
+
+
+def check_wmt_run(tmp_path, src_dir, test_de):
     work, dest = tmp_path / "work", tmp_path / "bin"
     run_prep("prepare-wmt14en2de.sh", "--from", src_dir, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
     tok = work / "tok"
@@ -207,21 +394,56 @@ def test_wmt14_from_folder_of_archives(tmp_path):
     assert lines(dest / "test.raw.de") == test_de      # untokenized reference for sacreBLEU
     assert (dest / "dict.en.txt").read_text() == (dest / "dict.de.txt").read_text()  # joined
     assert json.loads((work / "prep" / "counts.json").read_text())["test"] == 30
+    return work
+
+
+def test_wmt14_from_folder_of_archives(tmp_path):
+    rng = random.Random(1)
+    en_l = [sentence(rng, WORDS_EN, rng.randint(3, 12)) for _ in range(300)]
+    de_l = [sentence(rng, WORDS_DE, rng.randint(3, 12)) for _ in range(300)]
+    de_l[5] = 'Er sagte: "Gut."'  # normalize-punctuation -l de moves the final period out of the quotes
+    src_dir = tmp_path / "downloads"
+    _, test_de = make_wmt_folder(src_dir, en_l, de_l)
+    work = check_wmt_run(tmp_path, src_dir, test_de)
+    assert lines(work / "tok" / "train.all.de")[5] == "Er sagte : &quot; Gut &quot; ."
+
+
+def test_wmt14_real_sample(shared_data, tmp_path):
+    """Real WMT text (the sample is Moses-tokenized: detokenized back to raw first)."""
+    from sacremoses import MosesDetokenizer
+
+    en_l = [MosesDetokenizer(lang="en").detokenize(l.split()) for l in lines(shared_data / "wmt14-sample/src-train.txt")[:300]]
+    de_l = [MosesDetokenizer(lang="de").detokenize(l.split()) for l in lines(shared_data / "wmt14-sample/tgt-train.txt")[:300]]
+    src_dir = tmp_path / "downloads"
+    _, test_de = make_wmt_folder(src_dir, en_l, de_l)
+    check_wmt_run(tmp_path, src_dir, test_de)
+
+
+def test_wmt14_wrong_layout_or_truncated(tmp_path):
+    rng = random.Random(3)
+    en_l = [sentence(rng, WORDS_EN, 5) for _ in range(300)]
+    de_l = [sentence(rng, WORDS_DE, 5) for _ in range(300)]
+    src_dir = tmp_path / "downloads"
+    make_wmt_folder(src_dir, en_l, de_l)
+    (src_dir / "test-full.tgz").unlink()  # newstest2014 missing
+    with pytest.raises(PrepError, match=r"cannot find newstest2014-deen-src\.en\.sgm under"):
+        prep_in_process("wmt14", "--from", src_dir, "--work", tmp_path / "w1", "--dest", tmp_path / "b")
+    data = (src_dir / "dev.tgz").read_bytes()
+    (src_dir / "dev.tgz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PrepError, match=r"dev\.tgz is truncated or not a valid archive"):
+        prep_in_process("wmt14", "--from", src_dir, "--work", tmp_path / "w2", "--dest", tmp_path / "b")
 
 
 # ----------------------------------------------------------------------------- CNN / DM
 
-def test_cnndm_story_archives(tmp_path):
-    from man_fairseq.recipes.prepare import story_to_pair, url_hash
+def make_cnndm_folder(src_dir):
+    from man_fairseq.recipes.prepare import url_hash
 
-    src_dir = tmp_path / "cnndm"
     src_dir.mkdir()
     urls = {split: [f"http://www.cnn.com/{split}/{i}.html" if i % 2 else f"http://www.dailymail.co.uk/{split}/{i}"
                     for i in range(n)] for split, n in (("train", 12), ("val", 4), ("test", 5))}
     story = ("(CNN) -- The dog ran across the street.\n\nIt was 'fast'.\n\n@highlight\n\n"
              "Dog runs fast\n\n@highlight\n\nStreet crossed!\n")
-    assert story_to_pair(story) == ("(CNN) -- The dog ran across the street. It was 'fast'.",
-                                    "Dog runs fast . Street crossed!")
     for name, domain in (("cnn_stories.tgz", "cnn"), ("dailymail_stories.tgz", "dailymail")):
         with tarfile.open(src_dir / name, "w:gz") as tar:
             for split_urls in urls.values():
@@ -230,6 +452,16 @@ def test_cnndm_story_archives(tmp_path):
                         add_text(tar, f"{domain}/stories/{url_hash(u)}.story", story.replace("dog", f"dog {u[-6:]}"))
     for split, us in urls.items():
         (src_dir / f"all_{split}.txt").write_text("\n".join(us) + "\n")
+    return story
+
+
+def test_cnndm_story_archives(tmp_path):
+    from man_fairseq.recipes.prepare import story_to_pair
+
+    src_dir = tmp_path / "cnndm"
+    story = make_cnndm_folder(src_dir)
+    assert story_to_pair(story) == ("(CNN) -- The dog ran across the street. It was 'fast'.",
+                                    "Dog runs fast . Street crossed!")
     work, dest = tmp_path / "work", tmp_path / "bin"
     run_prep("prepare-cnndm.sh", "--from", src_dir, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
     counts = json.loads((work / "tok" / "counts.json").read_text())
@@ -237,11 +469,47 @@ def test_cnndm_story_archives(tmp_path):
     assert lines(work / "tok" / "test.target")[0] == "dog runs fast . street crossed !"
     assert (dest / "test.source-target.source.bin").is_file()
 
+
+def test_cnndm_wrong_layout_or_truncated(tmp_path):
+    src_dir = tmp_path / "cnndm"
+    make_cnndm_folder(src_dir)
     # a story listed in the URL list but absent from the archives is an error, not a silent drop
-    (src_dir / "all_test.txt").write_text("http://www.cnn.com/missing.html\n")
-    proc = run_prep("prepare-cnndm.sh", "--from", src_dir, "--work", tmp_path / "w2",
-                    "--dest", tmp_path / "b2", check=False)
-    assert proc.returncode == 2 and "missing" in proc.stdout
+    listed = (src_dir / "all_test.txt").read_text()
+    (src_dir / "all_test.txt").write_text(listed + "http://www.cnn.com/missing.html\n")
+    with pytest.raises(PrepError, match=r"test: 1 of 6 stories listed in all_test\.txt are missing "
+                                        r"\(first: http://www\.cnn\.com/missing\.html\)"):
+        prep_in_process("cnndm", "--from", src_dir, "--work", tmp_path / "w1", "--dest", tmp_path / "b")
+    (src_dir / "all_test.txt").write_text(listed)
+    data = (src_dir / "cnn_stories.tgz").read_bytes()
+    (src_dir / "cnn_stories.tgz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PrepError, match=r"cnn_stories\.tgz is truncated or not a valid archive"):
+        prep_in_process("cnndm", "--from", src_dir, "--work", tmp_path / "w2", "--dest", tmp_path / "b")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "readme.txt").write_text("x\n")
+    with pytest.raises(PrepError, match=r"no \*\.story files and no \{val,train,test\}\.source/\.target found"):
+        prep_in_process("cnndm", "--from", other, "--work", tmp_path / "w3", "--dest", tmp_path / "b")
+    (other / "val.source").write_text("a\n")
+    with pytest.raises(PrepError, match=r"has val\.source but no train\.source / train\.source"):
+        prep_in_process("cnndm", "--from", other, "--work", tmp_path / "w4", "--dest", tmp_path / "b")
+
+
+def test_cnndm_presplit_folder_rerun_skips(tmp_path, capsys):
+    """A --from folder without archives: the second run finds every stamp current."""
+    rng = random.Random(5)
+    folder = tmp_path / "presplit"
+    folder.mkdir()
+    for split, n in (("train", 30), ("val", 5), ("test", 5)):
+        (folder / f"{split}.source").write_text("\n".join(sentence(rng, WORDS_EN, 12) for _ in range(n)) + "\n")
+        (folder / f"{split}.target").write_text("\n".join(sentence(rng, WORDS_EN, 4) for _ in range(n)) + "\n")
+    argv = ["cnndm", "--from", folder, "--work", tmp_path / "w", "--dest", tmp_path / "b", "--bpe-merges", MERGES]
+    prep_in_process(*argv)
+    capsys.readouterr()
+    prep_in_process(*argv)
+    out = capsys.readouterr().out
+    for step in ("stage", "make_splits", "tokenize", "learn_bpe", "apply_bpe", "binarize"):
+        assert f"skip  {step}" in out
+    assert "redo  " not in out and "start " not in out
 
 
 def test_cnndm_real_sample_presplit(shared_data, tmp_path):
@@ -265,33 +533,84 @@ def test_cnndm_real_sample_presplit(shared_data, tmp_path):
 
 # ------------------------------------------------------------------------------ Gigaword
 
-def test_gigaword_sumdata_layout(tmp_path):
-    if SHARED_DATA.is_dir():
-        art = lines(SHARED_DATA / "gigaword-sample/valid.article.filter.4K.txt")[:600]
-        ttl = lines(SHARED_DATA / "gigaword-sample/valid.title.filter.4K.txt")[:600]
-    else:
-        rng = random.Random(2)
-        art = [sentence(rng, WORDS_EN, 20).lower() for _ in range(600)]
-        ttl = [sentence(rng, WORDS_EN, 6).lower() for _ in range(600)]
+def make_sumdata(tmp_path, art, ttl):
+    """The Rush et al. release as distributed: sumdata/train/*.txt.gz (train and valid),
+    sumdata/Giga/ (the test set) and sumdata/DUC2003/, DUC2004/ (other test sets, same names)."""
     root = tmp_path / "sumdata"
-    (root / "train").mkdir(parents=True)
-    (root / "Giga").mkdir()
-    (root / "train/train.article.txt").write_text("\n".join(art[:400] + [""]) + "\n")
-    (root / "train/train.title.txt").write_text("\n".join(ttl[:400] + ["orphan title"]) + "\n")
-    (root / "train/valid.article.filter.txt").write_text("\n".join(art[400:500]) + "\n")
-    (root / "train/valid.title.filter.txt").write_text("\n".join(ttl[400:500]) + "\n")
+    for sub in ("train", "Giga", "DUC2003", "DUC2004"):
+        (root / sub).mkdir(parents=True)
+
+    def gz(path, rows):
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write("\n".join(rows) + "\n")
+    gz(root / "train/train.article.txt.gz", art[:400] + [""])
+    gz(root / "train/train.title.txt.gz", ttl[:400] + ["orphan title"])
+    gz(root / "train/valid.article.filter.txt.gz", art[400:500])
+    gz(root / "train/valid.title.filter.txt.gz", ttl[400:500])
     (root / "Giga/input.txt").write_text("\n".join(art[500:600]) + "\n")
     (root / "Giga/task1_ref0.txt").write_text("\n".join(ttl[500:600]) + "\n")
+    for duc in ("DUC2003", "DUC2004"):  # sorted first: never to be taken as the Gigaword test set
+        (root / duc / "input.txt").write_text("duc article\n" * 7)
+        (root / duc / "task1_ref0.txt").write_text("duc title\n" * 7)
     archive = tmp_path / "summary.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(root, arcname="sumdata")
+    return archive
+
+
+def check_gigaword_run(tmp_path, art, ttl):
+    archive = make_sumdata(tmp_path, art, ttl)
     work = tmp_path / "work"
     out = run_prep("prepare-gigaword.sh", "--from", archive, "--work", work, "--dest", tmp_path / "bin",
                    "--bpe-merges", MERGES).stdout
     counts = json.loads((work / "tok" / "counts.json").read_text())
     assert counts == {"train": 400, "valid": 100, "test": 100}  # the empty-article pair is cleaned
     assert lines(work / "tok" / "test.title") == [" ".join(t.split()) for t in ttl[500:600]]
-    assert "standard: 1,951 — differs" in out
+    assert "standard: 1,951, DIFFERS" in out and "train: 401 pairs (standard: 3,803,957, DIFFERS)" in out
+
+
+def test_gigaword_sumdata_layout(tmp_path):
+    rng = random.Random(2)
+    art = [sentence(rng, WORDS_EN, 20).lower() for _ in range(600)]
+    ttl = [sentence(rng, WORDS_EN, 6).lower() for _ in range(600)]
+    check_gigaword_run(tmp_path, art, ttl)
+
+
+def test_gigaword_real_sample(shared_data, tmp_path):
+    art = lines(shared_data / "gigaword-sample/valid.article.filter.4K.txt")[:600]
+    ttl = lines(shared_data / "gigaword-sample/valid.title.filter.4K.txt")[:600]
+    check_gigaword_run(tmp_path, art, ttl)
+
+
+def test_gigaword_wrong_layout_or_truncated(tmp_path):
+    rng = random.Random(4)
+    art = [sentence(rng, WORDS_EN, 8).lower() for _ in range(600)]
+    ttl = [sentence(rng, WORDS_EN, 3).lower() for _ in range(600)]
+    make_sumdata(tmp_path, art, ttl)
+    root = tmp_path / "sumdata"
+    # no Giga/ folder: DUC2003/input.txt has the right name but is not the test set
+    import shutil
+
+    shutil.move(root / "Giga", tmp_path / "Giga-aside")
+    with pytest.raises(PrepError, match=r"cannot find Giga/input\.txt under"):
+        prep_in_process("gigaword", "--from", root, "--work", tmp_path / "w1", "--dest", tmp_path / "b")
+    shutil.move(tmp_path / "Giga-aside", root / "Giga")
+    # articles and titles of different lengths
+    (root / "Giga/task1_ref0.txt").write_text("\n".join(ttl[500:599]) + "\n")
+    with pytest.raises(PrepError, match=r"gigaword test: 100 articles \(input\.txt\) but 99 titles"):
+        prep_in_process("gigaword", "--from", root, "--work", tmp_path / "w2", "--dest", tmp_path / "b")
+    (root / "Giga/task1_ref0.txt").write_text("\n".join(ttl[500:600]) + "\n")
+    # a truncated .gz inside the release
+    data = (root / "train/train.title.txt.gz").read_bytes()
+    (root / "train/train.title.txt.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(PrepError, match=r"train\.title\.txt\.gz is truncated or not a valid file"):
+        prep_in_process("gigaword", "--from", root, "--work", tmp_path / "w3", "--dest", tmp_path / "b")
+    # the standard sizes are enforced without --allow-nonstandard-splits
+    (tmp_path / "fresh").mkdir()
+    archive = make_sumdata(tmp_path / "fresh", art, ttl)
+    with pytest.raises(PrepError, match=r"test has 100 pairs, the standard split has 1,951"):
+        prep_in_process("gigaword", "--from", archive, "--work", tmp_path / "w4",
+                        "--dest", tmp_path / "b", allow=False)
 
 
 def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):

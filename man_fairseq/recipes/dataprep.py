@@ -1,8 +1,10 @@
 """Building blocks of the data-preparation recipes (``data-prep/prepare-*.sh``).
 
 Every step is idempotent: it writes its outputs, then a stamp file ``.<step>.done`` in the work
-directory; a second run skips stamped steps, and an interrupted step (no stamp) is redone from
-its inputs. Downloads resume from ``*.part`` files, are checked against the server's size and a
+directory that records what the step was built from (options, input sizes and mtimes, the step
+before it); a second run skips a step whose stamp still matches and redoes the rest, and an
+interrupted step (no stamp) is redone from its inputs. Only folders data-prep made (marked with
+``.man-fairseq-prep``) or empty ones are written into or replaced. Downloads resume from ``*.part`` files, are checked against the server's size and a
 recorded SHA-256, and archives are read to the end before use, so a truncated or wrong archive
 fails with a message that says which file and what to do.
 """
@@ -22,6 +24,8 @@ import zipfile
 from multiprocessing import Pool
 from pathlib import Path
 
+from . import moses
+
 
 class PrepError(RuntimeError):
     """A user-facing error: bad input archive, missing files, failed download."""
@@ -33,24 +37,119 @@ def log(msg):
 
 # ----------------------------------------------------------------------------------- steps
 
+# Folders data-prep creates (--work, --dest, their temporary siblings) carry this file; only
+# such folders (or empty ones) are ever written into, replaced or removed.
+MARKER = ".man-fairseq-prep"
+# Part of every stamp: a change in how a step computes its output makes old stamps stale.
+# 2: tokenizer.perl-identical tokenization, clean-corpus-n rules, stamps with inputs/options.
+RECIPE_VERSION = 2
+
+
+def claim_folder(path, what):
+    """Create ``path`` (marked as ours) or accept it if it is ours or empty; refuse otherwise."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PrepError(f"{what} {path} is a file, not a folder")
+    if path.is_dir() and not (path / MARKER).is_file() and any(path.iterdir()):
+        raise PrepError(f"{what} {path} is not empty and was not made by data-prep (no {MARKER} in it); "
+                        "refusing to write into it. Choose another folder or empty it.")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text(f"made by man-fairseq data-prep (pid {os.getpid()})\n")
+    return path
+
+
+def is_ours(path):
+    return (Path(path) / MARKER).is_file()
+
+
+def signature(path):
+    """What a step's input is, cheaply: size and mtime of a file; for a folder, the number,
+    total size and latest mtime of the files under it (a changed, added or removed file shows)."""
+    path = Path(path)
+    if path.is_file():
+        st = path.stat()
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if path.is_dir():
+        n = size = latest = 0
+        for root, _, files in os.walk(path):
+            for name in files:
+                try:
+                    st = os.stat(os.path.join(root, name))
+                except OSError:
+                    continue
+                n, size, latest = n + 1, size + st.st_size, max(latest, st.st_mtime_ns)
+        return {"files": n, "size": size, "latest_mtime_ns": latest}
+    return None
+
+
 class Steps:
+    """Named steps with stamps ``<work>/.<step>.done`` that record what the step was built from.
+
+    A stamp holds the step's options (those that change its output: --from, BPE merges,
+    --dest...), the signatures of its ``inputs`` and a digest of the stamp of the step before
+    it, so a step reruns when its options or inputs changed, when any earlier step reran, or
+    when one of its ``outputs`` is gone; a failed step leaves no stamp and reruns.
+    """
+
     def __init__(self, work_dir):
-        self.work = Path(work_dir)
-        self.work.mkdir(parents=True, exist_ok=True)
+        self.work = claim_folder(work_dir, "--work")
+        self.previous = ""  # digest of the previous step's stamp
+
+    def stamp_path(self, name):
+        return self.work / f".{name}.done"
 
     def done(self, name):
-        return (self.work / f".{name}.done").is_file()
+        """Whether ``name`` has a stamp (current or stale: :meth:`run` decides which)."""
+        return self.stamp_path(name).is_file()
 
-    def run(self, name, fn, *args, **kwargs):
-        if self.done(name):
-            log(f"skip  {name} (done; delete {self.work / ('.' + name + '.done')} to redo)")
-            return None
+    def run(self, name, fn, *args, inputs=(), options=None, outputs=(), **kwargs):
+        record = {"recipe": RECIPE_VERSION, "after": self.previous,
+                  "options": json.loads(json.dumps(options or {}, default=str)),
+                  "inputs": {str(p): signature(p) for p in inputs}}
+        stamp = self.stamp_path(name)
+        old = None
+        if stamp.is_file():
+            try:
+                old = json.loads(stamp.read_text())
+            except ValueError:
+                old = {}
+            why = self._stale(old, record, outputs)
+            if not why:
+                log(f"skip  {name} (done; delete {stamp} to redo)")
+                self.previous = hashlib.sha256(stamp.read_bytes()).hexdigest()
+                return None
+            log(f"redo  {name}: {why}")
+            stamp.unlink()  # our own stamp: the step is not done until it finishes again
         log(f"start {name}")
         t0 = time.time()
         out = fn(*args, **kwargs)
-        (self.work / f".{name}.done").write_text(time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
+        record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        tmp = stamp.with_name(stamp.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, stamp)
+        self.previous = hashlib.sha256(stamp.read_bytes()).hexdigest()
         log(f"done  {name} ({time.time() - t0:.1f}s)")
         return out
+
+    @staticmethod
+    def _stale(old, new, outputs):
+        if old.get("recipe") != new["recipe"]:
+            return "made by an older version of the recipe"
+        if old.get("options") != new["options"]:
+            changed = sorted(k for k in set(old.get("options", {})) | set(new["options"])
+                             if old.get("options", {}).get(k) != new["options"].get(k))
+            return "options changed: " + ", ".join(
+                f"{k} {old.get('options', {}).get(k)!r} -> {new['options'].get(k)!r}" for k in changed)
+        if old.get("inputs") != new["inputs"]:
+            changed = sorted(k for k in set(old.get("inputs", {})) | set(new["inputs"])
+                             if old.get("inputs", {}).get(k) != new["inputs"].get(k))
+            return "input changed: " + ", ".join(changed)
+        if old.get("after") != new["after"]:
+            return "an earlier step was redone"
+        missing = [str(p) for p in outputs if not Path(p).exists()]
+        if missing:
+            return "output missing: " + ", ".join(missing)
+        return None
 
 
 # ------------------------------------------------------------------------------- downloads
@@ -183,6 +282,10 @@ def extract(archive, dest):
         for m in tar.getmembers():
             if not (root / m.name).resolve().is_relative_to(root):
                 raise PrepError(f"{archive}: member {m.name} escapes the extraction folder")
+            if m.issym() or m.islnk():
+                target = (root / m.name).parent / m.linkname if m.issym() else root / m.linkname
+                if not target.resolve().is_relative_to(root):
+                    raise PrepError(f"{archive}: link {m.name} -> {m.linkname} escapes the extraction folder")
         tar.extractall(dest, filter="data") if sys.version_info >= (3, 12) else tar.extractall(dest)
 
 
@@ -207,17 +310,26 @@ def stage_source(from_path, orig_dir, archive_names=()):
     return [src, Path(orig_dir)]
 
 
-def find_file(roots, name, required=True):
+def find_file(roots, name, required=True, parent=None, gz=False):
+    """First file called ``name`` (or ``name.gz`` when ``gz``) under ``roots``.
+
+    ``parent`` restricts the hits to files directly inside a folder of that name, for releases
+    where several folders hold files of the same name (Gigaword: Giga/, DUC2003/, DUC2004/ all
+    have input.txt).
+    """
+    names = [name, name + ".gz"] if gz else [name]
     for root in roots:
         root = Path(root)
         if not root.is_dir():
             continue
-        hits = sorted(p for p in root.rglob(name) if p.is_file())
+        hits = sorted(p for n in names for p in root.rglob(n)
+                      if p.is_file() and (parent is None or p.parent.name == parent))
         if hits:
             return hits[0]
     if required:
-        raise PrepError(f"cannot find {name} under {', '.join(map(str, roots))}: wrong archive "
-                        "or folder? (see 'Reproducing the papers' in README.md for the expected layout)")
+        where = f"{parent}/{name}" if parent else name
+        raise PrepError(f"cannot find {where}{' (or .gz)' if gz else ''} under {', '.join(map(str, roots))}: "
+                        "wrong archive or folder? (see 'Reproducing the papers' in README.md for the expected layout)")
     return None
 
 
@@ -229,8 +341,17 @@ def count_lines(path):
 
 
 def read_lines(path):
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-        return [line.rstrip("\n").rstrip("\r") for line in f]
+    """Lines of a text file (``*.gz``: gunzipped), without line ends; a truncated .gz is a PrepError."""
+    path = Path(path)
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
+                return [line.rstrip("\n").rstrip("\r") for line in f]
+        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
+            return [line.rstrip("\n").rstrip("\r") for line in f]
+    except (EOFError, OSError, gzip.BadGzipFile) as e:
+        raise PrepError(f"{path} is truncated or not a valid file ({type(e).__name__}: {e}). "
+                        "Replace it with a complete copy.") from e
 
 
 def write_lines(path, lines):
@@ -242,36 +363,29 @@ def write_lines(path, lines):
     os.replace(tmp, path)  # a half-written file never carries the final name
 
 
-_NONPRINT = None
 _TOK = {}
 
 
 def _tok_init(lang, aggressive, escape, normalize, lowercase):
     global _TOK
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
-
-    _TOK = {"tok": MosesTokenizer(lang=lang), "norm": MosesPunctNormalizer(lang=lang) if normalize else None,
-            "aggressive": aggressive, "escape": escape, "lowercase": lowercase}
+    _TOK = {"lang": lang, "aggressive": aggressive, "escape": escape, "normalize": normalize,
+            "lowercase": lowercase}
 
 
 def _tok_line(line):
-    import regex
-
-    global _NONPRINT
-    if _NONPRINT is None:
-        _NONPRINT = regex.compile(r"\p{C}")
-    if _TOK["norm"] is not None:
+    lang = _TOK["lang"]
+    if _TOK["normalize"]:
         # normalize-punctuation.perl then remove-non-printing-char.perl, as fairseq's WMT recipe
-        line = _TOK["norm"].normalize(line)
-        line = _NONPRINT.sub(" ", line)
-    out = _TOK["tok"].tokenize(line.strip(), aggressive_dash_splits=_TOK["aggressive"],
-                               escape=_TOK["escape"], return_str=True)
-    return out.lower() if _TOK["lowercase"] else out
+        line = moses.remove_non_printing(moses.normalize_punctuation(line, lang))
+    out = moses.tokenize(line, lang, aggressive=_TOK["aggressive"], escape=_TOK["escape"])
+    return moses.lowercase(out) if _TOK["lowercase"] else out
 
 
 def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, lowercase=False,
                    workers=1, desc=""):
-    """Moses tokenization with sacremoses (tokenizer.perl -l LANG [-a]), in ``workers`` processes."""
+    """tokenizer.perl -l LANG [-a] [-no-escape] (then lowercase.perl), in ``workers`` processes.
+
+    The rules are in :mod:`man_fairseq.recipes.moses` (byte-identical to the Perl scripts)."""
     args = (lang, aggressive, escape, normalize, lowercase)
     total = len(lines)
     out = []
@@ -295,20 +409,31 @@ def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, 
     return out
 
 
-def clean_pairs(src, tgt, min_len=1, max_len=175, ratio=1.5):
-    """clean-corpus-n.perl: keep pairs with min_len <= tokens <= max_len on both sides and a
-    token-count ratio <= ``ratio`` both ways (``ratio=None`` skips the ratio test)."""
+def clean_pairs(src, tgt, min_len=1, max_len=175, ratio=1.5, max_word_length=1000, factor_separator=True):
+    """clean-corpus-n.perl [-ratio R] CORPUS L1 L2 OUT MIN MAX: keep pairs with min_len <= tokens
+    <= max_len on both sides, a token-count ratio <= ``ratio`` both ways (``ratio=None``:
+    -ignore-ratio) and no word longer than ``max_word_length`` characters. As the Perl script,
+    it removes "|" unless the first pair has one (factored corpus; ``factor_separator=False``:
+    "|" is plain text and stays) and squeezes whitespace."""
+    if len(src) != len(tgt):
+        raise PrepError(f"clean-corpus: {len(src)} source but {len(tgt)} target lines")
     keep_s, keep_t = [], []
+    factored = not factor_separator or (bool(src) and ("|" in src[0] or "|" in tgt[0]))
     for s, t in zip(src, tgt):
-        s = " ".join(s.split())
-        t = " ".join(t.split())
-        ns, nt = len(s.split()), len(t.split())
+        if not factored:
+            s, t = s.replace("|", ""), t.replace("|", "")
+        ws, wt = s.split(), t.split()
+        if not ws or not wt:
+            continue
+        ns, nt = len(ws), len(wt)
         if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
             continue
         if ratio is not None and (ns / nt > ratio or nt / ns > ratio):
             continue
-        keep_s.append(s)
-        keep_t.append(t)
+        if max(map(len, ws + wt)) > max_word_length:
+            continue
+        keep_s.append(" ".join(ws))
+        keep_t.append(" ".join(wt))
     return keep_s, keep_t
 
 
@@ -355,10 +480,57 @@ def apply_bpe_lines(lines, codes_path, workers=1):
 
 # -------------------------------------------------------------------------------- binarize
 
-def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("train", "valid", "test")):
-    """fairseq-preprocess on ``prep_dir/{train,valid,test}.{src,tgt}``."""
+def _die_with_parent():
+    """Child side of fairseq-preprocess: get SIGKILL when data-prep dies (Linux), so that a
+    killed run leaves no orphan writing into the folder a rerun cleans up."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("train", "valid", "test"),
+             extra_files=()):
+    """fairseq-preprocess on ``prep_dir/{train,valid,test}.{src,tgt}`` into ``dest_dir``, atomically.
+
+    The data is built in a sibling ``.<dest>.partial-<pid>`` folder and renamed to ``dest_dir``
+    only when complete, so an interrupted run never leaves a half-written destination (which
+    made fairseq-preprocess stop with ``FileExistsError: dict.de.txt`` on the rerun). An
+    existing ``dest_dir`` is replaced only if data-prep made it (or it is empty).
+    ``extra_files`` are copied in next to the binarized data.
+    """
+    dest = Path(dest_dir).absolute()
+    if dest.exists():
+        replaceable = dest.is_dir() and (is_ours(dest) or not any(dest.iterdir()))
+        if not replaceable:
+            raise PrepError(f"--dest {dest} exists, is not empty and was not made by data-prep (no {MARKER}); "
+                            "refusing to replace it. Choose another --dest or remove it yourself.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stale_dirs = [*dest.parent.glob(f".{dest.name}.partial-*"), *dest.parent.glob(f".{dest.name}.old-*")]
+    for stale in stale_dirs:
+        pid = stale.name.rsplit("-", 1)[-1]
+        if is_ours(stale) and pid.isdigit() and not _pid_alive(int(pid)):
+            log(f"      removing {stale} (left by an interrupted run)")
+            shutil.rmtree(stale)
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    if tmp.exists() and is_ours(tmp):
+        shutil.rmtree(tmp)  # our own leftover (same pid reused)
+    claim_folder(tmp, "temporary folder")
     cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt,
-           "--destdir", str(dest_dir), "--workers", str(workers)]
+           "--destdir", str(tmp), "--workers", str(workers)]
     for split in splits:
         cmd += [f"--{split}pref", str(Path(prep_dir) / split)]
     if joined:
@@ -366,24 +538,58 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     log("+ " + " ".join(cmd))
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     if proc.returncode != 0:
+        shutil.rmtree(tmp)
         raise PrepError(f"fairseq-preprocess failed:\n{proc.stdout[-3000:]}")
+    for extra in extra_files:
+        shutil.copy(extra, tmp / Path(extra).name)
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        if not is_ours(dest):  # an empty folder: give it the marker so a leftover is recognised
+            (dest / MARKER).write_text("replaced by data-prep\n")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old)  # ours or empty, checked above
+    else:
+        os.replace(tmp, dest)
+    return dest
 
 
-def report_counts(prep_dir, src, tgt, expected=None, splits=("train", "valid", "test")):
-    """Print pair counts per split (and the standard counts when known); returns the counts."""
+def split_counts(folder, src, tgt, splits=("train", "valid", "test")):
+    """{split: pairs} of ``folder/SPLIT.{src,tgt}``; a line-count mismatch is a PrepError."""
     counts = {}
     for split in splits:
-        ns = count_lines(Path(prep_dir) / f"{split}.{src}")
-        nt = count_lines(Path(prep_dir) / f"{split}.{tgt}")
+        ns = count_lines(Path(folder) / f"{split}.{src}")
+        nt = count_lines(Path(folder) / f"{split}.{tgt}")
         if ns != nt:
             raise PrepError(f"{split}: {ns} source lines but {nt} target lines")
         counts[split] = ns
+    return counts
+
+
+def check_counts(counts, expected, allow_nonstandard=False, what="pairs"):
+    """Compare split sizes with the standard ones; a difference is an error unless allowed."""
+    wrong = []
+    for split, n in counts.items():
+        want = (expected or {}).get(split)
         note = ""
-        if expected and expected.get(split) is not None:
-            note = " (standard: {:,}{})".format(expected[split], "" if expected[split] == ns else " — differs")
-        log(f"{split:>5}: {ns:,} pairs{note}")
+        if want is not None:
+            note = f" (standard: {want:,})" if want == n else f" (standard: {want:,}, DIFFERS)"
+            if want != n:
+                wrong.append(f"{split} has {n:,} {what}, the standard split has {want:,}")
+        log(f"{split:>5}: {n:,} {what}{note}")
+    if wrong and not allow_nonstandard:
+        raise PrepError("; ".join(wrong) + ". Incomplete or different release? Pass "
+                        "--allow-nonstandard-splits to go on with these splits anyway.")
+    return counts
+
+
+def report_counts(prep_dir, src, tgt, expected=None, splits=("train", "valid", "test"),
+                  allow_nonstandard=True):
+    """Print pair counts per split (and the standard counts when known), write counts.json."""
+    counts = check_counts(split_counts(prep_dir, src, tgt, splits), expected, allow_nonstandard)
     (Path(prep_dir) / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
     return counts
 

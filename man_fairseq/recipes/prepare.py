@@ -13,37 +13,53 @@ import sys
 from pathlib import Path
 
 from .config import REPO
+from .moses import lowercase
 from .dataprep import (
-    PrepError, Steps, apply_bpe_lines, binarize, clean_pairs, fetch, find_file, learn_bpe, log,
-    read_lines, read_seg_lines, report_counts, stage_source, tokenize_lines, write_lines,
+    PrepError, Steps, apply_bpe_lines, binarize, check_counts, clean_pairs, extract, fetch,
+    find_file, is_ours, learn_bpe, log, read_lines, read_seg_lines, report_counts, split_counts,
+    stage_source, tokenize_lines, write_lines,
 )
 
+# Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
+# / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata
+# release as distributed (train/valid before any cleaning; Giga test set).
 EXPECTED = {
     "iwslt14": {"train": 160239, "valid": 7283, "test": 6750},
     "wmt14": {"train": None, "valid": 3000, "test": 3003},  # train ~4.5M (depends on cleaning)
     "cnndm": {"train": 287227, "valid": 13368, "test": 11490},
-    "gigaword": {"train": None, "valid": None, "test": 1951},  # train 3.8M, valid 189k (Rush et al.)
+    "gigaword": {"train": 3803957, "valid": 189651, "test": 1951},
 }
 
 
 def _stage(args, steps, urls, archive_names):
     """Download (or take --from) and return the folders to search for the raw files."""
     orig = steps.work / "orig"
+
+    def fresh_orig():
+        # orig/ lives in our --work folder and only ever holds what we extracted: a new source
+        # must not be mixed with the files of the previous one
+        if orig.exists():
+            shutil.rmtree(orig)
+        orig.mkdir(parents=True)
     if args.from_path:
-        def stage():
-            stage_source(args.from_path, orig, archive_names)
-        steps.run("stage", stage)
         src = Path(args.from_path).expanduser().resolve()
+        if not src.exists():
+            raise PrepError(f"--from {src}: no such file or folder")
+
+        def stage():
+            fresh_orig()
+            stage_source(src, orig, archive_names)
+        steps.run("stage", stage, inputs=[src], options={"from": str(src)}, outputs=[orig])
         return [orig] if src.is_file() else [src, orig]
 
     def download():
+        fresh_orig()
         for url in urls:
             url, name = url if isinstance(url, tuple) else (url, url.rsplit("/", 1)[-1].split("?")[0])
             fetch(url, steps.work / "downloads" / name, checksum_file=steps.work / "downloads" / "SHA256SUMS.json")
             if name.endswith((".tgz", ".tar.gz", ".zip", ".tar")):
-                from .dataprep import extract
                 extract(steps.work / "downloads" / name, orig / name.split(".")[0])
-    steps.run("download", download)
+    steps.run("download", download, options={"urls": [str(u) for u in urls]}, outputs=[orig])
     return [orig, steps.work / "downloads"]
 
 
@@ -54,7 +70,7 @@ def _bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("trai
 
     def learn():
         learn_bpe([tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"], codes, merges)
-    steps.run("learn_bpe", learn)
+    steps.run("learn_bpe", learn, options={"merges": merges}, outputs=[codes])
 
     def apply():
         for split in splits:
@@ -62,19 +78,31 @@ def _bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("trai
                 lines = read_lines(tok_dir / f"{split}.{lang}")
                 write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
                 log(f"      bpe {split}.{lang}: {len(lines)} lines")
-    steps.run("apply_bpe", apply)
+    steps.run("apply_bpe", apply, inputs=[codes], outputs=[prep / f"{s}.{l}" for s in splits for l in (src, tgt)])
 
-    dest = Path(args.dest)
+    dest = Path(args.dest).absolute()
 
     def binarize_step():
-        if dest.exists():
-            shutil.rmtree(dest)  # a half-written data-bin from an interrupted run
-        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits)
-        shutil.copy(codes, dest / "code")
-        for extra in sorted(tok_dir.glob("*.raw.*")):
-            shutil.copy(extra, dest / extra.name)  # untokenized references for sacreBLEU
-    steps.run("binarize", binarize_step)
+        extras = [codes] + sorted(tok_dir.glob("*.raw.*"))  # untokenized references for sacreBLEU
+        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits, extra_files=extras)
+    steps.run("binarize", binarize_step, options={"dest": str(dest)},
+              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code"])
     return prep
+
+
+def _check_paths(args):
+    """--work, --dest and --from must not overlap where it could lose data or serve stale data:
+    --dest is replaced as a whole, <work>/orig is emptied before staging, and a --from folder
+    holding --work would change with every run."""
+    work, dest = Path(args.work).absolute().resolve(), Path(args.dest).absolute().resolve()
+    pairs = [("--work", work, "--dest", dest, True)]
+    if args.from_path:
+        src = Path(args.from_path).expanduser().resolve()
+        pairs += [("--from", src, "--dest", dest, True), ("--from", src, "--work", work / "orig", True),
+                  ("--from", src, "--work", work, False)]
+    for name_a, a, name_b, b, both_ways in pairs:
+        if a == b or b.is_relative_to(a) or (both_ways and a.is_relative_to(b)):
+            raise PrepError(f"{name_a} {a} and {name_b} {b} overlap; use separate folders")
 
 
 # --------------------------------------------------------------------------------- IWSLT14
@@ -82,9 +110,9 @@ def _bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("trai
 IWSLT14_URL = "https://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 IWSLT14_TEST_SETS = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
                      "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012"]
-# fairseq's prepare-iwslt14.sh drops these metadata lines of train.tags.* and keeps the text of
-# <title>/<description> lines.
-IWSLT_DROP = ("<url>", "<talkid>", "<keywords>", "<speaker>", "<reviewer", "<translator", "<doc", "</doc>")
+# fairseq's prepare-iwslt14.sh: grep -v these metadata lines of train.tags.*, sed away the
+# <title>/<description> tags (their text stays a training line).
+IWSLT_DROP = ("<url>", "<talkid>", "<keywords>")
 
 
 def iwslt_train_lines(path):
@@ -94,7 +122,7 @@ def iwslt_train_lines(path):
             continue
         for tag in ("<title>", "</title>", "<description>", "</description>"):
             line = line.replace(tag, "")
-        out.append(line.strip())
+        out.append(line)
     return out
 
 
@@ -113,21 +141,22 @@ def prepare_iwslt14(args):
     tok.mkdir(exist_ok=True)
 
     def tokenize_train():
-        sides = {}
-        for lang in (src, tgt):
-            lines = iwslt_train_lines(find_file(roots, f"train.tags.de-en.{lang}"))
-            sides[lang] = tokenize_lines(lines, lang, workers=args.workers, desc=f"train.{lang}")
-        if len(sides[src]) != len(sides[tgt]):
-            raise PrepError(f"train.tags: {len(sides[src])} German but {len(sides[tgt])} English lines")
+        raw = {lang: iwslt_train_lines(find_file(roots, f"train.tags.de-en.{lang}")) for lang in (src, tgt)}
+        if len(raw[src]) != len(raw[tgt]):
+            raise PrepError(f"train.tags.de-en.*: {len(raw[src])} German but {len(raw[tgt])} English lines "
+                            "(after dropping the <url>/<talkid>/<keywords> lines); the pair does not align")
+        sides = {lang: tokenize_lines(raw[lang], lang, workers=args.workers, desc=f"train.{lang}")
+                 for lang in (src, tgt)}
         s, t = clean_pairs(sides[src], sides[tgt], 1, 175, 1.5)
-        s, t = [x.lower() for x in s], [x.lower() for x in t]
+        s, t = [lowercase(x) for x in s], [lowercase(x) for x in t]  # lowercase.perl after cleaning
         log(f"      train.tags: {len(sides[src])} pairs, {len(s)} after cleaning")
         (tr_s, tr_t), (va_s, va_t) = split_every_nth(s, t, 23)
         write_lines(tok / f"train.{src}", tr_s)
         write_lines(tok / f"train.{tgt}", tr_t)
         write_lines(tok / f"valid.{src}", va_s)
         write_lines(tok / f"valid.{tgt}", va_t)
-    steps.run("tokenize_train", tokenize_train)
+    steps.run("tokenize_train", tokenize_train,
+              outputs=[tok / f"{s}.{l}" for s in ("train", "valid") for l in (src, tgt)])
 
     def tokenize_test():
         for lang in (src, tgt):
@@ -137,10 +166,11 @@ def prepare_iwslt14(args):
                 lines += [seg.replace("\u2019", "'") for seg in segs]
             toks = tokenize_lines(lines, lang, lowercase=True, workers=args.workers, desc=f"test.{lang}")
             write_lines(tok / f"test.{lang}", toks)
-    steps.run("tokenize_test", tokenize_test)
+    steps.run("tokenize_test", tokenize_test, outputs=[tok / f"test.{l}" for l in (src, tgt)])
 
+    check_counts(split_counts(tok, src, tgt), EXPECTED["iwslt14"], args.allow_nonstandard_splits)
     prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 10000)
-    return report_counts(prep, src, tgt, EXPECTED["iwslt14"])
+    return report_counts(prep, src, tgt)
 
 
 # ---------------------------------------------------------------------------------- WMT14
@@ -173,7 +203,7 @@ def prepare_wmt14(args):
                 log(f"      {corpus}.{lang}: {len(part)} lines")
                 lines += part
             write_lines(tok / f"train.all.{lang}", tokenize_lines(lines, lang, desc=f"train.{lang}", **moses))
-    steps.run("tokenize_train", tokenize_train)
+    steps.run("tokenize_train", tokenize_train, outputs=[tok / f"train.all.{l}" for l in (src, tgt)])
 
     def tokenize_dev_test():
         for lang in (src, tgt):
@@ -185,7 +215,8 @@ def prepare_wmt14(args):
             test = [seg.replace("\u2019", "'") for seg in test]
             write_lines(tok / f"test.{lang}", tokenize_lines(test, lang, aggressive=True, escape=True,
                                                               workers=args.workers, desc=f"test.{lang}"))
-    steps.run("tokenize_dev_test", tokenize_dev_test)
+    steps.run("tokenize_dev_test", tokenize_dev_test,
+              outputs=[tok / f"{s}.{l}" for s in ("valid", "test", "test.raw") for l in (src, tgt)])
 
     def clean():
         s, t = clean_pairs(read_lines(tok / f"train.all.{src}"), read_lines(tok / f"train.all.{tgt}"),
@@ -194,10 +225,12 @@ def prepare_wmt14(args):
         write_lines(tok / f"train.{tgt}", t)
     # fairseq cleans after BPE with max 250 subwords; cleaning tokens before BPE with the same
     # bounds keeps the learn-BPE input free of the junk pairs (documented deviation).
-    steps.run("clean", clean)
+    steps.run("clean", clean, options={"max_len": args.max_len or 250},
+              outputs=[tok / f"train.{l}" for l in (src, tgt)])
 
+    check_counts(split_counts(tok, src, tgt), EXPECTED["wmt14"], args.allow_nonstandard_splits)
     prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 40000)
-    return report_counts(prep, src, tgt, EXPECTED["wmt14"])
+    return report_counts(prep, src, tgt)
 
 
 # -------------------------------------------------------------------------------- CNN / DM
@@ -282,7 +315,8 @@ def prepare_cnndm(args):
             write_lines(raw / f"{split}.{src}", arts)
             write_lines(raw / f"{split}.{tgt}", sums)
             log(f"      {split}: {len(arts)} stories")
-    steps.run("make_splits", make_splits)
+    steps.run("make_splits", make_splits, outputs=[raw / f"{s}.{l}" for s in split_names for l in (src, tgt)])
+    check_counts(split_counts(raw, src, tgt), EXPECTED["cnndm"], args.allow_nonstandard_splits, "stories")
 
     def tokenize():
         for split in split_names:
@@ -299,10 +333,11 @@ def prepare_cnndm(args):
                 s, t = [a for a, _ in pairs], [b for _, b in pairs]
             write_lines(tok / f"{split}.{src}", s)
             write_lines(tok / f"{split}.{tgt}", t)
-    steps.run("tokenize", tokenize)
+    steps.run("tokenize", tokenize, options={"max_source_tokens": args.max_source_tokens},
+              outputs=[tok / f"{s}.{l}" for s in split_names for l in (src, tgt)])
 
-    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
-    return report_counts(tok, src, tgt, EXPECTED["cnndm"])
+    _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
+    return report_counts(tok, src, tgt)
 
 
 # ------------------------------------------------------------------------------- Gigaword
@@ -311,10 +346,12 @@ GIGAWORD_URLS = [
     # Rush et al. (2015) release ("sumdata"), as mirrored by the UniLM / OpenNMT recipes.
     ("https://drive.google.com/uc?export=download&id=0B6N7tANPyVeBNmlSX19Ld2xDU1E", "summary.tar.gz"),
 ]
-GIGAWORD_FILES = {
-    "train": ("train.article.txt", "train.title.txt"),
-    "valid": ("valid.article.filter.txt", "valid.title.filter.txt"),
-    "test": ("input.txt", "task1_ref0.txt"),
+GIGAWORD_FILES = {  # (folder the file must be in, article file, title file); train/valid may be .gz
+    "train": (None, "train.article.txt", "train.title.txt"),
+    "valid": (None, "valid.article.filter.txt", "valid.title.filter.txt"),
+    # the Gigaword test set of Rush et al.: sumdata/Giga/. DUC2003/ and DUC2004/ hold files of the
+    # same names (other test sets), so the folder is part of the match.
+    "test": ("Giga", "input.txt", "task1_ref0.txt"),
 }
 
 
@@ -329,19 +366,26 @@ def prepare_gigaword(args):
         # The release is already tokenized, lowercased, digits -> '#', rare words -> 'UNK' (Rush
         # et al.). Re-tokenizing with Moses would change those references ("'s" -> "&apos;s"),
         # so only whitespace and case are normalized.
-        for split, (art, ttl) in GIGAWORD_FILES.items():
-            a = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, art))]
-            t = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, ttl))]
+        splits, counts = {}, {}
+        for split, (folder, art, ttl) in GIGAWORD_FILES.items():
+            gz = folder is None
+            a = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, art, parent=folder, gz=gz))]
+            t = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, ttl, parent=folder, gz=gz))]
             if len(a) != len(t):
-                raise PrepError(f"gigaword {split}: {len(a)} articles but {len(t)} titles")
+                raise PrepError(f"gigaword {split}: {len(a)} articles ({art}) but {len(t)} titles ({ttl})")
+            splits[split], counts[split] = (a, t), len(a)
+        # the release's sizes, before the empty / over-long training pairs are dropped
+        check_counts(counts, EXPECTED["gigaword"], args.allow_nonstandard_splits)
+        for split, (a, t) in splits.items():
             if split == "train":
-                a, t = clean_pairs(a, t, 1, args.max_len or 200, ratio=None)
+                a, t = clean_pairs(a, t, 1, args.max_len or 200, ratio=None, factor_separator=False)
             write_lines(tok / f"{split}.{src}", a)
             write_lines(tok / f"{split}.{tgt}", t)
-    steps.run("normalize", normalize)
+    steps.run("normalize", normalize, options={"max_len": args.max_len or 200},
+              outputs=[tok / f"{s}.{l}" for s in GIGAWORD_FILES for l in (src, tgt)])
 
-    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
-    return report_counts(tok, src, tgt, EXPECTED["gigaword"])
+    _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
+    return report_counts(tok, src, tgt)
 
 
 DATASETS = {
@@ -352,9 +396,10 @@ DATASETS = {
 }
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="data-prep/prepare-*.sh", description="Prepare a corpus for fairseq: download or --from, "
-                                "Moses tokenization (sacremoses), cleaning, subword-nmt BPE, fairseq-preprocess.")
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="data-prep/prepare-*.sh", description="Prepare a corpus for fairseq: download or "
+                                "--from, Moses tokenization (tokenizer.perl rules), cleaning, subword-nmt BPE, "
+                                "fairseq-preprocess.")
     p.add_argument("dataset", choices=sorted(DATASETS))
     p.add_argument("--from", dest="from_path", default=None,
                    help="local archive or folder with the original files (no download)")
@@ -366,16 +411,33 @@ def main(argv=None):
     p.add_argument("--max-len", type=int, default=None, help="cleaning: max tokens per side")
     p.add_argument("--max-source-tokens", type=int, default=400,
                    help="CNN/DM: truncate articles to this many tokens (See et al.; 0 = keep all)")
+    p.add_argument("--allow-nonstandard-splits", action="store_true",
+                   help="go on when a split's size differs from the standard one (default: error)")
     args = p.parse_args(argv)
-    fn, default_name = DATASETS[args.dataset]
+    _, default_name = DATASETS[args.dataset]
     args.work = args.work or str(REPO / "data-bin" / "_work" / args.dataset)
     args.dest = args.dest or str(REPO / "data-bin" / default_name)
+    return args
+
+
+def run(argv=None):
+    """Prepare one dataset; returns the binarized folder (PrepError on bad input)."""
+    args = parse_args(argv)
+    _check_paths(args)
+    DATASETS[args.dataset][0](args)
+    dest = Path(args.dest).absolute()
+    if not (dest.is_dir() and is_ours(dest)):
+        raise PrepError(f"{dest} was not produced (internal error: binarize step did not run)")
+    return dest
+
+
+def main(argv=None):
     try:
-        fn(args)
+        dest = run(argv)
     except PrepError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
-    log(f"binarized data: {args.dest}")
+    log(f"binarized data: {dest}")
     return 0
 
 
