@@ -22,7 +22,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.man_layers import MANDecoderLayer, MANEncoderLayer, parse_sublayers
-from .biased_transformer import fill_option_defaults, wrap_layer
+from .biased_transformer import add_attention_backend_args, fill_option_defaults, set_attention_backend, wrap_layer
 
 
 @dataclass
@@ -72,6 +72,7 @@ class TransformerMANModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, MANConfig(), delete_default=True)
+        add_attention_backend_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -83,7 +84,7 @@ class TransformerMANModel(TransformerModel):
             raise ValueError("--dman-max-relative-distance must be >= 0")
         if args.static_mask_window < 0:
             raise ValueError("--static-mask-window must be >= 0")
-        return super().build_model(args, task)
+        return set_attention_backend(super().build_model(args, task), args)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
