@@ -385,3 +385,25 @@ def test_flex_incremental_decoding_matches_the_explicit_full_pass(family):
 def test_unknown_backend_fails_at_parse():
     with pytest.raises(SystemExit):
         build_fairseq_model("transformer_man_base", TINY_MODEL + ["--attention-backend", "fast"], dict_size=40)
+
+
+def test_cli_backend_reaches_train_and_generate(toy_data_bin, tmp_path):
+    """fairseq-train stores --attention-backend; fairseq-generate's --model-overrides changes it."""
+    from conftest import TINY_TRAIN, USER_DIR, run_cli
+
+    save = tmp_path / "ck"
+    run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--task", "translation", "--arch",
+             "transformer_man_base", "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--max-update", "2",
+             "--save-dir", save, "--attention-backend", "flex", "--no-save-optimizer-state"])
+    ckpt = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert ckpt["cfg"]["model"].attention_backend == "flex"
+
+    def generate(backend):
+        return run_cli(["fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
+                        "--beam", "2", "--batch-size", "8", "--gen-subset", "test", "--cpu", "--max-len-b", "6",
+                        "--model-overrides", str({"attention_backend": backend})], check=backend != "bogus")
+
+    hyps = {b: sorted(line for line in generate(b).stdout.splitlines() if line.startswith("H-")) for b in ("explicit", "flex")}
+    assert hyps["explicit"] and hyps["flex"] == hyps["explicit"]
+    bogus = generate("bogus")
+    assert bogus.returncode != 0 and "--attention-backend: unknown 'bogus'" in bogus.stdout
