@@ -220,9 +220,11 @@ def small_dtype(q: Tensor) -> torch.dtype:
 class FlexRunner:
     """Calls ``flex_attention``: eagerly, or through one ``torch.compile`` with counted shapes.
 
-    ``signatures`` holds the distinct (q shape, k shape, dtype) the compiled function was called
-    with; with ``dynamic=False`` every new one is one compilation, so bucketing bounds it.
-    :meth:`recompiles` reads dynamo's own counter of compiled graphs.
+    Compiled with dynamo's automatic dynamic shapes (``dynamic=None``): the first call compiles a
+    static kernel, a call with another batch size or bucket recompiles once with that dimension
+    symbolic, and later sizes reuse it. Bucketing keeps the lengths to a few values either way (and
+    the padded blocks full). ``signatures`` holds the distinct (q shape, k shape, dtype) seen;
+    :meth:`recompiles` reads dynamo's own counter of compiled graphs (the measured number).
     """
 
     def __init__(self):
@@ -246,7 +248,7 @@ class FlexRunner:
         if not compiled:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
         if self._compiled is None:
-            self._compiled = torch.compile(flex_attention, dynamic=False)
+            self._compiled = torch.compile(flex_attention)
         self.signatures.add((tuple(q.shape), tuple(k.shape), q.dtype))
         return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
