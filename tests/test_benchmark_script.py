@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "benchmark.py"
 
 
-def run_benchmark(*args, timeout=300):
+def run_benchmark(*args, timeout=900):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], cwd=REPO, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

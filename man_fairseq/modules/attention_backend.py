@@ -28,6 +28,7 @@ Whatever the option, a post-softmax transform, returned weights or a subclass th
 probabilities (relative value embeddings) always take the explicit path.
 """
 
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
@@ -225,10 +226,15 @@ class FlexRunner:
     symbolic, and later sizes reuse it. Bucketing keeps the lengths to a few values either way (and
     the padded blocks full). ``signatures`` holds the distinct (q shape, k shape, dtype) seen;
     :meth:`recompiles` reads dynamo's own counter of compiled graphs (the measured number).
+
+    If the dynamic-shape compilation fails (torch 2.13's CPU inductor flex template does, with a
+    C++ error, when a second batch size arrives), the runner warns once and compiles static kernels
+    from then on: one compilation per (batch size, bucket), correct but more compiles.
     """
 
     def __init__(self):
         self._compiled = None
+        self.dynamic: Optional[bool] = None  # torch.compile's ``dynamic``
         self.signatures = set()
         self.calls = 0
         # None: bucket lengths exactly when compiled; True/False force it (tests, benchmarks)
@@ -248,9 +254,18 @@ class FlexRunner:
         if not compiled:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
         if self._compiled is None:
-            self._compiled = torch.compile(flex_attention)
+            self._compiled = torch.compile(flex_attention, dynamic=self.dynamic)
         self.signatures.add((tuple(q.shape), tuple(k.shape), q.dtype))
-        return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        try:
+            return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        except Exception as e:  # noqa: BLE001 -- inductor raises many types; retried static, else re-raised
+            if self.dynamic is False:
+                raise
+            warnings.warn(f"flex_attention: dynamic-shape compilation failed ({type(e).__name__}); "
+                          f"compiling static kernels per shape from now on")
+            self.dynamic = False
+            self._compiled = torch.compile(flex_attention, dynamic=False)
+            return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
     def block_mask(self, mask_mod, batch: int, q_len: int, kv_len: int, device, compiled: bool):
         from torch.nn.attention.flex_attention import create_block_mask
