@@ -150,6 +150,34 @@ def test_flex_mods_compose():
     assert FlexMods().score_mod() is None and FlexMods().mask_mod() is None
 
 
+def test_flex_runner_falls_back_to_static_compilation():
+    """The dynamic-shape compile failing (torch 2.13 CPU inductor) must not lose the call."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled_with = []
+
+    def fake_compile(fn, dynamic=None):
+        compiled_with.append(dynamic)
+
+        def run(*args, **kwargs):
+            if dynamic is None:
+                raise RuntimeError("C++ compile error")
+            return fn(*args, **kwargs)
+
+        return run
+
+    runner = backends.FlexRunner()
+    runner.compile = fake_compile
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 7, 7))
+    with pytest.warns(UserWarning, match="dynamic-shape compilation failed"):
+        out = runner(q, k, v, None, None, 0.5, compiled=True)
+    torch.testing.assert_close(out, flex_attention(q, k, v, scale=0.5))
+    assert compiled_with == [None, False] and runner.dynamic is False
+    runner(q[:1], k[:1], v[:1], None, None, 0.5, compiled=True)
+    assert compiled_with == [None, False] and len(runner.signatures) == 2  # reused, new shape counted
+
+
 # ---------------------------------------------------------------------------------------------
 # flex == explicit, one attention module (float64, forward: no flex backward on CPU)
 # ---------------------------------------------------------------------------------------------

@@ -235,6 +235,7 @@ class FlexRunner:
     def __init__(self):
         self._compiled = None
         self.dynamic: Optional[bool] = None  # torch.compile's ``dynamic``
+        self.compile = torch.compile
         self.signatures = set()
         self.calls = 0
         # None: bucket lengths exactly when compiled; True/False force it (tests, benchmarks)
@@ -254,7 +255,7 @@ class FlexRunner:
         if not compiled:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
         if self._compiled is None:
-            self._compiled = torch.compile(flex_attention, dynamic=self.dynamic)
+            self._compiled = self.compile(flex_attention, dynamic=self.dynamic)
         self.signatures.add((tuple(q.shape), tuple(k.shape), q.dtype))
         try:
             return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
@@ -264,7 +265,7 @@ class FlexRunner:
             warnings.warn(f"flex_attention: dynamic-shape compilation failed ({type(e).__name__}); "
                           f"compiling static kernels per shape from now on")
             self.dynamic = False
-            self._compiled = torch.compile(flex_attention, dynamic=False)
+            self._compiled = self.compile(flex_attention, dynamic=False)
             return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
     def block_mask(self, mask_mod, batch: int, q_len: int, kv_len: int, device, compiled: bool):
