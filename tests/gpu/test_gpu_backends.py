@@ -71,7 +71,7 @@ def build(family, backend, seed=0):
     return model.cuda(), task
 
 
-def loss_and_grads(model, task, dtype):
+def loss_and_grads(model, task):
     d = task.source_dictionary
     src = tokens(d, SRC_LENGTHS, left=True, seed=1).cuda()
     prev = tokens(d, TGT_LENGTHS, left=False, seed=2).cuda()
@@ -106,8 +106,8 @@ def test_backend_matches_explicit_fp32(family, backend, dtype_name):
     for m in model.modules():
         if isinstance(m, BiasedMultiheadAttention):
             m.attention_backend = backend
-    ref_logits, ref_loss, ref_grads = loss_and_grads(ref_model, task, torch.float32)
-    logits, loss, grads = loss_and_grads(model, task, dtype)
+    ref_logits, ref_loss, ref_grads = loss_and_grads(ref_model, task)
+    logits, loss, grads = loss_and_grads(model, task)
     tol = TOLERANCE[dtype_name]
     assert torch.isfinite(logits).all() and torch.isfinite(loss)
     assert rel_err(logits, ref_logits) < tol
