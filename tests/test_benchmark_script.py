@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "benchmark.py"
 
 
-def run_benchmark(*args, timeout=300):
+def run_benchmark(*args, timeout=900):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], cwd=REPO, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -35,15 +35,18 @@ def test_tiny_width_prints_ratio_table(tmp_path):
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     assert "baseline (tiny)" in rows and "man" in rows, table
     cells = [c.strip() for c in rows["man"].split("|")[1:-1]]
-    # params, tok/s, ratio, memory, ratio, sent/s, ratio
-    assert cells[1] == "transformer_man_base"
-    assert re.fullmatch(r"\d+\.\d\dM", cells[2])
-    train_ratio, decode_ratio = cells[4], cells[8]
+    # model, backend, params, tok/s, ratio, memory, ratio, sent/s, ratio, target, met, kernels, graphs
+    assert cells[1] == "transformer_man_base" and cells[2] == "auto"
+    assert re.fullmatch(r"\d+\.\d\dM", cells[3])
+    train_ratio, decode_ratio = cells[5], cells[9]
     assert re.fullmatch(r"\d+\.\d{3}×", train_ratio) and re.fullmatch(r"\d+\.\d{3}×", decode_ratio), cells
-    assert re.fullmatch(r"\d+ MiB", cells[5]), cells
+    assert re.fullmatch(r"\d+ MiB", cells[6]), cells
+    # CPU: the self-attentions take SDPA with the dispatcher free; fairseq's decoder asks the last
+    # cross-attention for its weights (explicit); nothing is compiled
+    assert cells[12] == "explicit sdpa / explicit sdpa" and cells[13] == "0", cells
 
     results = json.loads(raw.read_text())
-    base, man = results["baseline:tiny"], results["man"]
+    base, man = results["baseline:tiny@auto"], results["man:tiny@auto"]
     # the ratio printed is the ratio of the measured rates
     assert abs(float(train_ratio[:-1]) - man["train_tok_s"] / base["train_tok_s"]) < 1e-3
     # both models saw the very same batches
@@ -68,3 +71,39 @@ def test_unregistered_arch_is_skipped_with_a_message(tmp_path, monkeypatch):
     text = out.read_text()
     assert "transformer_ghost_base is not registered" in text
     assert "no case could run" in text
+
+
+def test_backends_are_groups_with_their_own_baseline(tmp_path):
+    raw = tmp_path / "bench.json"
+    proc = run_benchmark(
+        "--width", "tiny", "--cases", "man", "--backend", "explicit,flex", "--iters", "1", "--warmup", "1",
+        "--decode-iters", "1", "--decode-sentences", "4", "--threads", "1", "--memory-iters", "0", "--json", raw,
+    )
+    results = json.loads(raw.read_text())
+    assert set(results) == {"baseline:tiny@explicit", "man:tiny@explicit", "baseline:tiny@flex", "man:tiny@flex"}
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| man ")]
+    assert [r.split("|")[3].strip() for r in rows] == ["explicit", "flex"]
+    # the option reached the model: explicit everywhere; flex trains through SDPA on CPU (no flex
+    # backward there) and decodes through flex
+    assert results["man:tiny@explicit"]["train_kernels"] == ["explicit"]
+    assert results["man:tiny@flex"]["train_kernels"] == ["explicit", "sdpa"]
+    assert "flex" in results["man:tiny@flex"]["decode_kernels"]
+
+
+def test_bad_width_and_backend_are_clear_errors():
+    for args, msg in ((["--width", "huge"], "--width: unknown"), (["--backend", "fast"], "--backend: unknown"),
+                      (["--width", "tiny,base"], "run it alone")):
+        proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+        assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
+
+
+def test_backend_names_agree_with_the_core():
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import benchmark
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
+
+    assert benchmark.ATTENTION_BACKENDS == ATTENTION_BACKENDS

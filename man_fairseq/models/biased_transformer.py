@@ -8,9 +8,12 @@ overrides :meth:`BiasedTransformerModel.attention_extras` and nothing else about
 
 import dataclasses
 import itertools
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Optional, Tuple
 
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -22,6 +25,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
+from ..modules.attention_backend import ATTENTION_BACKENDS
 from ..modules.biased_attention import BiasedMultiheadAttention
 from ..plugin_options import parse_layer_spec
 
@@ -39,6 +43,36 @@ def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
     if checkpoint:
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
+
+
+@dataclass
+class AttentionBackendConfig(FairseqDataclass):
+    """The option every family shares (``--attention-backend``)."""
+
+    attention_backend: ChoiceEnum(ATTENTION_BACKENDS) = field(
+        default="auto",
+        metadata={"help": "attention kernel: auto (fused SDPA with a fixed kernel policy: memory-efficient "
+                  "whenever a mask is present), sdpa (PyTorch's dispatcher, no cuDNN with a float mask), "
+                  "flex (FlexAttention for DMAN / localness / static windows / causal / padding; falls "
+                  "back to auto elsewhere) or explicit (the written-out softmax); see "
+                  "man_fairseq/modules/attention_backend.py. At generation: "
+                  "--model-overrides \"{'attention_backend': 'flex'}\""},
+    )
+
+
+def add_attention_backend_args(parser) -> None:
+    gen_parser_from_dataclass(parser, AttentionBackendConfig(), delete_default=True)
+
+
+def set_attention_backend(model: nn.Module, args) -> nn.Module:
+    """Give every :class:`BiasedMultiheadAttention` of ``model`` the ``--attention-backend`` of ``args``."""
+    backend = str(getattr(args, "attention_backend", None) or "auto")
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"--attention-backend: unknown {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+    for module in model.modules():
+        if isinstance(module, BiasedMultiheadAttention):
+            module.attention_backend = backend
+    return model
 
 
 class BiasedEncoderLayer(TransformerEncoderLayerBase):
@@ -94,6 +128,15 @@ class BiasedTransformerModel(TransformerModel):
 
     Not registered itself; subclasses register a model name and architectures.
     """
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_attention_backend_args(parser)
+
+    @classmethod
+    def build_model(cls, args, task):
+        return set_attention_backend(super().build_model(args, task), args)
 
     @classmethod
     def attention_extras(

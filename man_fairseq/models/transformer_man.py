@@ -23,7 +23,7 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
 from ..plugin_options import VALID, Number, Parsed, as_namespace, check_options
-from .biased_transformer import fill_option_defaults, wrap_layer
+from .biased_transformer import add_attention_backend_args, fill_option_defaults, set_attention_backend, wrap_layer
 
 
 @dataclass
@@ -78,6 +78,7 @@ class TransformerMANModel(TransformerModel):
     def add_args(cls, parser):
         super().add_args(parser)
         gen_parser_from_dataclass(parser, MANConfig(), delete_default=True)
+        add_attention_backend_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -85,7 +86,7 @@ class TransformerMANModel(TransformerModel):
         man_base_architecture(args)
         # fail at start-up, before any data is read, on any value outside its declared range
         check_options(args, MANConfig)
-        return super().build_model(args, task)
+        return set_attention_backend(super().build_model(args, task), args)
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

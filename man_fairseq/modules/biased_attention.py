@@ -9,8 +9,10 @@ bias ``log M``, so the core takes
 * an optional **post-softmax transform** of the attention probabilities (multiplicative windows,
   attention calibration).
 
-Without a post-softmax transform and without returned weights the core runs PyTorch's fused
-``scaled_dot_product_attention`` with the bias as a float mask.
+Without a post-softmax transform and without returned weights the core runs a fused kernel:
+PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask, pinned to the kernels
+:func:`~man_fairseq.modules.attention_backend.choose_kernel` allows, or ``flex_attention`` with
+the bias as a score modification (``--attention-backend``, see ``attention_backend.py``).
 
 It subclasses fairseq's :class:`MultiheadAttention` so that parameter names, initialisation,
 incremental-state buffers and beam reordering are fairseq's own, and the layer classes of
@@ -24,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
+
+from . import attention_backend as backends
 
 
 @dataclass
@@ -114,6 +118,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
         self.bias_module = bias_module
         self.post_softmax = post_softmax
         self.head_activation = ACTIVATIONS[head_activation]
+        # auto|sdpa|flex|explicit; the model sets it from --attention-backend on every attention
+        self.attention_backend = "auto"
+        self.last_kernel: Optional[backends.KernelChoice] = None  # the choice of the last call
 
     # Subclasses that read the probabilities in attend_values (relative value embeddings) set
     # this: it forces the explicit path instead of the fused kernel.
@@ -206,13 +213,27 @@ class BiasedMultiheadAttention(MultiheadAttention):
             incremental_state=incremental_state,
             self_attention=self.self_attention,
         )
-        mask = self._additive_mask(ctx, attn_mask)
         dropout_p = self.dropout_module.p if self.training else 0.0
-
-        if self.post_softmax is None and not need_weights and not self.needs_probabilities:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-            weights = None
+        choice = backends.choose_kernel(
+            self.attention_backend,
+            q.device.type,
+            q.dtype,
+            has_mask=self.bias_module is not None or attn_mask is not None or key_padding_mask is not None,
+            needs_probabilities=self.post_softmax is not None or need_weights or self.needs_probabilities,
+            flex_supported=self.bias_module is None or hasattr(self.bias_module, "flex_mods"),
+            dropout=dropout_p > 0,
+            requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        )
+        self.last_kernel = choice
+        weights = None
+        if choice.path == backends.FLEX:
+            out = self._flex_attention(ctx, attn_mask, q, k, v)
+        elif choice.path == backends.SDPA:
+            mask = backends.prepare_sdpa_mask(self._additive_mask(ctx, attn_mask), q)
+            with backends.sdpa_context(choice):
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
+            mask = self._additive_mask(ctx, attn_mask)
             scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
             if mask is not None:
                 scores = scores + mask
@@ -261,3 +282,36 @@ class BiasedMultiheadAttention(MultiheadAttention):
             dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
             mask = mask.masked_fill(dead, 0.0)
         return mask
+
+    def _flex_attention(self, ctx: AttentionContext, attn_mask: Optional[Tensor], q: Tensor, k: Tensor,
+                        v: Tensor) -> Tensor:
+        """The attention through ``flex_attention``: bias, causal and padding masks as score/mask mods.
+
+        Compiled (CUDA), lengths are bucketed (:func:`~.attention_backend.bucket_length`) and the
+        padded keys masked. A query whose every key is masked (a hard window around a pad query)
+        gets a zero output here where the dense paths attend uniformly; such rows are pad
+        positions, which nothing downstream reads.
+        """
+        bsz, t, s = q.size(0), q.size(2), k.size(2)
+        compiled = backends.FLEX_RUNNER.compiled_for(q.device.type)
+        bucketed = backends.FLEX_RUNNER.bucketed_for(q.device.type)
+        q_len, kv_len = (backends.bucket_length(t), backends.bucket_length(s)) if bucketed else (t, s)
+        mods = backends.FlexMods()
+        if self.bias_module is not None:
+            mods.extend(self.bias_module.flex_mods(ctx, q_len, kv_len))
+        if attn_mask is not None:
+            if self.self_attention and backends.is_future_mask(attn_mask, ctx.query_start):
+                mods.mask_mods.append(backends.causal_mod(torch.tensor(ctx.query_start, device=q.device)))
+            else:
+                if attn_mask.dtype == torch.bool:
+                    attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
+                table = attn_mask.to(backends.small_dtype(q))
+                table = backends.pad_dim(backends.pad_dim(table, 0, q_len), 1, kv_len)
+                mods.score_mods.append(backends.additive_table_mod(table))
+        if ctx.key_padding_mask is not None or kv_len != s:
+            if ctx.key_padding_mask is not None:
+                valid = ~ctx.key_padding_mask
+            else:
+                valid = torch.ones(bsz, s, dtype=torch.bool, device=q.device)
+            mods.mask_mods.append(backends.key_valid_mod(backends.pad_dim(valid, 1, kv_len, False)))
+        return backends.flex_attention_call(q, k, v, mods, self.scaling, compiled, q_len, kv_len)

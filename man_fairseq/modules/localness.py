@@ -32,6 +32,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from . import attention_backend as backends
 from .biased_attention import AttentionContext
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -196,6 +197,26 @@ class LocalnessBias(nn.Module):
             # -(s-P)^2/(2 sigma^2) can overflow half precision; a row of -inf would give NaN
             bias = bias.clamp(min=-3e4)
         return bias
+
+    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
+        """The Gaussian bias as a flex score mod from P, sigma (B,H,T) and key positions (B,S)."""
+        centre, window, positions, length = self.centres_and_windows(ctx)
+        if self.record:
+            self.forward(ctx)  # keeps the localness-windows command's record identical
+        bsz, heads, t = centre.shape[:3]
+        centre = backends.pad_dim(centre[..., 0], 2, q_len)  # (B, H, q_len)
+        sigma = backends.pad_dim((window / 2).expand(bsz, heads, t, 1)[..., 0], 2, q_len, 1.0)
+        positions = backends.pad_dim(positions[:, 0, 0, :].expand(bsz, -1), 1, kv_len)  # (B, kv_len)
+        clamp = ctx.q.dtype == torch.float16
+
+        def localness(score, b, h, q_idx, kv_idx):
+            scaled = (positions[b, kv_idx] - centre[b, h, q_idx]) / sigma[b, h, q_idx]
+            bias = -0.5 * scaled * scaled
+            if clamp:  # as the dense path: a half-precision bias is clamped to stay finite
+                bias = bias.clamp(min=-3e4)
+            return score + bias.to(score.dtype)
+
+        return backends.FlexMods(score_mods=[localness])
 
     def extra_repr(self) -> str:
         extra = {"fixed": f", D={self.fixed_window:g}", "head": f", N={self.head_window_max:g}"}.get(self.window, "")

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import attention_backend as backends
 from .biased_attention import AttentionContext
 
 
@@ -45,6 +46,21 @@ class DynamicMaskBias(nn.Module):
 
     def forward(self, ctx: AttentionContext) -> Tensor:
         return F.logsigmoid(self.logits(ctx))
+
+    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
+        """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""
+        dtype = backends.small_dtype(ctx.q)
+        hw = torch.matmul(ctx.query, self.query_weight.t().to(ctx.query.dtype))  # (T, B, 1)
+        hw = backends.pad_dim(hw[..., 0].t().to(dtype), 1, q_len)  # (B, q_len)
+        distance_bias, head_bias = self.distance_bias.to(dtype), self.head_bias.to(dtype)
+        k = self.max_relative_distance
+        query_start = torch.tensor(ctx.query_start, device=ctx.q.device)
+
+        def dman(score, b, h, q_idx, kv_idx):
+            rel = (q_idx + query_start - kv_idx).clamp(-k, k) + k
+            return score + F.logsigmoid(hw[b, q_idx] + distance_bias[rel] + head_bias[h]).to(score.dtype)
+
+        return backends.FlexMods(score_mods=[dman])
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, max_relative_distance={self.max_relative_distance}"
@@ -96,6 +112,39 @@ class StaticWindowBias(nn.Module):
         bias = torch.zeros(outside.shape, dtype=ctx.q.dtype, device=dist.device)
         bias = bias.masked_fill(outside, float("-inf"))
         return bias.unsqueeze(1)  # (B|1, 1, T, S)
+
+    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
+        """The window as a flex mask mod (a block mask: whole blocks outside it are skipped)."""
+        device = ctx.q.device
+        query_start = torch.tensor(ctx.query_start, device=device)
+        if self.window != "sqrt_half_length":
+            b = self.window
+
+            def window(bi, h, q_idx, kv_idx):
+                return (q_idx + query_start - kv_idx).abs() <= b
+
+            return backends.FlexMods(mask_mods=[window])
+        bsz = ctx.k.size(0)
+        if ctx.key_padding_mask is not None:
+            length = (~ctx.key_padding_mask).sum(-1)
+            first = ctx.key_padding_mask.long().argmin(-1)
+        else:
+            length = torch.full((bsz,), ctx.num_keys, dtype=torch.long, device=device)
+            first = torch.zeros(bsz, dtype=torch.long, device=device)
+        if self.causal:
+            t_pos = ctx.query_positions()
+            prefix = (t_pos[None, :] - first[:, None] + 1).clamp(min=1)
+            half = backends.pad_dim(self.sqrt_half_length(prefix).long(), 1, q_len)  # (B, q_len)
+
+            def window(bi, h, q_idx, kv_idx):
+                return (q_idx + query_start - kv_idx).abs() <= half[bi, q_idx]
+        else:
+            half = self.sqrt_half_length(length).long()  # (B,)
+
+            def window(bi, h, q_idx, kv_idx):
+                return (q_idx + query_start - kv_idx).abs() <= half[bi]
+
+        return backends.FlexMods(mask_mods=[window])
 
     def extra_repr(self) -> str:
         return f"window={self.window}, causal={self.causal}"

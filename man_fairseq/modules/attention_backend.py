@@ -1,0 +1,354 @@
+"""Which attention kernel the core runs, decided on purpose (issue 13).
+
+``--attention-backend`` takes one of
+
+* ``auto`` (default): a fixed policy. PyTorch's fused ``scaled_dot_product_attention`` (SDPA) is
+  pinned to the **memory-efficient** kernel (math as fallback) whenever any float mask is present
+  (a bias, a causal mask, padding), in training *and* evaluation, with the mask contiguous in the
+  last dimension and in the query's dtype. Flash and cuDNN are allowed only for plain attention
+  (no mask at all) in fp16/bf16. So training and evaluation run the same kernel whenever a mask is
+  present, and cuDNN never sees a float mask: it refuses one that requires grad
+  (``check_attn_mask_shape``) but takes one that does not, where pytorch#196678 (NaN ``grad_q``
+  at ``seq_len % 128 == 64``) and pytorch#191612 (fp32 mask read as fp16/bf16) live.
+  On CPU the dispatcher is left free: it has no cuDNN kernel and no known mask bug.
+* ``sdpa``: PyTorch's dispatcher chooses, with one guard: no cuDNN while a float mask is present
+  (flash refuses masks, so that leaves memory-efficient or math). Without a mask it is unrestricted.
+* ``flex``: ``torch.nn.attention.flex_attention`` for the biases that are functions of small
+  tensors (DMAN, localness, static windows) plus causal and padding masks, with no
+  ``(B, H, T, S)`` tensor; compiled (``torch.compile``) on CUDA with lengths bucketed to multiples
+  of :data:`FLEX_BUCKET` so that variable sentence lengths reuse a few compiled kernels. It is not
+  ``auto``'s choice: its GPU speed is not measured yet (docs/benchmarks.md).
+  Falls back to ``auto`` (:func:`choose_kernel` says why) where flex cannot run: a bias module
+  without ``flex_mods`` (the differentiable windows' cumulative sums, relative positions), a
+  post-softmax transform (calibration, multiplicative windows), returned attention weights,
+  attention dropout > 0 (flex has no dropout), and training on CPU (flex has no CPU backward).
+* ``explicit``: ``softmax(q k^T * scale + mask)`` written out, the reference path.
+
+Whatever the option, a post-softmax transform, returned weights or a subclass that reads the
+probabilities (relative value embeddings) always take the explicit path.
+"""
+
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "explicit")
+
+EXPLICIT, SDPA, FLEX = "explicit", "sdpa", "flex"
+# SDPBackend member names (torch.nn.attention.SDPBackend)
+FLASH, CUDNN, EFFICIENT, MATH = "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+# flex lengths are padded up to a multiple of this (flex's own block size) when compiled
+FLEX_BUCKET = 128
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """The path the core takes: ``explicit``, ``sdpa`` (with the allowed SDPA kernels, empty =
+    dispatcher free) or ``flex``; ``reason`` says why, for logs and tests."""
+
+    path: str
+    sdpa_backends: Tuple[str, ...] = ()
+    reason: str = ""
+
+
+def choose_kernel(
+    backend: str,
+    device_type: str,
+    dtype: torch.dtype,
+    has_mask: bool,
+    needs_probabilities: bool = False,
+    flex_supported: bool = False,
+    dropout: bool = False,
+    requires_grad: bool = False,
+) -> KernelChoice:
+    """The attention kernel for one call: a pure function of what the call needs.
+
+    Args:
+        backend: ``auto|sdpa|flex|explicit`` (``--attention-backend``).
+        device_type: ``cpu`` / ``cuda`` / ...
+        dtype: dtype of the projected queries.
+        has_mask: any additive float mask (bias, causal, padding) is present.
+        needs_probabilities: a post-softmax transform, returned weights or a subclass hook reads
+            the ``(B,H,T,S)`` probabilities.
+        flex_supported: the bias module (if any) provides ``flex_mods``.
+        dropout: attention dropout is active (training with ``--attention-dropout`` > 0).
+        requires_grad: a backward pass will follow (q, k, v or the bias need gradients).
+    """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose one of {ATTENTION_BACKENDS}")
+    if needs_probabilities:
+        return KernelChoice(EXPLICIT, reason="the probabilities are needed (post-softmax transform or weights)")
+    if backend == EXPLICIT:
+        return KernelChoice(EXPLICIT, reason="--attention-backend explicit")
+    fallback = ""
+    if backend == FLEX:
+        if not flex_supported:
+            fallback = "flex: the bias module has no flex_mods; "
+        elif dropout:
+            fallback = "flex: attention dropout is not supported by flex_attention; "
+        elif requires_grad and device_type == "cpu":
+            fallback = "flex: no backward on CPU; "
+        else:
+            return KernelChoice(FLEX, reason="--attention-backend flex")
+        backend = "auto"
+    if device_type != "cuda":
+        return KernelChoice(SDPA, (), fallback + f"{device_type}: dispatcher free (no cuDNN kernel)")
+    if dtype == torch.float64:
+        return KernelChoice(SDPA, (MATH,), fallback + "float64: only the math kernel")
+    if backend == SDPA:
+        if has_mask:
+            return KernelChoice(SDPA, (FLASH, EFFICIENT, MATH), fallback + "sdpa: dispatcher, no cuDNN with a float mask")
+        return KernelChoice(SDPA, (), fallback + "sdpa: dispatcher free (no mask)")
+    # auto
+    if has_mask:
+        return KernelChoice(SDPA, (EFFICIENT, MATH), fallback + "auto: mask present -> memory-efficient (math fallback)")
+    if dtype in HALF_DTYPES:
+        return KernelChoice(SDPA, (FLASH, CUDNN, EFFICIENT, MATH), fallback + "auto: plain half-precision attention")
+    return KernelChoice(SDPA, (EFFICIENT, MATH), fallback + "auto: plain fp32 attention (no flash/cuDNN kernel)")
+
+
+def sdpa_context(choice: KernelChoice):
+    """``sdpa_kernel`` pinning the allowed kernels of ``choice`` (a no-op when dispatcher free)."""
+    if not choice.sdpa_backends:
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name) for name in choice.sdpa_backends])
+
+
+def prepare_sdpa_mask(mask: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
+    """The float mask as the memory-efficient kernel needs it: in q's dtype, ``stride(-1) == 1``.
+
+    Broadcast (stride 0) leading dimensions are kept: the kernel expands them itself, and making
+    them contiguous would materialise ``(B, H, T, S)``.
+    """
+    if mask is None:
+        return None
+    if mask.dtype != q.dtype:
+        mask = mask.to(q.dtype)  # an fp32 mask with half q: never let a kernel reinterpret it
+    if mask.stride(-1) != 1:
+        mask = mask.contiguous()
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------
+# FlexAttention
+# ----------------------------------------------------------------------------------------------
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class FlexMods:
+    """What one attention call adds to flex_attention: additive score terms and boolean masks.
+
+    Every callable indexes only small tensors (per query, per key, per head, a distance table),
+    padded to the bucketed lengths the core passes to ``flex_mods``.
+    """
+
+    score_mods: List[ScoreMod] = field(default_factory=list)
+    mask_mods: List[MaskMod] = field(default_factory=list)
+
+    def extend(self, other: "FlexMods") -> "FlexMods":
+        self.score_mods.extend(other.score_mods)
+        self.mask_mods.extend(other.mask_mods)
+        return self
+
+    def score_mod(self) -> Optional[ScoreMod]:
+        mods = list(self.score_mods)
+        if not mods:
+            return None
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            for mod in mods:
+                score = mod(score, b, h, q_idx, kv_idx)
+            return score
+
+        return score_mod
+
+    def mask_mod(self) -> Optional[MaskMod]:
+        mods = list(self.mask_mods)
+        if not mods:
+            return None
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = mods[0](b, h, q_idx, kv_idx)
+            for mod in mods[1:]:
+                keep = keep & mod(b, h, q_idx, kv_idx)
+            return keep
+
+        return mask_mod
+
+
+def bucket_length(n: int, multiple: int = FLEX_BUCKET) -> int:
+    """Smallest length >= n in the bucket set: 16, 32, 64, then multiples of ``multiple``.
+
+    Short lengths (incremental decoding has one query) get small power-of-two buckets instead
+    of a whole block; beyond ``multiple`` the waste is below one block per sequence.
+    """
+    if n < 1:
+        raise ValueError(f"length must be >= 1, got {n}")
+    for small in (16, 32, 64):
+        if n <= small and small < multiple:
+            return small
+    return -(-n // multiple) * multiple
+
+
+def pad_dim(x: Tensor, dim: int, length: int, value=0) -> Tensor:
+    """``x`` padded with ``value`` at the end of ``dim`` up to ``length`` (unchanged if already)."""
+    extra = length - x.size(dim)
+    if extra < 0:
+        raise ValueError(f"cannot pad dim {dim} of size {x.size(dim)} down to {length}")
+    if extra == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, x.new_full(shape, value)], dim=dim)
+
+
+def small_dtype(q: Tensor) -> torch.dtype:
+    """dtype of the score-mod tensors: float32 for half q (flex computes scores in fp32)."""
+    return torch.float32 if q.dtype in HALF_DTYPES else q.dtype
+
+
+class FlexRunner:
+    """Calls ``flex_attention``: eagerly, or through one ``torch.compile`` with counted shapes.
+
+    Compiled with dynamo's automatic dynamic shapes (``dynamic=None``): the first call compiles a
+    static kernel, a call with another batch size or bucket recompiles once with that dimension
+    symbolic, and later sizes reuse it. Bucketing keeps the lengths to a few values either way (and
+    the padded blocks full). ``signatures`` holds the distinct (q shape, k shape, dtype) seen;
+    :meth:`recompiles` reads dynamo's own counter of compiled graphs (the measured number).
+
+    If the dynamic-shape compilation fails (torch 2.13's CPU inductor flex template does, with a
+    C++ error, when a second batch size arrives), the runner warns once and compiles static kernels
+    from then on: one compilation per (batch size, bucket), correct but more compiles.
+    """
+
+    def __init__(self):
+        self._compiled = None
+        self.dynamic: Optional[bool] = None  # torch.compile's ``dynamic``
+        self.compile = torch.compile
+        self.signatures = set()
+        self.calls = 0
+        # None: bucket lengths exactly when compiled; True/False force it (tests, benchmarks)
+        self.bucketing: Optional[bool] = None
+
+    def compiled_for(self, device_type: str) -> bool:
+        # flex's compiled kernels are the point on CUDA; on CPU the eager (unfused) path is used
+        return device_type == "cuda"
+
+    def bucketed_for(self, device_type: str) -> bool:
+        return self.compiled_for(device_type) if self.bucketing is None else self.bucketing
+
+    def __call__(self, q, k, v, score_mod, block_mask, scale, compiled: bool):
+        from torch.nn.attention.flex_attention import flex_attention
+
+        self.calls += 1
+        if not compiled:
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        if self._compiled is None:
+            self._compiled = self.compile(flex_attention, dynamic=self.dynamic)
+        self.signatures.add((tuple(q.shape), tuple(k.shape), q.dtype))
+        try:
+            return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        except Exception as e:  # noqa: BLE001 -- inductor raises many types; retried static, else re-raised
+            if self.dynamic is False:
+                raise
+            warnings.warn(f"flex_attention: dynamic-shape compilation failed ({type(e).__name__}); "
+                          f"compiling static kernels per shape from now on")
+            self.dynamic = False
+            self._compiled = self.compile(flex_attention, dynamic=False)
+            return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+    def block_mask(self, mask_mod, batch: int, q_len: int, kv_len: int, device, compiled: bool):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=compiled)
+
+    @staticmethod
+    def recompiles() -> int:
+        """Graphs compiled by dynamo in this process so far (all compiled functions)."""
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+
+
+FLEX_RUNNER = FlexRunner()
+
+
+def flex_attention_call(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mods: FlexMods,
+    scale: float,
+    compiled: Optional[bool] = None,
+    q_len: Optional[int] = None,
+    kv_len: Optional[int] = None,
+) -> Tensor:
+    """flex_attention on (B,H,T,D) q and (B,H,S,D) k/v whose mods index lengths ``q_len``/``kv_len``.
+
+    q/k/v are zero-padded to those lengths; the caller's mods must already mask the padded keys.
+    Returns the (B,H,T,D) output of the real queries.
+    """
+    runner = FLEX_RUNNER
+    if compiled is None:
+        compiled = runner.compiled_for(q.device.type)
+    t = q.size(2)
+    q_len = q_len or t
+    kv_len = kv_len or k.size(2)
+    q, k, v = pad_dim(q, 2, q_len), pad_dim(k, 2, kv_len), pad_dim(v, 2, kv_len)
+    mask_mod = mods.mask_mod()
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = runner.block_mask(mask_mod, q.size(0), q_len, kv_len, q.device, compiled)
+    out = runner(q, k, v, mods.score_mod(), block_mask, scale, compiled)
+    return out[:, :, :t]
+
+
+def additive_table_mod(table: Tensor) -> ScoreMod:
+    """score + table[q, kv] for a (T, S) float mask (e.g. a caller's attn_mask)."""
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + table[q_idx, kv_idx].to(score.dtype)
+
+    return mod
+
+
+def key_valid_mod(valid: Tensor) -> MaskMod:
+    """Keep key ``kv`` of sentence ``b`` where ``valid[b, kv]`` (B, S) is True."""
+
+    def mod(b, h, q_idx, kv_idx):
+        return valid[b, kv_idx]
+
+    return mod
+
+
+def causal_mod(query_start: Tensor) -> MaskMod:
+    """Keep keys at or before the query: ``kv <= q + query_start`` (query_start a 0-d tensor)."""
+
+    def mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + query_start
+
+    return mod
+
+
+def is_future_mask(attn_mask: Tensor, query_start: int) -> bool:
+    """True if ``attn_mask`` (T,S) is exactly fairseq's causal mask (``-inf`` above the diagonal,
+    0 elsewhere) for queries starting at key ``query_start``."""
+    if attn_mask.dim() != 2:
+        return False
+    t, s = attn_mask.shape
+    rows = torch.arange(t, device=attn_mask.device)[:, None] + query_start
+    future = torch.arange(s, device=attn_mask.device)[None, :] > rows
+    if attn_mask.dtype == torch.bool:
+        return bool(torch.equal(attn_mask, future))
+    return bool(torch.equal(torch.isneginf(attn_mask), future) and not attn_mask.masked_fill(future, 0).any())
