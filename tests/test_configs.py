@@ -2,7 +2,7 @@
 paper's values (or the documented source of a value the paper does not give), and every results
 row of ``paper-tables.md`` has a config, an analysis or a README "not reproduced" line."""
 
-from pathlib import Path
+import math
 
 import pytest
 
@@ -92,7 +92,11 @@ def test_training_command_carries_the_paper_values(cfg, tmp_path):
 def test_calibration_rows_use_the_papers_fusion_settings():
     assert BY_NAME["calibration-t2-fixed"]["model"]["calibration-lambda"] == 0.1
     assert BY_NAME["calibration-t2-fixed"]["model"]["calibration-fusion"] == "fixed"  # a + lambda a^c
-    assert BY_NAME["calibration-t2-anneal"]["model"]["calibration-anneal-steps"] == 100000
+    anneal = BY_NAME["calibration-t2-anneal"]
+    assert anneal["model"]["calibration-anneal-steps"] == 100000
+    # the paper's 150k steps: gamma(s) = exp(-s/1e5) ends at 0.22 (at 100k it would be 0.37)
+    gamma_end = math.exp(-anneal["train"]["max-update"] / anneal["model"]["calibration-anneal-steps"])
+    assert gamma_end == pytest.approx(0.223, abs=1e-3)
     assert BY_NAME["calibration-t2-transformer"]["arch"] == "transformer_wmt_en_de"
 
 
