@@ -192,8 +192,11 @@ def run_probe(args):
         if not log.is_file():
             raise SystemExit(f"lr_probe: no {log} to analyse")
         prev = json.loads((out / "probe.json").read_text()) if (out / "probe.json").is_file() else {}
+        # the earlier run's settings; a log without probe.json was stopped by hand: judge what it logged
+        args.updates = prev.get("updates", args.updates)
+        args.warmup = prev.get("warmup_updates", args.warmup)
         return finish(args, cfg, out, log.read_text().splitlines(True), prev.get("exit_code"),
-                      prev.get("wall_seconds", 0.0), True, prev.get("command", []))
+                      prev.get("wall_seconds", 0.0), prev.get("time_limited", True), prev.get("command", []))
     out.mkdir(parents=True, exist_ok=True)
     src, tgt = cfg.get("source_lang") or "de", cfg.get("target_lang") or "en"
     data = args.data or binarize(args.text, src, tgt, out.parent / f"data-bin-{src}-{tgt}")
