@@ -199,11 +199,10 @@ def test_degenerate_full_mask_keeps_attention_and_zero_mask_gives_uniform():
 
 
 @pytest.mark.parametrize("pad", [None, PAD_LEFT])
-@pytest.mark.parametrize("variant", ["fixed", "fixed_no_softmax", "anneal", "gate"])
+@pytest.mark.parametrize("variant", ["fixed", "fixed_softmax", "anneal", "gate"])
 def test_calibrated_fusions_match_formula(variant, pad):
     lam = 0.37
-    kw = dict(fusion=variant.replace("_no_softmax", ""), calibration_lambda=lam,
-              fixed_no_softmax=variant == "fixed_no_softmax", anneal_steps=50.0)
+    kw = dict(fusion=variant, calibration_lambda=lam, anneal_steps=50.0)
     t = transform(**kw)
     t.set_num_updates(20)
     a, ctx = make_context(pad=pad)
@@ -217,10 +216,10 @@ def test_calibrated_fusions_match_formula(variant, pad):
             for i in range(3):
                 ac = [a[b, h, i, s] * math.exp(1 - m[b, h, i, s]) for s in range(5)]
                 real = [pad is None or not pad[b, s] for s in range(5)]
-                if variant == "fixed":
+                if variant == "fixed_softmax":
                     z = [math.exp(a[b, h, i, s] + lam * ac[s]) if real[s] else 0.0 for s in range(5)]
                     row = [v / sum(z) for v in z]
-                elif variant == "fixed_no_softmax":
+                elif variant == "fixed":
                     row = [a[b, h, i, s] + lam * ac[s] for s in range(5)]
                 elif variant == "anneal":
                     gamma = math.exp(-20 / 50.0)
@@ -416,7 +415,7 @@ def test_every_option_changes_the_output():
         "fusion anneal": logits(["--calibration-fusion", "anneal"], num_updates=30000),
         "fusion gate": logits(["--calibration-fusion", "gate"]),
         "lambda": logits(["--calibration-lambda", "0.5"]),
-        "no softmax": logits(["--calibration-fixed-no-softmax"]),
+        "fixed softmax": logits(["--calibration-fusion", "fixed_softmax"]),
     }
     for name, out in variants.items():
         assert not torch.allclose(base, out), name

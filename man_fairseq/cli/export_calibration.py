@@ -10,7 +10,7 @@ paper's analysis, Figures 6-7) it writes
 * ``calibration_stats.md`` / ``.json`` / ``.png``: per decoder layer the Jensen-Shannon divergence
   (base 2, in [0, 1]) between the original cross-attention ``a`` and the fused calibrated weights,
   the entropies (bits) of both and their change, and the mean mask. Averages run over every real
-  (target token, head) row. The ``anneal`` and ``fixed --calibration-fixed-no-softmax`` fusions
+  (target token, head) row. The ``anneal`` and ``fixed`` (the authors' ``a + lambda a^c``) fusions
   do not produce distributions; they are renormalised over the real source keys for JSD/entropy.
 
 Usage::

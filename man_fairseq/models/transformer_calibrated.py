@@ -29,16 +29,12 @@ class CalibrationConfig(FairseqDataclass):
     calibration_fusion: ChoiceEnum(list(FUSIONS)) = field(
         default="fixed",
         metadata={"help": "fusion of original and calibrated cross-attention: fixed "
-                  "(softmax(a + lambda a^c)), anneal (g(s) a + (1-g(s)) a^c, g(s)=exp(-s/steps)), "
+                  "(a + lambda a^c, the authors' code), fixed_softmax (softmax(a + lambda a^c), "
+                  "the paper's printed formula), anneal (g(s) a + (1-g(s)) a^c, g(s)=exp(-s/steps)), "
                   "gate (g a + (1-g) a^c, g = sigmoid(q W_g + b_g) per head)"},
     )
     calibration_lambda: float = field(
         default=0.1, metadata={"help": "lambda of the fixed fusion", VALID: Number(0)}
-    )
-    calibration_fixed_no_softmax: bool = field(
-        default=False,
-        metadata={"help": "fixed fusion without the softmax: a + lambda a^c (the authors' code; "
-                  "the paper prints softmax(a + lambda a^c))"},
     )
     calibration_anneal_steps: float = field(
         default=100000.0,
@@ -83,7 +79,6 @@ class TransformerCalibratedModel(BiasedTransformerModel):
             num_heads=cfg.decoder.attention_heads,
             fusion=str(cfg.calibration_fusion),
             calibration_lambda=cfg.calibration_lambda,
-            fixed_no_softmax=cfg.calibration_fixed_no_softmax,
             anneal_steps=cfg.calibration_anneal_steps,
         )
 

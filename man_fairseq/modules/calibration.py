@@ -9,8 +9,10 @@ layer. From the original attention weights ``a`` (B, H, T, S) it computes
 * the **perturbed** weights ``a^p = m*a + (1-m)*mu0`` (``mu0`` uniform over the real keys), used
   only by the perturbation pass of the joint criterion;
 * the **calibrated** weights ``a^c = a * exp(1-m)`` and their fusion with ``a``:
-  ``fixed``: ``softmax(a + lambda a^c)`` over the real keys (or ``a + lambda a^c`` with
-  ``fixed_no_softmax``, the authors' code), ``anneal``: ``g(s) a + (1-g(s)) a^c`` with
+  ``fixed``: ``a + lambda a^c`` (the authors' code, which gave the paper's Fixed row; like
+  anneal and gate it is not renormalised), ``fixed_softmax``: ``softmax(a + lambda a^c)`` over
+  the real keys (the formula as printed in the paper: a softmax over values in [0, 1+lambda e]
+  flattens the attention towards uniform), ``anneal``: ``g(s) a + (1-g(s)) a^c`` with
   ``g(s) = exp(-s/anneal_steps)``, ``gate``: ``g a + (1-g) a^c`` with
   ``g = sigmoid(q_t W_g + b_g)`` per head.
 
@@ -32,7 +34,7 @@ from torch import Tensor, nn
 
 from .biased_attention import AttentionContext
 
-FUSIONS = ("fixed", "anneal", "gate")
+FUSIONS = ("fixed", "fixed_softmax", "anneal", "gate")
 CALIBRATED, PERTURBED = "calibrated", "perturbed"
 
 
@@ -71,7 +73,6 @@ class CalibrationTransform(nn.Module):
         num_heads: int,
         fusion: str = "fixed",
         calibration_lambda: float = 0.1,
-        fixed_no_softmax: bool = False,
         anneal_steps: float = 100000.0,
     ):
         super().__init__()
@@ -87,7 +88,6 @@ class CalibrationTransform(nn.Module):
         self.head_dim = query_dim // num_heads
         self.fusion = fusion
         self.calibration_lambda = float(calibration_lambda)
-        self.fixed_no_softmax = bool(fixed_no_softmax)
         self.anneal_steps = float(anneal_steps)
         self.perturbation = MaskPerturbation(query_dim, key_dim, num_heads, self.head_dim)
         if fusion == "gate":
@@ -107,8 +107,7 @@ class CalibrationTransform(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"fusion={self.fusion}, lambda={self.calibration_lambda}, "
-            f"fixed_no_softmax={self.fixed_no_softmax}, anneal_steps={self.anneal_steps}"
+            f"fusion={self.fusion}, lambda={self.calibration_lambda}, anneal_steps={self.anneal_steps}"
         )
 
     # fairseq's BaseFairseqModel.set_num_updates forwards the trainer's count to every
@@ -182,9 +181,9 @@ class CalibrationTransform(nn.Module):
 
         m = self.mask(ctx, detach=True)
         calibrated = a * torch.exp(1 - m)
-        if self.fusion == "fixed":
+        if self.fusion in ("fixed", "fixed_softmax"):
             fused = a + self.calibration_lambda * calibrated
-            if not self.fixed_no_softmax:
+            if self.fusion == "fixed_softmax":
                 if pad is not None:
                     # pads must stay at weight 0 after the softmax
                     fused = fused.masked_fill(pad[:, None, None, :], float("-inf"))

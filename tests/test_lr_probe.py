@@ -1,0 +1,86 @@
+"""scripts/lr_probe.sh: the command it runs, how it reads fairseq's log, its verdicts, and one real
+(tiny) probe end to end on the toy corpus."""
+
+import json
+import math
+
+from conftest import TINY_MODEL
+from man_fairseq.recipes import lr_probe
+from man_fairseq.recipes.config import load_config
+
+SMALL = "configs/man/t1-iwslt14-man-small.yaml"
+
+
+def _flag(argv, flag):
+    i = len(argv) - 1 - argv[::-1].index(flag)
+    return argv[i + 1]
+
+
+def test_probe_command_keeps_the_config_and_overrides_schedule_and_batch(tmp_path):
+    cfg = load_config(SMALL)
+    argv = lr_probe.probe_args(lr_probe.probe_config(cfg, "config"), "DATA", tmp_path, 300, 40, 1536, "cpu", 10)
+    # the config's model, optimiser and peak lr ...
+    assert _flag(argv, "--arch") == "transformer_man_small" and _flag(argv, "--lr") == "0.007"
+    assert _flag(argv, "--optimizer") == "adam" and _flag(argv, "--adam-betas") == "(0.9, 0.98)"
+    assert "--encoder-normalize-before" in argv  # the config is pre-norm (authors' code)
+    # ... with the probe's schedule and batch winning (they come last)
+    assert _flag(argv, "--max-update") == "300" and _flag(argv, "--warmup-updates") == "40"
+    assert _flag(argv, "--max-tokens") == "1536" and _flag(argv, "--update-freq") == "1"
+    assert "--cpu" in argv and "--no-save" in argv
+    gpu = lr_probe.probe_args(cfg, "DATA", tmp_path, 300, 40, None, "cuda", 10)
+    assert "--cpu" not in gpu and "--fp16" not in gpu and _flag(gpu, "--max-tokens") == "8192"
+
+
+def test_norm_is_forced_both_ways():
+    cfg = load_config(SMALL)
+    post = lr_probe.probe_args(lr_probe.probe_config(cfg, "post"), "D", "s", 10, 2, 1000, "cpu", 5)
+    pre = lr_probe.probe_args(lr_probe.probe_config(cfg, "pre"), "D", "s", 10, 2, 1000, "cpu", 5)
+    for side in ("encoder", "decoder"):
+        assert f"--{side}-normalize-before" not in post and f"--{side}-normalize-before" in pre
+    assert cfg["model"]["encoder-normalize-before"] is True  # the loaded config is not modified
+
+
+def test_parse_log_reads_train_inner_records_only():
+    lines = [
+        '2026-01-01 | INFO | train_inner | {"epoch": 1, "update": 0.1, "loss": "12.5", "gnorm": "3.2", '
+        '"lr": "0.001", "num_updates": "10"}\n',
+        '2026-01-01 | INFO | train | {"epoch": 1, "loss": "11.0", "num_updates": "20"}\n',
+        '2026-01-01 | INFO | train_inner | {"loss": "nan", "gnorm": "inf", "lr": "0.002", "num_updates": "20"}\n',
+        "garbage train_inner { not json\n",
+    ]
+    recs = lr_probe.parse_log(lines)
+    assert recs[0] == {"num_updates": 10.0, "loss": 12.5, "gnorm": 3.2, "lr": 0.001}
+    assert len(recs) == 2 and math.isnan(recs[1]["loss"]) and math.isinf(recs[1]["gnorm"])
+
+
+def _curve(losses, gnorm=1.0):
+    return [{"num_updates": 10.0 * (i + 1), "loss": l, "gnorm": gnorm, "lr": 1e-3} for i, l in enumerate(losses)]
+
+
+def test_verdicts():
+    falling = _curve([13, 12.5, 12, 11, 10, 9.5, 9, 8.8, 8.5])
+    assert lr_probe.verdict(falling, True, 1.0)[0] == "trains"
+    assert lr_probe.verdict(falling, False, 1.0)[0] == "diverges"  # crashed / stopped early
+    assert lr_probe.verdict(_curve([13, 12.9, 13.1, 13, 12.95, 13]), True, 1.0)[0] == "stalls"
+    blowup = _curve([13, 11, 9, 8, 8, 9, 11, 12, 13])
+    assert lr_probe.verdict(blowup, True, 1.0) == ("diverges", "loss climbed back from 8.33 to 12.00")
+    nan = falling[:4] + [{"num_updates": 50.0, "loss": float("nan"), "gnorm": float("nan"), "lr": 1e-3}]
+    assert lr_probe.verdict(nan, True, 1.0) == ("diverges", "non-finite loss/gnorm at update 50")
+    assert lr_probe.verdict([], True, 1.0)[0] == "diverges"
+
+
+def test_tiny_probe_end_to_end(toy_data_bin, tmp_path):
+    """A real fairseq-train run through the probe (tiny width via the pass-through options)."""
+    out = tmp_path / "probe"
+    rc = lr_probe.main([SMALL, "--norm", "post", "--updates", "12", "--warmup", "4", "--max-tokens", "500",
+                        "--log-interval", "2", "--data", str(toy_data_bin), "--out", str(out), "--min-drop", "0.5",
+                        "--", *TINY_MODEL, "--source-lang", "src", "--target-lang", "tgt", "--seed", "3"])
+    res = json.loads((out / "probe.json").read_text())
+    assert res["verdict"] in ("trains", "stalls", "diverges") and rc == (0 if res["verdict"] == "trains" else 1)
+    assert [r["num_updates"] for r in res["records"]] == [2, 4, 6, 8, 10, 12]
+    assert res["records"][1]["lr"] == 0.007  # the config's peak lr, reached after the warm-up
+    assert "--encoder-normalize-before" not in res["command"] and res["exit_code"] == 0
+    assert (out / "loss.png").stat().st_size > 5000
+    # re-judging the saved log gives the same curve
+    assert lr_probe.main([SMALL, "--norm", "post", "--out", str(out), "--analyse", "--min-drop", "0.5"]) == rc
+    assert json.loads((out / "probe.json").read_text())["records"] == res["records"]
