@@ -335,11 +335,9 @@ def markdown_table(rows, windows, subset):
 
 
 def save_plot(path, rows, windows):
-    import matplotlib
+    from man_fairseq.cli.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(windows), figsize=(4.2 * len(windows), 3.6), squeeze=False, sharey=True)
     series = defaultdict(list)  # (model, sublayer) -> rows in layer order
     for r in rows:
@@ -395,10 +393,11 @@ def main(args):
     return rows
 
 
-def cli_main():
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-manager debug noise
-    args = get_parser().parse_args()
+def cli_main(argv=None):
+    from man_fairseq.cli.plotting import setup_logging
+
+    setup_logging()
+    args = get_parser().parse_args(argv)
     try:
         parse_windows(args.windows)  # fail before loading anything
     except ValueError as e:
