@@ -16,6 +16,8 @@ setup(
             "man-localness-windows=man_fairseq.cli.localness_windows:cli_main",
             "man-export-calibration=man_fairseq.cli.export_calibration:cli_main",
             "man-attention-locality=man_fairseq.cli.attention_locality:cli_main",
+            "man-diffwin-windows=man_fairseq.cli.diffwin_windows:cli_main",
+            "man-analyze=man_fairseq.cli.analyze:cli_main",
         ]
     },
 )

@@ -49,12 +49,44 @@ def model_labels(paths: List[str], names: List[str], labels_option: Optional[str
     return [f"{n} ({p})" if counts[n] > 1 else n for n, p in zip(names, paths)]
 
 
-def batch_iterator(task, model, subset: str, batch_size: int, max_tokens: Optional[int] = None):
-    """Teacher-forcing batches of ``subset`` in a fixed order (no shuffling), too long ones skipped."""
+def sentence_pairs_dataset(task, path: str):
+    """A LanguagePairDataset of the lines ``source ||| target`` of ``path`` (tokenised and BPE-split as
+    the training data; tokens missing from the dictionaries become <unk>)."""
+    from fairseq.data import LanguagePairDataset
+
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    src, tgt = [], []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if line.count("|||") != 1:
+                raise SystemExit(f"{path}:{number}: expected one 'source ||| target' pair per line")
+            s, t = (x.strip() for x in line.split("|||"))
+            if not s or not t:
+                raise SystemExit(f"{path}:{number}: empty source or target")
+            src.append(src_dict.encode_line(s, add_if_not_exist=False, append_eos=True).long())
+            tgt.append(tgt_dict.encode_line(t, add_if_not_exist=False, append_eos=True).long())
+    if not src:
+        raise SystemExit(f"{path}: no sentence pairs")
+    cfg = getattr(task, "cfg", None)
+    return LanguagePairDataset(
+        src, [len(x) for x in src], src_dict, tgt, [len(x) for x in tgt], tgt_dict,
+        left_pad_source=getattr(cfg, "left_pad_source", True), left_pad_target=getattr(cfg, "left_pad_target", False),
+    )
+
+
+def batch_iterator(task, model, subset: str, batch_size: int, max_tokens: Optional[int] = None,
+                   input_pairs: Optional[str] = None):
+    """Teacher-forcing batches of ``subset`` (or of the pairs in the file ``input_pairs``) in a fixed
+    order (no shuffling), too long sentences skipped."""
     from fairseq import utils
 
-    task.load_dataset(subset)
-    dataset = task.dataset(subset)
+    if input_pairs:
+        dataset = sentence_pairs_dataset(task, input_pairs)
+    else:
+        task.load_dataset(subset)
+        dataset = task.dataset(subset)
     return task.get_batch_iterator(
         dataset=dataset, max_tokens=max_tokens, max_sentences=batch_size,
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),

@@ -79,6 +79,8 @@ def add_arguments(p):
     p.add_argument("--labels", default=None,
                    help="comma-separated model names (default: the checkpoints' folder names)")
     p.add_argument("--gen-subset", default="test", help="data split (default: test)")
+    p.add_argument("--input-pairs", default=None,
+                   help="instead of a split: a text file of 'source ||| target' lines (tokenised like the data)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--source-lang", default=None)
     p.add_argument("--target-lang", default=None)
@@ -268,8 +270,8 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
     calibrated = bool(calibration_modules(model))
     if use_cuda:
         model.cuda()
-    itr = batch_iterator(task, model, args.gen_subset, args.batch_size)
-    progress = Progress(f"{label}: calibration analysis of split {args.gen_subset}", len(itr), args.log_interval)
+    itr = batch_iterator(task, model, args.gen_subset, args.batch_size, input_pairs=args.input_pairs)
+    progress = Progress(f"{label}: calibration analysis of {where(args)}", len(itr), args.log_interval)
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     num_layers = len(model.decoder.layers)
     masks: Dict[int, Dict] = {}
@@ -335,7 +337,7 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
                     masks[sid] = {"mask": mask, "src": src, "tgt": tgt}
                     if heatmaps < args.num_heatmaps:
                         save_heatmap(os.path.join(model_dir, "heatmaps", f"{sid}.png"), mask, src, tgt,
-                                     f"{label}, split {args.gen_subset}, sentence {sid}")
+                                     f"{label}, {where(args)}, sentence {sid}")
                         heatmaps += 1
             sentences += bsz
             progress.step(batch_index, bsz)
@@ -360,6 +362,10 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
 
 
 # ----------------------------------------------------------------------------- outputs
+
+def where(args) -> str:
+    return f"the pairs of {args.input_pairs}" if args.input_pairs else f"split {args.gen_subset}"
+
 
 def save_heatmap(path, mask: torch.Tensor, src: List[str], tgt: List[str], title: str = ""):
     plt = pyplot()
@@ -405,7 +411,7 @@ def save_stats_plot(path, results: List[Dict], subset: str):
     if n > 1:
         ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
-    fig.suptitle(f"Cross-attention, split {subset}: means over (target token, head) rows", fontsize=9)
+    fig.suptitle(f"Cross-attention, {subset}: means over (target token, head) rows", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -428,7 +434,7 @@ def save_binned_plot(path, results: List[Dict], subset: str):
             ax.set_ylabel("mean JSD(a, a_cal) [bits]")
             ax.set_title(f"{r['label']}: JSD {key.replace('_', ' ')} (bins of {t['bin_width']:g})", fontsize=10)
             ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"JSD vs the original attention's entropy and maximum weight (P3 Figure 7), split {subset}; "
+    fig.suptitle(f"JSD vs the original attention's entropy and maximum weight (P3 Figure 7), {subset}; "
                  "points at bin centres, empty bins left out", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -454,7 +460,7 @@ def save_kendall_plot(path, results: List[Dict], subset: str, importance: str):
     what = "gradient × input" if importance == "grad_input" else "gradient norm"
     ax.set_title(f"Kendall-τ between head-averaged weights and {what} importance (P3 Figure 2)", fontsize=10)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.text(0.01, 0.01, f"split {subset}; mean over real target tokens; τ over the real source tokens",
+    fig.text(0.01, 0.01, f"{subset}; mean over real target tokens; τ over the real source tokens",
              fontsize=8)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -468,7 +474,7 @@ def signed(x: float, digits: int = 4) -> str:
 def markdown(results: List[Dict], args) -> str:
     lines = []
     for r in results:
-        lines.append(f"## {r['label']}\n\n`{r['path']}` ({r['arch']}), split `{args.gen_subset}`, "
+        lines.append(f"## {r['label']}\n\n`{r['path']}` ({r['arch']}), {where(args)}, "
                      f"{r['sentences']} sentences.\n")
         if r["calibrated"]:
             lines += [
@@ -545,13 +551,13 @@ def main(args):
     with open(os.path.join(args.output_dir, "calibration_stats.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.output_dir, "calibration_stats.json"), "w") as f:
-        json.dump({"split": args.gen_subset, "importance": args.importance,
+        json.dump({"split": None if args.input_pairs else args.gen_subset, "input_pairs": args.input_pairs, "importance": args.importance,
                    "kendall_sentences": args.kendall_sentences, "models": results}, f, indent=2)
     if any(r["calibrated"] for r in results):
-        save_stats_plot(os.path.join(args.output_dir, "calibration_stats.png"), results, args.gen_subset)
-        save_binned_plot(os.path.join(args.output_dir, "jsd_by_entropy.png"), results, args.gen_subset)
+        save_stats_plot(os.path.join(args.output_dir, "calibration_stats.png"), results, where(args))
+        save_binned_plot(os.path.join(args.output_dir, "jsd_by_entropy.png"), results, where(args))
     if args.kendall_sentences > 0:
-        save_kendall_plot(os.path.join(args.output_dir, "kendall_tau.png"), results, args.gen_subset, args.importance)
+        save_kendall_plot(os.path.join(args.output_dir, "kendall_tau.png"), results, where(args), args.importance)
     print(text)
     return results
 
