@@ -16,8 +16,8 @@ per decoder layer (``layer`` 1-based in tables and plots, as in the paper):
 * **JSD against the original attention's shape** (Figure 7): the same JSD averaged in bins of the
   entropy of ``a`` (0.4-bit bins; the paper quotes ``> 3.2`` bits) and of the maximum weight of
   ``a`` (0.1 bins; the paper quotes ``[0, 0.8]``), one curve per layer.
-* **Kendall-τ against gradient-based importance** (Figure 2), for the first
-  ``--kendall-sentences`` sentences. The importance of source token ``s`` for target token ``t``
+* **Kendall-τ against gradient-based importance** (Figure 2), for the sentences with id below
+  ``--kendall-sentences``. The importance of source token ``s`` for target token ``t``
   is gradient × input on the source token embeddings ``e_s`` (the embedding lookup output, before
   scaling and positions): ``|Σ_c ∂log p(y_t | y_<t, x)/∂e_{s,c} · e_{s,c}|``
   (``--importance grad_norm``: ``‖∂log p(y_t)/∂e_s‖_2``). For every real target token, Kendall's
@@ -89,7 +89,7 @@ def add_arguments(p):
     p.add_argument("--max-sentences", type=int, default=None, help="stop after this many sentences")
     p.add_argument("--num-heatmaps", type=int, default=10, help="PNG heat maps for the first N sentences")
     p.add_argument("--kendall-sentences", type=int, default=200,
-                   help="Kendall-τ on the first N sentences (one backward pass per target position; "
+                   help="Kendall-τ on the sentences with id < N (one backward pass per target position; "
                         "0 = skip; default 200)")
     p.add_argument("--importance", choices=IMPORTANCE, default="grad_input",
                    help="gradient-based source importance: gradient x input (default) or gradient norm")
@@ -295,13 +295,15 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
             src_real = src_tokens.ne(src_dict.pad())
             tgt_real = sample["target"].ne(tgt_dict.pad())
             bsz = src_tokens.size(0)
-            kendall_left = max(0, args.kendall_sentences - sentences)
+            ids = sample["id"].cpu()
+            kendall_rows = (ids < args.kendall_sentences)[:, None] & tgt_real.cpu()  # sentences with id < N
+            need_kendall = bool(kendall_rows.any())
             embeddings.clear()
             if recorder is not None:
                 recorder.probs = []
-            with torch.set_grad_enabled(kendall_left > 0), calibration_mode(model, CALIBRATED) as cm:
+            with torch.set_grad_enabled(need_kendall), calibration_mode(model, CALIBRATED) as cm:
                 net_output = model(**sample["net_input"])
-                if kendall_left > 0:
+                if need_kendall:
                     lprobs = model.get_normalized_probs(net_output, log_probs=True)
                     token_lp = lprobs.gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
                     importance = source_importance(token_lp, embeddings["src"], tgt_real, args.importance)
@@ -311,13 +313,12 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
                           "mask": [c["m"] for c in cm.captured]}
             else:
                 series = {"attention": recorder.probs}
-            if kendall_left > 0:
-                chosen = (torch.arange(bsz) < kendall_left)[:, None] & tgt_real.cpu()
+            if need_kendall:
                 key_mask = src_real[:, None, None, :].to(series["attention"][0].dtype)
                 for name, per_layer in series.items():
                     for layer, weights in enumerate(per_layer):
                         head_mean = (weights * key_mask).mean(1)  # pads are 0 in a, a_cal and m already
-                        kendall.add(name, layer, head_mean.double(), importance, src_real, chosen)
+                        kendall.add(name, layer, head_mean.double(), importance, src_real, kendall_rows)
 
             if calibrated:
                 layer_rows, n_rows = layer_statistics(cm.captured, src_real, tgt_real)
@@ -508,7 +509,7 @@ def markdown(results: List[Dict], args) -> str:
         if r["kendall"]:
             what = "|grad · e_s|" if args.importance == "grad_input" else "‖grad_e_s‖"
             lines += [f"Kendall τ-b between head-averaged weights and {what} of log p(y_t) (P3 Figure 2), "
-                      f"first {min(args.kendall_sentences, r['sentences'])} sentences; mean over real target "
+                      f"sentences with id < {args.kendall_sentences}; mean over real target "
                       "tokens (count; undefined τ left out):", "",
                       "| layer | " + " | ".join(SERIES_NAMES[s] for s in r["kendall"]) + " |",
                       "|---|" + "---|" * len(r["kendall"])]
