@@ -268,6 +268,9 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
 
     model, cfg, task = load_checkpoint(path, args.data, args.source_lang, args.target_lang)
     calibrated = bool(calibration_modules(model))
+    if not calibrated and args.kendall_sentences == 0:
+        raise SystemExit(f"{path} is not a transformer_calibrated_* model, and with --kendall-sentences 0 "
+                         "there is nothing to measure for it")
     if use_cuda:
         model.cuda()
     itr = batch_iterator(task, model, args.gen_subset, args.batch_size, input_pairs=args.input_pairs)
@@ -545,9 +548,6 @@ def main(args):
     for path, label in zip(paths, labels):
         model_dir = args.output_dir if len(paths) == 1 else os.path.join(args.output_dir, slug(label))
         results.append(analyse_checkpoint(path, label, args, use_cuda, model_dir))
-    if not any(r["calibrated"] for r in results) and args.kendall_sentences == 0:
-        raise SystemExit(f"{args.path}: no transformer_calibrated_* model and --kendall-sentences 0: nothing to do")
-
     text = markdown(results, args)
     with open(os.path.join(args.output_dir, "calibration_stats.md"), "w") as f:
         f.write(text)
