@@ -23,6 +23,7 @@ MODELS = {
     "diffwin": ["--arch", "transformer_diffwin_small", "--diffwin-layers", "2", "--diffwin-segment-size", "3"],
     "localness": ["--arch", "transformer_localness_small", "--localness-window", "head",
                   "--localness-layers", "0,1", "--localness-head-window-max", "20"],
+    "transformer": ["--arch", "transformer"],  # fairseq's own attention: the baseline of the comparison
 }
 
 
@@ -124,8 +125,8 @@ def test_calibration_cli_against_naive_recomputation(trained, toy_data_bin, tmp_
     from man_fairseq.modules.calibration import CALIBRATED, calibration_mode
 
     out = tmp_path / "calib"
-    proc = run_cli([*ANALYZE, "calibration", toy_data_bin, "--path", f"{trained['calibrated']},{trained['localness']}",
-                    "--labels", "ACN,Localness", "--gen-subset", "test", "--batch-size", "6", "--num-heatmaps", "2",
+    proc = run_cli([*ANALYZE, "calibration", toy_data_bin, "--path", f"{trained['calibrated']},{trained['transformer']}",
+                    "--labels", "ACN,Transformer", "--gen-subset", "test", "--batch-size", "6", "--num-heatmaps", "2",
                     "--kendall-sentences", "8", "--log-interval", "1", "--cpu", "--output-dir", out])
     assert_quiet(proc)
     assert "4/4 batches, 20 sentences" in proc.stdout  # progress
@@ -133,10 +134,10 @@ def test_calibration_cli_against_naive_recomputation(trained, toy_data_bin, tmp_
                  "kendall_tau.png", "ACN/masks.pt"):
         assert (out / name).stat().st_size > 0, name
     assert len(list((out / "ACN" / "heatmaps").glob("*.png"))) == 2
-    assert not (out / "Localness").exists() or not list((out / "Localness").glob("*.pt"))
+    assert not list((out / "Transformer").glob("*.pt"))  # masks only for calibrated models
     result = json.loads((out / "calibration_stats.json").read_text())
     acn, loc = result["models"]
-    assert (acn["label"], acn["calibrated"], loc["label"], loc["calibrated"]) == ("ACN", True, "Localness", False)
+    assert (acn["label"], acn["calibrated"], loc["label"], loc["calibrated"]) == ("ACN", True, "Transformer", False)
     md = (out / "calibration_stats.md").read_text()
     assert md.strip() in proc.stdout
 
@@ -144,9 +145,9 @@ def test_calibration_cli_against_naive_recomputation(trained, toy_data_bin, tmp_
     sums = [dict(jsd=0.0, h_a=0.0, h_c=0.0, m=0.0) for _ in range(2)]
     bins = [[[0.0, 0] for _ in range(40)] for _ in range(2)]
     taus = {(m, s): [[0.0, 0] for _ in range(2)] for m, s in
-            [("ACN", "attention"), ("ACN", "calibrated"), ("ACN", "mask"), ("Localness", "attention")]}
+            [("ACN", "attention"), ("ACN", "calibrated"), ("ACN", "mask"), ("Transformer", "attention")]}
     rows = 0
-    for label, path in (("ACN", trained["calibrated"]), ("Localness", trained["localness"])):
+    for label, path in (("ACN", trained["calibrated"]), ("Transformer", trained["transformer"])):
         model, _, task = load(path, toy_data_bin)
         for i, sample in enumerate(single_sentences(task, "test")):
             src = sample["net_input"]["src_tokens"]

@@ -17,7 +17,9 @@ writes to ``--windows-output-dir``:
 
 Layers and heads are 0-based. Progress is logged every ``--log-interval`` batches.
 
-Takes fairseq-generate's data/model options::
+``--path a.pt,b.pt`` analyses several checkpoints, each into ``<output dir>/<checkpoint folder>/``.
+``--output-dir`` is another name of ``--windows-output-dir``. Takes fairseq-generate's data/model
+options::
 
     man-localness-windows data-bin/wmt14 --path ckpt.pt --gen-subset test \\
         --batch-size 64 --windows-output-dir windows/
@@ -232,22 +234,30 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
 def main(args):
     from fairseq import checkpoint_utils, tasks, utils
 
+    from man_fairseq.cli.analysis_utils import checkpoint_folder, model_labels
+
     utils.import_user_module(args)
     use_cuda = torch.cuda.is_available() and not args.cpu
     task = tasks.setup_task(args)
-    models, _ = checkpoint_utils.load_model_ensemble(
-        utils.split_paths(args.path), arg_overrides=eval(args.model_overrides), task=task
-    )
-    model = models[0].eval()
-    if use_cuda:
-        model.cuda()
     task.load_dataset(args.gen_subset)
-    rows = collect(model, task, args, use_cuda)
-    strategy = localness_modules(model)[0][2].window
-    order = write_outputs(rows, args.windows_output_dir, strategy, args.gen_subset)
-    print(f"wrote windows of {len(order)} attention layers to {args.windows_output_dir}")
-    with open(os.path.join(args.windows_output_dir, "windows.md")) as f:
-        print(f.read())
+    # "a.pt,b.pt": several models analysed one after the other, each in <output dir>/<folder name>
+    paths = [p for p in args.path.split(",") if p]
+    labels = model_labels(paths, [checkpoint_folder(p) for p in paths], None)
+    for path, label in zip(paths, labels):
+        out_dir = args.windows_output_dir if len(paths) == 1 else os.path.join(
+            args.windows_output_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model")
+        models, _ = checkpoint_utils.load_model_ensemble(
+            utils.split_paths(path), arg_overrides=eval(args.model_overrides), task=task
+        )
+        model = models[0].eval()
+        if use_cuda:
+            model.cuda()
+        rows = collect(model, task, args, use_cuda)
+        strategy = localness_modules(model)[0][2].window
+        order = write_outputs(rows, out_dir, strategy, args.gen_subset)
+        print(f"{label}: wrote windows of {len(order)} attention layers to {out_dir}")
+        with open(os.path.join(out_dir, "windows.md")) as f:
+            print(f.read())
 
 
 def cli_main(argv=None):
@@ -256,7 +266,7 @@ def cli_main(argv=None):
     setup_logging()
     parser = options.get_generation_parser()
     group = parser.add_argument_group("localness windows")
-    group.add_argument("--windows-output-dir", required=True,
+    group.add_argument("--windows-output-dir", "--output-dir", required=True,
                        help="folder for windows.tsv, windows.md, windows_<attention>.png, heads_<attention>.png")
     args = options.parse_args_and_arch(parser, input_args=argv)
     main(args)
