@@ -282,10 +282,10 @@ def test_localness_cli_head_windows_equal_the_learned_scalars(trained, toy_data_
                     "--gen-subset", "valid", "--batch-size", "16", "--cpu", "--windows-output-dir", out])
     assert_quiet(proc)
     assert "3/3 batches, 40 sentences" in proc.stdout
-    for name in ("windows.tsv", "windows.md", "windows_encoder_self.png", "heads_encoder_self.png"):
+    for name in ("windows.tsv", "windows.md", "heads.md", "windows_encoder_self.png", "heads_encoder_self.png"):
         assert (out / name).stat().st_size > 0
     state = torch.load(trained["localness"], map_location="cpu", weights_only=False)["model"]
-    md = (out / "windows.md").read_text()
+    md = (out / "heads.md").read_text()
     rows = [line.split("\t") for line in (out / "windows.tsv").read_text().splitlines()[1:]]
     for layer in (0, 1):
         z = state[f"encoder.layers.{layer}.self_attn.bias_module.head_window_logits"].double()

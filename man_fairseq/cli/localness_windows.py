@@ -13,7 +13,7 @@ writes to ``--windows-output-dir``:
   4000 random points per layer), lower row the histogram of ``D``;
 * ``heads_<attention>.png``: P2 Figure 2, the window of each head per layer, one colour per head
   (the learned ``D^m`` for ``--localness-window head``; for the other strategies the mean ``D`` of
-  the head with its standard deviation over queries). ``windows.md`` has the same numbers.
+  the head with its standard deviation over queries); ``heads.md`` has the mean ``D`` per head.
 
 Layers and heads are 0-based. Progress is logged every ``--log-interval`` batches.
 
@@ -214,15 +214,17 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
             f"{window.std() if len(r) > 1 else 0.0:.2f} | {(window / length).mean():.3f} | "
             f"{(centre - pos).abs().mean():.2f} |"
         )
+    with open(os.path.join(out_dir, "windows.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
     head_means = per_head_means(rows, order)
-    lines += ["", "Mean window size D per head (0-based heads; for `--localness-window head` this is the "
-                  "head's learned D^m):", ""]
     num_heads = max(len(v) for v in head_means.values())
-    lines += ["| attention | layer | " + " | ".join(f"head {h}" for h in range(num_heads)) + " |",
-              "|---|---|" + "---|" * num_heads]
+    lines = ["Mean window size D per head over the real queries (layers and heads 0-based; for "
+             "`--localness-window head` this is the head's learned D^m = N sigmoid(z^m)):", "",
+             "| attention | layer | " + " | ".join(f"head {h}" for h in range(num_heads)) + " |",
+             "|---|---|" + "---|" * num_heads]
     for kind, layer in order:
         lines.append(f"| {kind} | {layer} | " + " | ".join(f"{d:.2f}" for d in head_means[(kind, layer)]) + " |")
-    with open(os.path.join(out_dir, "windows.md"), "w") as f:
+    with open(os.path.join(out_dir, "heads.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     for kind in dict.fromkeys(k for k, _ in order):
         layers = [layer for k, layer in order if k == kind]
@@ -256,8 +258,9 @@ def main(args):
         strategy = localness_modules(model)[0][2].window
         order = write_outputs(rows, out_dir, strategy, args.gen_subset)
         print(f"{label}: wrote windows of {len(order)} attention layers to {out_dir}")
-        with open(os.path.join(out_dir, "windows.md")) as f:
-            print(f.read())
+        for name in ("windows.md", "heads.md"):
+            with open(os.path.join(out_dir, name)) as f:
+                print(f.read())
 
 
 def cli_main(argv=None):
@@ -267,7 +270,7 @@ def cli_main(argv=None):
     parser = options.get_generation_parser()
     group = parser.add_argument_group("localness windows")
     group.add_argument("--windows-output-dir", "--output-dir", required=True,
-                       help="folder for windows.tsv, windows.md, windows_<attention>.png, heads_<attention>.png")
+                       help="folder for windows.tsv, windows.md, heads.md, windows_<attention>.png, heads_<attention>.png")
     args = options.parse_args_and_arch(parser, input_args=argv)
     main(args)
 
