@@ -17,6 +17,8 @@ setup(
             "man-export-calibration=man_fairseq.cli.export_calibration:cli_main",
             "man-attention-locality=man_fairseq.cli.attention_locality:cli_main",
             "man-options=man_fairseq.cli.options:cli_main",
+            "man-diffwin-windows=man_fairseq.cli.diffwin_windows:cli_main",
+            "man-analyze=man_fairseq.cli.analyze:cli_main",
         ]
     },
 )

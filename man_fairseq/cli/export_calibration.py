@@ -1,49 +1,103 @@
-"""Export the attention-calibration analysis of a trained ``transformer_calibrated_*`` model.
+"""Attention-calibration analysis (Lu et al. 2021, P3: Figures 2, 6, 7 and Table 5; SPEC §4).
 
-For every sentence of a data split (teacher-forced on the reference translation, as in the
-paper's analysis, Figures 6-7) it writes
+Every sentence of a data split is run teacher-forced on its reference translation, as in the
+paper's analysis. For each checkpoint of ``--path`` (a ``transformer_calibrated_*`` model, or any
+other encoder-decoder model, e.g. a Transformer baseline, for the Kendall-τ part only) it measures
+per decoder layer (``layer`` 1-based in tables and plots, as in the paper):
 
-* ``masks.pt``: ``{sentence id: {"mask": m (layers, heads, tgt_len, src_len) float32,
-  "src": [tokens], "tgt": [tokens]}}`` -- ``m`` is the perturbation model's mask, i.e. the
-  saliency of each source token for each output token (pads removed);
-* ``heatmaps/<id>.png`` for the first ``--num-heatmaps`` sentences (head-averaged ``m`` per layer);
-* ``calibration_stats.md`` / ``.json`` / ``.png``: per decoder layer the Jensen-Shannon divergence
-  (base 2, in [0, 1]) between the original cross-attention ``a`` and the fused calibrated weights,
-  the entropies (bits) of both and their change, and the mean mask. Averages run over every real
-  (target token, head) row. The ``anneal`` and ``fixed`` (the authors' ``a + lambda a^c``) fusions
-  do not produce distributions; they are renormalised over the real source keys for JSD/entropy.
+* **JSD / entropy** (calibrated models; Figure 6, Table 5): the Jensen-Shannon divergence
+  (base 2, in [0, 1]) between the original cross-attention ``a`` and the fused calibrated weights
+  ``a_cal``, the entropies (bits) of both and ``ΔEnt = H(a_cal) - H(a)`` (``+``: calibrated
+  attention more disperse, the paper's sign), and the mean mask ``m``. Averages run over every real
+  (sentence, target token, head) row. The ``All`` row of the Table-5 layout is the mean over all
+  layers' rows (the paper does not define its ``All`` row; its value is not the mean of its layer
+  rows). Fusions whose output is not a distribution (``anneal`` and the default ``fixed``, the authors' ``a + lambda a^c``) are
+  renormalised over the real source keys first.
+* **JSD against the original attention's shape** (Figure 7): the same JSD averaged in bins of the
+  entropy of ``a`` (0.4-bit bins; the paper quotes ``> 3.2`` bits) and of the maximum weight of
+  ``a`` (0.1 bins; the paper quotes ``[0, 0.8]``), one curve per layer.
+* **Kendall-τ against gradient-based importance** (Figure 2), for the sentences with id below
+  ``--kendall-sentences``. The importance of source token ``s`` for target token ``t``
+  is gradient × input on the source token embeddings ``e_s`` (the embedding lookup output, before
+  scaling and positions): ``|Σ_c ∂log p(y_t | y_<t, x)/∂e_{s,c} · e_{s,c}|``
+  (``--importance grad_norm``: ``‖∂log p(y_t)/∂e_s‖_2``). For every real target token, Kendall's
+  τ-b (scipy's definition) is taken over the real source tokens between that importance vector and
+  the head-averaged row of (i) the cross-attention ``a`` of each layer, for calibrated models also
+  (ii) the fused ``a_cal`` and (iii) the mask ``m``. τ is averaged over all such target tokens of
+  the sentences (token-pooled; undefined τ, e.g. a one-token source, are left out and counted).
+
+Writes to ``--output-dir``: ``calibration_stats.md`` (also printed) and ``calibration_stats.json``
+with all tables; ``calibration_stats.png`` (JSD and entropies per layer); ``jsd_by_entropy.png``
+(Figure 7); ``kendall_tau.png`` (Figure 2, one group of bars per layer, one bar per model and
+series); and per calibrated model ``masks.pt`` -- ``{sentence id: {"mask": m (layers, heads,
+tgt_len, src_len) float32, "src": [tokens], "tgt": [tokens]}}``, pads removed -- and
+``heatmaps/<id>.png`` for the first ``--num-heatmaps`` sentences (head-averaged ``m`` per layer).
+With several checkpoints these per-model files go to ``<output-dir>/<label>/``.
 
 Usage::
 
-    man-export-calibration DATA_BIN --path checkpoint_best.pt --gen-subset test \\
-        --output-dir calib_analysis --num-heatmaps 20
+    man-export-calibration DATA_BIN --path calibrated/checkpoint_best.pt,transformer/checkpoint_best.pt \\
+        --labels ACN,Transformer --gen-subset test --output-dir calib_analysis --num-heatmaps 20
+    # or: man-analyze calibration ... / python -m man_fairseq.cli.export_calibration ...
 """
 
 import argparse
 import json
 import logging
 import os
-from typing import Dict, List
+import re
+from typing import Dict, List, Optional
 
 import torch
+from torch import Tensor
+
+from man_fairseq.cli.analysis_utils import (
+    Progress, arch_name, batch_iterator, checkpoint_folder, kendall_tau_b, load_checkpoint, model_labels,
+)
+from man_fairseq.cli.plotting import pyplot, setup_logging
 
 logger = logging.getLogger("man_fairseq.export_calibration")
+
+ENTROPY_BIN = 0.4  # bits
+MAX_WEIGHT_BIN = 0.1
+NUM_ENTROPY_BINS = 40  # up to 16 bits; the last bin is open-ended
+NUM_MAX_WEIGHT_BINS = 10
+IMPORTANCE = ("grad_input", "grad_norm")
 
 
 def get_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p):
     p.add_argument("data", help="fairseq binarized data directory")
-    p.add_argument("--path", required=True, help="checkpoint of a transformer_calibrated_* model")
+    p.add_argument("--path", required=True,
+                   help="checkpoint, or comma-separated checkpoints to compare (calibrated models get all "
+                        "analyses, other encoder-decoder models the Kendall-τ of their cross-attention)")
+    p.add_argument("--labels", default=None,
+                   help="comma-separated model names (default: the checkpoints' folder names)")
     p.add_argument("--gen-subset", default="test", help="data split (default: test)")
+    p.add_argument("--input-pairs", default=None,
+                   help="instead of a split: a text file of 'source ||| target' lines (tokenised like the data)")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--source-lang", default=None)
     p.add_argument("--target-lang", default=None)
+    p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-sentences", type=int, default=None, help="stop after this many sentences")
     p.add_argument("--num-heatmaps", type=int, default=10, help="PNG heat maps for the first N sentences")
+    p.add_argument("--kendall-sentences", type=int, default=200,
+                   help="Kendall-τ on the sentences with id < N (one backward pass per target position; "
+                        "0 = skip; default 200)")
+    p.add_argument("--importance", choices=IMPORTANCE, default="grad_input",
+                   help="gradient-based source importance: gradient x input (default) or gradient norm")
+    p.add_argument("--log-interval", type=int, default=10, help="log progress every N batches")
     p.add_argument("--cpu", action="store_true")
-    return p
 
+
+# ----------------------------------------------------------------------------- measures
 
 def entropy_bits(p: torch.Tensor) -> torch.Tensor:
     return -(p * torch.log2(p.clamp_min(1e-30))).sum(-1)
@@ -58,6 +112,14 @@ def jsd_bits(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return 0.5 * kl(p, mid) + 0.5 * kl(q, mid)
 
 
+def normalised_rows(captured_layer: Dict[str, Tensor], src_real: Tensor):
+    """(a, a_cal) as float64 distributions over the real keys, (B, H, T, S)."""
+    key_mask = src_real[:, None, None, :].double()
+    a = captured_layer["attn"].double() * key_mask
+    fused = captured_layer["calibrated"].double() * key_mask
+    return a / a.sum(-1, keepdim=True).clamp_min(1e-30), fused / fused.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
 def layer_statistics(captured: List[Dict[str, torch.Tensor]], src_real: torch.Tensor, tgt_real: torch.Tensor):
     """Sums over real (sentence, target token, head) rows, per layer:
     jsd, entropy of a, entropy of fused, mean m; plus the row count."""
@@ -65,10 +127,7 @@ def layer_statistics(captured: List[Dict[str, torch.Tensor]], src_real: torch.Te
     key_mask = src_real[:, None, None, :].double()  # (B,1,1,S)
     row_mask = tgt_real[:, None, :].expand(-1, captured[0]["attn"].size(1), -1)  # (B,H,T)
     for c in captured:
-        a = c["attn"].double() * key_mask
-        fused = c["calibrated"].double() * key_mask
-        a = a / a.sum(-1, keepdim=True).clamp_min(1e-30)
-        fused = fused / fused.sum(-1, keepdim=True).clamp_min(1e-30)
+        a, fused = normalised_rows(c, src_real)
         m_mean = c["m"].double().sum(-1) / key_mask.sum(-1)
         stats = {
             "jsd": jsd_bits(a, fused),
@@ -80,140 +139,433 @@ def layer_statistics(captured: List[Dict[str, torch.Tensor]], src_real: torch.Te
     return rows, int(row_mask.sum())
 
 
-def save_heatmap(path, mask: torch.Tensor, src: List[str], tgt: List[str]):
-    import matplotlib
+class BinnedJSD:
+    """Sum and count of the JSD of every real row, binned by H(a) and by max a, per layer."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def __init__(self, num_layers: int):
+        self.entropy_sum = torch.zeros(num_layers, NUM_ENTROPY_BINS, dtype=torch.float64)
+        self.entropy_count = torch.zeros(num_layers, NUM_ENTROPY_BINS, dtype=torch.long)
+        self.max_sum = torch.zeros(num_layers, NUM_MAX_WEIGHT_BINS, dtype=torch.float64)
+        self.max_count = torch.zeros(num_layers, NUM_MAX_WEIGHT_BINS, dtype=torch.long)
 
+    def add(self, layer: int, a: Tensor, fused: Tensor, row_mask: Tensor):
+        jsd = jsd_bits(a, fused)[row_mask].cpu()
+        ent_bin = (entropy_bits(a)[row_mask].cpu() / ENTROPY_BIN).floor().long().clamp(0, NUM_ENTROPY_BINS - 1)
+        max_bin = (a.max(-1).values[row_mask].cpu() / MAX_WEIGHT_BIN).floor().long().clamp(0, NUM_MAX_WEIGHT_BINS - 1)
+        self.entropy_sum[layer].index_add_(0, ent_bin, jsd)
+        self.entropy_count[layer].index_add_(0, ent_bin, torch.ones_like(ent_bin))
+        self.max_sum[layer].index_add_(0, max_bin, jsd)
+        self.max_count[layer].index_add_(0, max_bin, torch.ones_like(max_bin))
+
+    @staticmethod
+    def _table(sums, counts, width):
+        used = int((counts.sum(0) > 0).nonzero().max()) + 1 if counts.sum() > 0 else 0
+        return {
+            "bin_low": [round(i * width, 6) for i in range(used)],
+            "bin_width": width,
+            "rows": counts[:, :used].tolist(),
+            "mean_jsd": [[(float(s) / int(c)) if c > 0 else None for s, c in zip(srow[:used], crow[:used])]
+                         for srow, crow in zip(sums, counts)],
+        }
+
+    def tables(self):
+        return {"by_entropy": self._table(self.entropy_sum, self.entropy_count, ENTROPY_BIN),
+                "by_max_weight": self._table(self.max_sum, self.max_count, MAX_WEIGHT_BIN)}
+
+
+def source_importance(token_logprobs: Tensor, embeddings: Tensor, tgt_real: Tensor, kind: str) -> Tensor:
+    """(B, T, S) importance of every source token for every target token (0 at pad targets).
+
+    ``token_logprobs`` (B, T): log p(y_t) of the reference tokens, a function of ``embeddings``
+    (B, S, C); one backward pass per target position (the sentences of a batch are independent,
+    so summing over the batch gives every sentence its own gradient).
+    """
+    bsz, tgt_len = token_logprobs.shape
+    out = torch.zeros(bsz, tgt_len, embeddings.size(1), dtype=torch.float64)
+    for t in range(tgt_len):
+        real = tgt_real[:, t]
+        if not real.any():
+            continue
+        (grad,) = torch.autograd.grad(token_logprobs[:, t][real].sum(), embeddings, retain_graph=True)
+        if kind == "grad_input":
+            value = (grad.double() * embeddings.detach().double()).sum(-1).abs()
+        else:
+            value = torch.linalg.vector_norm(grad.double(), dim=-1)
+        out[:, t] = value.cpu()
+    return out
+
+
+class KendallSums:
+    """Token-pooled sums of Kendall-τ per (series, layer)."""
+
+    def __init__(self):
+        self.sums: Dict[str, List[float]] = {}
+        self.counts: Dict[str, List[int]] = {}
+        self.undefined: Dict[str, List[int]] = {}
+
+    def add(self, series: str, layer: int, head_mean: Tensor, importance: Tensor, src_real: Tensor, rows: Tensor):
+        """head_mean, importance (B, T, S); rows (B, T) bool: the target tokens to use."""
+        for store in (self.sums, self.counts, self.undefined):
+            lst = store.setdefault(series, [])
+            while len(lst) <= layer:
+                lst.append(0)
+        b_idx, t_idx = rows.nonzero(as_tuple=True)
+        if len(b_idx) == 0:
+            return
+        tau = kendall_tau_b(head_mean[b_idx, t_idx].cpu(), importance[b_idx, t_idx], src_real[b_idx].cpu())
+        defined = ~torch.isnan(tau)
+        self.sums[series][layer] += float(tau[defined].sum())
+        self.counts[series][layer] += int(defined.sum())
+        self.undefined[series][layer] += int((~defined).sum())
+
+    def means(self):
+        return {s: {"tau": [v / c if c else None for v, c in zip(self.sums[s], self.counts[s])],
+                    "target_tokens": self.counts[s], "undefined": self.undefined[s]} for s in self.sums}
+
+
+# ----------------------------------------------------------------------------- capturing
+
+class CrossAttentionRecorder:
+    """Per-head cross-attention weights of every decoder layer of a model without calibration.
+
+    A forward hook re-runs the attention's own ``forward`` with ``need_head_weights=True`` (eval
+    mode: same weights as the model's pass), as :class:`attention_locality.AttentionRecorder`.
+    """
+
+    def __init__(self, model):
+        from fairseq.modules.multihead_attention import MultiheadAttention
+
+        from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
+
+        self.probs: List[Tensor] = []
+        self.handles = []
+        for layer in model.decoder.layers:
+            attn = getattr(layer, "encoder_attn", None)
+            if attn is None:
+                raise SystemExit(f"decoder layer {type(layer).__name__} has no encoder_attn")
+            plain = isinstance(attn, MultiheadAttention) and not isinstance(attn, BiasedMultiheadAttention)
+            self.handles.append(attn.register_forward_hook(self._hook(plain), with_kwargs=True))
+
+    def _hook(self, plain_fairseq: bool):
+        def hook(module, args, kwargs, output):
+            rerun = dict(kwargs, need_weights=True, need_head_weights=True)
+            if plain_fairseq:
+                rerun["incremental_state"] = {}  # fairseq's explicit path, per-head weights
+            with torch.no_grad():
+                _, probs = module.forward(*args, **rerun)
+            self.probs.append(probs.transpose(0, 1).detach())  # (B, H, T, S)
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: str) -> Dict:
+    from fairseq import utils
+
+    from man_fairseq.modules.calibration import CALIBRATED, calibration_mode, calibration_modules
+
+    model, cfg, task = load_checkpoint(path, args.data, args.source_lang, args.target_lang)
+    calibrated = bool(calibration_modules(model))
+    if not calibrated and args.kendall_sentences == 0:
+        raise SystemExit(f"{path} is not a transformer_calibrated_* model, and with --kendall-sentences 0 "
+                         "there is nothing to measure for it")
+    if use_cuda:
+        model.cuda()
+    itr = batch_iterator(task, model, args.gen_subset, args.batch_size, input_pairs=args.input_pairs)
+    progress = Progress(f"{label}: calibration analysis of {where(args)}", len(itr), args.log_interval)
+    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+    num_layers = len(model.decoder.layers)
+    masks: Dict[int, Dict] = {}
+    sums, rows_total, heatmaps, sentences = None, 0, 0, 0
+    binned = BinnedJSD(num_layers)
+    kendall = KendallSums()
+    recorder = None if calibrated else CrossAttentionRecorder(model)
+    if calibrated:
+        os.makedirs(os.path.join(model_dir, "heatmaps"), exist_ok=True)
+    embeddings: Dict[str, Tensor] = {}
+
+    def keep_source_embeddings(module, inputs, output):
+        embeddings.setdefault("src", output)  # the encoder's lookup comes first (shared tables too)
+
+    emb_handle = model.encoder.embed_tokens.register_forward_hook(keep_source_embeddings)
+    try:
+        for batch_index, sample in enumerate(itr, 1):
+            if use_cuda:
+                sample = utils.move_to_cuda(sample)
+            src_tokens = sample["net_input"]["src_tokens"]
+            src_real = src_tokens.ne(src_dict.pad())
+            tgt_real = sample["target"].ne(tgt_dict.pad())
+            bsz = src_tokens.size(0)
+            ids = sample["id"].cpu()
+            kendall_rows = (ids < args.kendall_sentences)[:, None] & tgt_real.cpu()  # sentences with id < N
+            need_kendall = bool(kendall_rows.any())
+            embeddings.clear()
+            if recorder is not None:
+                recorder.probs = []
+            with torch.set_grad_enabled(need_kendall), calibration_mode(model, CALIBRATED) as cm:
+                net_output = model(**sample["net_input"])
+                if need_kendall:
+                    lprobs = model.get_normalized_probs(net_output, log_probs=True)
+                    token_lp = lprobs.gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
+                    importance = source_importance(token_lp, embeddings["src"], tgt_real, args.importance)
+            if calibrated:
+                series = {"attention": [c["attn"] for c in cm.captured],
+                          "calibrated": [c["calibrated"] for c in cm.captured],
+                          "mask": [c["m"] for c in cm.captured]}
+            else:
+                series = {"attention": recorder.probs}
+            if need_kendall:
+                key_mask = src_real[:, None, None, :].to(series["attention"][0].dtype)
+                for name, per_layer in series.items():
+                    for layer, weights in enumerate(per_layer):
+                        head_mean = (weights * key_mask).mean(1)  # pads are 0 in a, a_cal and m already
+                        kendall.add(name, layer, head_mean.double(), importance, src_real, kendall_rows)
+
+            if calibrated:
+                layer_rows, n_rows = layer_statistics(cm.captured, src_real, tgt_real)
+                sums = layer_rows if sums is None else [{k: s[k] + r[k] for k in s} for s, r in zip(sums, layer_rows)]
+                rows_total += n_rows
+                row_mask = tgt_real[:, None, :].expand(-1, cm.captured[0]["attn"].size(1), -1)
+                for layer, c in enumerate(cm.captured):
+                    a, fused = normalised_rows(c, src_real)
+                    binned.add(layer, a, fused, row_mask)
+                stacked = torch.stack([c["m"] for c in cm.captured], 1).float().cpu()  # (B, L, H, T, S)
+                for b, sid in enumerate(sample["id"].tolist()):
+                    src_idx = src_real[b].nonzero().squeeze(-1).cpu()
+                    tgt_len = int(tgt_real[b].sum())
+                    mask = stacked[b][:, :, :tgt_len].index_select(-1, src_idx).contiguous()
+                    src = [src_dict[i] for i in src_tokens[b][src_real[b]].tolist()]
+                    tgt = [tgt_dict[i] for i in sample["target"][b][:tgt_len].tolist()]
+                    masks[sid] = {"mask": mask, "src": src, "tgt": tgt}
+                    if heatmaps < args.num_heatmaps:
+                        save_heatmap(os.path.join(model_dir, "heatmaps", f"{sid}.png"), mask, src, tgt,
+                                     f"{label}, {where(args)}, sentence {sid}")
+                        heatmaps += 1
+            sentences += bsz
+            progress.step(batch_index, bsz)
+            if args.max_sentences is not None and sentences >= args.max_sentences:
+                break
+    finally:
+        emb_handle.remove()
+        if recorder is not None:
+            recorder.remove()
+
+    result = {"label": label, "path": path, "arch": arch_name(cfg), "calibrated": calibrated,
+              "sentences": sentences, "kendall": kendall.means() if args.kendall_sentences > 0 else None}
+    if calibrated:
+        torch.save(masks, os.path.join(model_dir, "masks.pt"))
+        table = [{"layer": i + 1, **{k: v / max(rows_total, 1) for k, v in s.items()}} for i, s in enumerate(sums or [])]
+        for r in table:
+            r["entropy_change"] = r["entropy_calibrated"] - r["entropy_original"]
+        result.update(fusion=calibration_modules(model)[0].fusion, rows_per_layer=rows_total, layers=table,
+                      entropy_change_all=sum(r["entropy_change"] for r in table) / max(len(table), 1),
+                      jsd_bins=binned.tables())
+    return result
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def where(args) -> str:
+    return f"the pairs of {args.input_pairs}" if args.input_pairs else f"split {args.gen_subset}"
+
+
+def save_heatmap(path, mask: torch.Tensor, src: List[str], tgt: List[str], title: str = ""):
+    plt = pyplot()
     layers = mask.size(0)
-    fig, axes = plt.subplots(1, layers, figsize=(max(4, 0.35 * len(src) + 1.5) * layers, 0.35 * len(tgt) + 2),
-                             squeeze=False)
+    width = max(3.0, 0.32 * len(src) + 1.2)
+    fig, axes = plt.subplots(1, layers, figsize=(width * layers + 1.0, 0.32 * len(tgt) + 2.0), squeeze=False)
     for layer in range(layers):
         ax = axes[0, layer]
         image = ax.imshow(mask[layer].mean(0).numpy(), vmin=0, vmax=1, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(src)))
-        ax.set_xticklabels(src, rotation=90, fontsize=7)
+        ax.set_xticklabels(src, rotation=90, fontsize=8)
         ax.set_yticks(range(len(tgt)))
-        ax.set_yticklabels(tgt, fontsize=7)
-        ax.set_title(f"layer {layer}: mask m (head mean)", fontsize=9)
-    fig.colorbar(image, ax=axes.ravel().tolist())
+        ax.set_yticklabels(tgt, fontsize=8)
+        ax.set_xlabel("source token")
+        if layer == 0:
+            ax.set_ylabel("target token (teacher-forced)")
+        ax.set_title(f"decoder layer {layer + 1}", fontsize=9)
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="mask m (mean over heads)")
+    fig.suptitle(f"Perturbation mask m: {title}", fontsize=9)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
 
 
-def save_stats_plot(path, table: List[Dict[str, float]]):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    layers = [r["layer"] for r in table]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax1.bar(layers, [r["jsd"] for r in table])
+def save_stats_plot(path, results: List[Dict], subset: str):
+    plt = pyplot()
+    calibrated = [r for r in results if r["calibrated"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    n = len(calibrated)
+    for i, r in enumerate(calibrated):
+        layers = [x["layer"] for x in r["layers"]]
+        offset = (i - (n - 1) / 2) * 0.8 / n
+        ax1.bar([l + offset for l in layers], [x["jsd"] for x in r["layers"]], width=0.8 / n, label=r["label"])
+        ax2.plot(layers, [x["entropy_original"] for x in r["layers"]], "o-", label=f"{r['label']}: original a")
+        ax2.plot(layers, [x["entropy_calibrated"] for x in r["layers"]], "s--", label=f"{r['label']}: calibrated")
+        ax1.set_xticks(layers)
+        ax2.set_xticks(layers)
     ax1.set_xlabel("decoder layer")
-    ax1.set_ylabel("JSD(original, calibrated) [bits]")
-    ax2.plot(layers, [r["entropy_original"] for r in table], "o-", label="original")
-    ax2.plot(layers, [r["entropy_calibrated"] for r in table], "s-", label="calibrated")
+    ax1.set_ylabel("mean JSD(a, a_cal) [bits]")
+    ax1.set_title("JSD between original and calibrated attention", fontsize=10)
     ax2.set_xlabel("decoder layer")
-    ax2.set_ylabel("attention entropy [bits]")
-    ax2.legend()
-    for ax in (ax1, ax2):
-        ax.set_xticks(layers)
+    ax2.set_ylabel("mean attention entropy [bits]")
+    ax2.set_title("Entropy before / after calibration", fontsize=10)
+    if n > 1:
+        ax1.legend(fontsize=8)
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"Cross-attention, {subset}: means over (target token, head) rows", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
+def save_binned_plot(path, results: List[Dict], subset: str):
+    plt = pyplot()
+    calibrated = [r for r in results if r["calibrated"]]
+    fig, axes = plt.subplots(len(calibrated), 2, figsize=(10, 3.8 * len(calibrated)), squeeze=False)
+    for row, r in enumerate(calibrated):
+        for ax, key, xlabel in ((axes[row, 0], "by_entropy", "entropy of the original attention a [bits]"),
+                                (axes[row, 1], "by_max_weight", "maximum weight of the original attention a")):
+            t = r["jsd_bins"][key]
+            centres = [low + t["bin_width"] / 2 for low in t["bin_low"]]
+            for layer, means in enumerate(t["mean_jsd"]):
+                xs = [c for c, m in zip(centres, means) if m is not None]
+                ys = [m for m in means if m is not None]
+                ax.plot(xs, ys, "o-", markersize=3, label=f"layer {layer + 1}")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("mean JSD(a, a_cal) [bits]")
+            ax.set_title(f"{r['label']}: JSD {key.replace('_', ' ')} (bins of {t['bin_width']:g})", fontsize=10)
+            ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"JSD vs the original attention's entropy and maximum weight (P3 Figure 7), {subset}; "
+                 "points at bin centres, empty bins left out", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+SERIES_NAMES = {"attention": "cross-attention a", "calibrated": "calibrated a_cal", "mask": "mask m"}
+
+
+def save_kendall_plot(path, results: List[Dict], subset: str, importance: str):
+    plt = pyplot()
+    bars = [(r["label"], s, v["tau"]) for r in results if r["kendall"] for s, v in r["kendall"].items()]
+    num_layers = max(len(t) for _, _, t in bars)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * num_layers + 2), 3.8))
+    width = 0.8 / len(bars)
+    for i, (label, series, taus) in enumerate(bars):
+        xs = [layer + 1 + (i - (len(bars) - 1) / 2) * width for layer in range(len(taus))]
+        ax.bar(xs, [t if t is not None else 0.0 for t in taus], width=width, label=f"{label}: {SERIES_NAMES[series]}")
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(1, num_layers + 1))
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel("mean Kendall τ-b")
+    what = "gradient × input" if importance == "grad_input" else "gradient norm"
+    ax.set_title(f"Kendall-τ between head-averaged weights and {what} importance (P3 Figure 2)", fontsize=10)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.text(0.01, 0.01, f"{subset}; mean over real target tokens; τ over the real source tokens",
+             fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def signed(x: float, digits: int = 4) -> str:
+    return f"{'+' if x >= 0 else '-'} {abs(x):.{digits}f}"
+
+
+def markdown(results: List[Dict], args) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"## {r['label']}\n\n`{r['path']}` ({r['arch']}), {where(args)}, "
+                     f"{r['sentences']} sentences.\n")
+        if r["calibrated"]:
+            lines += [
+                f"Per decoder layer (1-based), means over {r['rows_per_layer']} real (target token, head) rows per "
+                f"layer, fusion `{r['fusion']}`. JSD base 2; entropies in bits; ΔH = H(a_cal) - H(a).",
+                "",
+                "| layer | JSD(a, a_cal) [bits] | H(a) [bits] | H(a_cal) [bits] | ΔH [bits] | mean m |",
+                "|---|---|---|---|---|---|",
+            ]
+            for x in r["layers"]:
+                lines.append(f"| {x['layer']} | {x['jsd']:.4f} | {x['entropy_original']:.3f} | "
+                             f"{x['entropy_calibrated']:.3f} | {x['entropy_change']:+.3f} | {x['mask_mean']:.3f} |")
+            lines += ["", "ΔEnt laid out as P3 Table 5 (\"+\": calibrated attention more disperse; "
+                          "All = mean over all layers' rows):", "", "| layer | ΔEnt |", "|---|---|"]
+            lines += [f"| {x['layer']} | {signed(x['entropy_change'])} |" for x in r["layers"]]
+            lines += [f"| All | {signed(r['entropy_change_all'])} |", ""]
+            t = r["jsd_bins"]["by_entropy"]
+            lines += ["Mean JSD by entropy of a (P3 Figure 7; rows: layer, columns: bins of "
+                      f"{t['bin_width']:g} bits, lower edge; `-`: no rows):", "",
+                      "| layer | " + " | ".join(f"{b:g}" for b in t["bin_low"]) + " |",
+                      "|---|" + "---|" * len(t["bin_low"])]
+            for layer, means in enumerate(t["mean_jsd"]):
+                lines.append(f"| {layer + 1} | " + " | ".join("-" if m is None else f"{m:.4f}" for m in means) + " |")
+            t = r["jsd_bins"]["by_max_weight"]
+            lines += ["", f"Mean JSD by maximum weight of a (bins of {t['bin_width']:g}, lower edge):", "",
+                      "| layer | " + " | ".join(f"{b:g}" for b in t["bin_low"]) + " |",
+                      "|---|" + "---|" * len(t["bin_low"])]
+            for layer, means in enumerate(t["mean_jsd"]):
+                lines.append(f"| {layer + 1} | " + " | ".join("-" if m is None else f"{m:.4f}" for m in means) + " |")
+            lines.append("")
+        if r["kendall"]:
+            what = "|grad · e_s|" if args.importance == "grad_input" else "‖grad_e_s‖"
+            lines += [f"Kendall τ-b between head-averaged weights and {what} of log p(y_t) (P3 Figure 2), "
+                      f"sentences with id < {args.kendall_sentences}; mean over real target "
+                      "tokens (count; undefined τ left out):", "",
+                      "| layer | " + " | ".join(SERIES_NAMES[s] for s in r["kendall"]) + " |",
+                      "|---|" + "---|" * len(r["kendall"])]
+            first = next(iter(r["kendall"].values()))
+            for layer in range(len(first["tau"])):
+                cells = []
+                for v in r["kendall"].values():
+                    tau = v["tau"][layer]
+                    cells.append(("n/a" if tau is None else f"{tau:+.3f}") + f" ({v['target_tokens'][layer]})")
+                lines.append(f"| {layer + 1} | " + " | ".join(cells) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model"
+
+
 def main(args):
-    import man_fairseq  # noqa: F401  (registers the models before the checkpoint is read)
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
-    from man_fairseq.modules.calibration import CALIBRATED, calibration_mode, calibration_modules
-
-    overrides = {"data": args.data}
-    if args.source_lang:
-        overrides["source_lang"] = args.source_lang
-    if args.target_lang:
-        overrides["target_lang"] = args.target_lang
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides=overrides)
-    model = models[0]
-    if not calibration_modules(model):
-        raise SystemExit(f"{args.path} is not a transformer_calibrated_* model")
+    utils.import_user_module(args)
+    if args.kendall_sentences < 0:
+        raise SystemExit("--kendall-sentences must be >= 0")
+    paths = utils.split_paths(args.path, separator=",")
     use_cuda = torch.cuda.is_available() and not args.cpu
-    model.eval()
-    if use_cuda:
-        model.cuda()
-    task.load_dataset(args.gen_subset)
-    dataset = task.dataset(args.gen_subset)
-    itr = task.get_batch_iterator(
-        dataset=dataset, max_sentences=args.batch_size, max_positions=utils.resolve_max_positions(
-            task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True, num_workers=0,
-    ).next_epoch_itr(shuffle=False)
-
-    os.makedirs(os.path.join(args.output_dir, "heatmaps"), exist_ok=True)
-    src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    pad = tgt_dict.pad()
-    masks: Dict[int, Dict] = {}
-    sums, rows_total, heatmaps = None, 0, 0
-    for sample in itr:
-        if use_cuda:
-            sample = utils.move_to_cuda(sample)
-        with torch.no_grad(), calibration_mode(model, CALIBRATED) as cm:
-            model(**sample["net_input"])
-        src_tokens = sample["net_input"]["src_tokens"]
-        src_real = src_tokens.ne(src_dict.pad())
-        tgt_real = sample["target"].ne(pad)
-        layer_rows, n_rows = layer_statistics(cm.captured, src_real, tgt_real)
-        sums = layer_rows if sums is None else [{k: s[k] + r[k] for k in s} for s, r in zip(sums, layer_rows)]
-        rows_total += n_rows
-        stacked = torch.stack([c["m"] for c in cm.captured], 1).float().cpu()  # (B, L, H, T, S)
-        for b, sid in enumerate(sample["id"].tolist()):
-            src_idx = src_real[b].nonzero().squeeze(-1).cpu()
-            tgt_len = int(tgt_real[b].sum())
-            mask = stacked[b][:, :, :tgt_len].index_select(-1, src_idx).contiguous()
-            src = [src_dict[i] for i in src_tokens[b][src_real[b]].tolist()]
-            tgt = [tgt_dict[i] for i in sample["target"][b][:tgt_len].tolist()]
-            masks[sid] = {"mask": mask, "src": src, "tgt": tgt}
-            if heatmaps < args.num_heatmaps:
-                save_heatmap(os.path.join(args.output_dir, "heatmaps", f"{sid}.png"), mask, src, tgt)
-                heatmaps += 1
-        if args.max_sentences is not None and len(masks) >= args.max_sentences:
-            break
-
-    torch.save(masks, os.path.join(args.output_dir, "masks.pt"))
-    table = [
-        {"layer": i, **{k: v / max(rows_total, 1) for k, v in s.items()}} for i, s in enumerate(sums or [])
-    ]
-    for r in table:
-        r["entropy_change"] = r["entropy_calibrated"] - r["entropy_original"]
-    fusion = calibration_modules(model)[0].fusion
-    lines = [
-        f"Attention calibration analysis: `{args.path}`, split `{args.gen_subset}`, "
-        f"{len(masks)} sentences, {rows_total} (target token, head) rows per layer, fusion `{fusion}`.",
-        "",
-        "| layer | JSD(a, a_cal) [bits] | H(a) [bits] | H(a_cal) [bits] | ΔH [bits] | mean m |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in table:
-        lines.append(
-            f"| {r['layer']} | {r['jsd']:.4f} | {r['entropy_original']:.3f} | {r['entropy_calibrated']:.3f} "
-            f"| {r['entropy_change']:+.3f} | {r['mask_mean']:.3f} |"
-        )
+    for p in paths:
+        if not os.path.isfile(p):
+            raise SystemExit(f"checkpoint not found: {p}")
+    labels = model_labels(paths, [checkpoint_folder(p) for p in paths], args.labels)
+    os.makedirs(args.output_dir, exist_ok=True)
+    results = []
+    for path, label in zip(paths, labels):
+        model_dir = args.output_dir if len(paths) == 1 else os.path.join(args.output_dir, slug(label))
+        results.append(analyse_checkpoint(path, label, args, use_cuda, model_dir))
+    text = markdown(results, args)
     with open(os.path.join(args.output_dir, "calibration_stats.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write(text)
     with open(os.path.join(args.output_dir, "calibration_stats.json"), "w") as f:
-        json.dump({"sentences": len(masks), "rows_per_layer": rows_total, "fusion": fusion, "layers": table}, f, indent=2)
-    save_stats_plot(os.path.join(args.output_dir, "calibration_stats.png"), table)
-    print("\n".join(lines))
-    return table
+        json.dump({"split": None if args.input_pairs else args.gen_subset, "input_pairs": args.input_pairs, "importance": args.importance,
+                   "kendall_sentences": args.kendall_sentences, "models": results}, f, indent=2)
+    if any(r["calibrated"] for r in results):
+        save_stats_plot(os.path.join(args.output_dir, "calibration_stats.png"), results, where(args))
+        save_binned_plot(os.path.join(args.output_dir, "jsd_by_entropy.png"), results, where(args))
+    if args.kendall_sentences > 0:
+        save_kendall_plot(os.path.join(args.output_dir, "kendall_tau.png"), results, where(args), args.importance)
+    print(text)
+    return results
 
 
-def cli_main():
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font-manager debug noise
-    main(get_parser().parse_args())
+def cli_main(argv: Optional[List[str]] = None):
+    setup_logging()
+    main(get_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

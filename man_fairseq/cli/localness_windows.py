@@ -8,10 +8,18 @@ writes to ``--windows-output-dir``:
   (positions 0-based from the first real token; ``length`` is ``I``, the key length the query
   sees; ``window`` is ``D``, so ``sigma = D/2``);
 * ``windows.md``: a Markdown table of window-size statistics per attention type and layer;
-* ``windows_<attention>.png``: the distribution of window sizes per layer (the paper's
-  Figures 2-3), one panel per layer.
+* ``windows_<attention>.png``: the localness paper's (P2) Figure 3 per layer: upper row the
+  predicted centre ``P`` against the window size ``D`` (one point per real query and head, at most
+  4000 random points per layer), lower row the histogram of ``D``;
+* ``heads_<attention>.png``: P2 Figure 2, the window of each head per layer, one colour per head
+  (the learned ``D^m`` for ``--localness-window head``; for the other strategies the mean ``D`` of
+  the head with its standard deviation over queries); ``heads.md`` has the mean ``D`` per head.
 
-Takes fairseq-generate's data/model options::
+Layers and heads are 0-based. Progress is logged every ``--log-interval`` batches.
+
+``--path a.pt,b.pt`` analyses several checkpoints, each into ``<output dir>/<checkpoint folder>/``.
+``--output-dir`` is another name of ``--windows-output-dir``. Takes fairseq-generate's data/model
+options::
 
     man-localness-windows data-bin/wmt14 --path ckpt.pt --gen-subset test \\
         --batch-size 64 --windows-output-dir windows/
@@ -25,6 +33,7 @@ from collections import defaultdict
 import torch
 
 import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is loaded)
+from man_fairseq.cli.plotting import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
 
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
@@ -65,6 +74,8 @@ def windows_of_batch(rec, query_pad):
 def collect(model, task, args, use_cuda):
     from fairseq import utils
 
+    from man_fairseq.cli.analysis_utils import Progress
+
     modules = localness_modules(model)
     if not modules:
         raise SystemExit("the model has no localness bias (is it a transformer_localness model with localness layers?)")
@@ -78,7 +89,8 @@ def collect(model, task, args, use_cuda):
     ).next_epoch_itr(shuffle=False)
     pad = task.source_dictionary.pad()
     rows = defaultdict(list)  # (kind, layer) -> [tensor (N, 7)]
-    for sample in itr:
+    progress = Progress(f"localness windows of split {args.gen_subset}", len(itr), getattr(args, "log_interval", 10))
+    for batch_index, sample in enumerate(itr, 1):
         if use_cuda:
             sample = utils.move_to_cuda(sample)
         net_input = sample["net_input"]
@@ -92,13 +104,96 @@ def collect(model, task, args, use_cuda):
             batch_rows = windows_of_batch(rec, src_pad if kind == "encoder_self" else tgt_pad)
             batch_rows[:, 0] = ids[batch_rows[:, 0].long()]
             rows[(kind, layer)].append(batch_rows)
+        progress.step(batch_index, len(sample["id"]))
     for _, _, module in modules:
         module.record = False
         module.last_windows = None
     return {key: torch.cat(parts) for key, parts in rows.items()}
 
 
-def write_outputs(rows, out_dir):
+def per_head_means(rows, order):
+    """(kind, layer) -> [mean D of head h over its real queries] (heads present in the rows)."""
+    means = {}
+    for key in order:
+        r = rows[key]
+        heads = int(r[:, 1].max()) + 1
+        means[key] = [float(r[r[:, 1] == h, 5].mean()) for h in range(heads)]
+    return means
+
+
+def _subsample(n: int, limit: int, seed: int = 0):
+    if n <= limit:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:limit]
+
+
+SCATTER_POINTS = 4000  # per layer: enough to see the shape, few enough to stay readable
+
+
+def save_window_figure(path, kind, layers, rows, strategy, subset):
+    """P2 Figure 3: upper row centre P vs window D (scatter), lower row histogram of D; per layer."""
+    plt = pyplot()
+    fig, axes = plt.subplots(2, len(layers), figsize=(3.4 * len(layers) + 0.6, 6.4), squeeze=False)
+    for col, layer in enumerate(layers):
+        r = rows[(kind, layer)]
+        window, centre = r[:, 5], r[:, 4]
+        pick = _subsample(len(r), SCATTER_POINTS)
+        ax = axes[0, col]
+        heads = r[pick, 1].long()
+        colours = plt.get_cmap("tab10")
+        for h in heads.unique().tolist():  # one colour per head
+            sel = pick[heads == h]
+            ax.scatter(centre[sel].numpy(), window[sel].numpy(), s=5, alpha=0.35, color=colours(h % 10),
+                       linewidths=0, label=f"head {h}")
+        ax.set_title(f"{kind}, layer {layer}", fontsize=10)
+        ax.set_xlabel("predicted centre P (token position)")
+        ax.set_ylabel("window size D")
+        ax = axes[1, col]
+        ax.hist(window.numpy(), bins=30, color="tab:blue")
+        ax.set_xlabel("window size D")
+        ax.set_ylabel("(query, head) pairs")
+    axes[0, -1].legend(fontsize=7, markerscale=2, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    shown = "all" if max(len(rows[(kind, l)]) for l in layers) <= SCATTER_POINTS else f"{SCATTER_POINTS} random"
+    fig.suptitle(f"Localness windows, {strategy} strategy, split {subset} (layers 0-based)\n"
+                 f"one point / count per (real query, head); scatter: {shown} points per layer", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save_head_figure(path, kind, layers, rows, strategy, subset):
+    """P2 Figure 2: the window of every head per layer, one colour per head (heads side by side,
+    so two heads with close D stay two marks); error bars: std over queries (0 for ``head``)."""
+    plt = pyplot()
+    num_heads = max(int(rows[(kind, l)][:, 1].max()) + 1 for l in layers)
+    colours = plt.get_cmap("tab10" if num_heads <= 10 else "tab20")
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(layers) + 3.5), 3.8))
+    spread = 0.7
+    for h in range(num_heads):
+        xs, ys, errs = [], [], []
+        for i, layer in enumerate(layers):
+            r = rows[(kind, layer)]
+            d = r[r[:, 1] == h, 5]
+            if len(d) == 0:
+                continue
+            xs.append(i + (h - (num_heads - 1) / 2) * spread / max(num_heads, 1))
+            ys.append(float(d.mean()))
+            errs.append(float(d.std()) if len(d) > 1 else 0.0)
+        ax.errorbar(xs, ys, yerr=errs, fmt="o", color=colours(h), markersize=6, capsize=2, label=f"head {h}")
+    ax.set_xticks(range(len(layers)))
+    ax.set_xticklabels([str(l) for l in layers])
+    ax.set_xlabel("layer (0-based)")
+    ax.set_ylabel("window size D")
+    what = "learned D^m per head" if strategy == "head" else "mean D per head (bars: std over queries)"
+    ax.set_title(f"{kind}: {what}, split {subset}", fontsize=10)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_outputs(rows, out_dir, strategy="query", subset="valid"):
     os.makedirs(out_dir, exist_ok=True)
     order = sorted(rows, key=lambda key: (["encoder_self", "decoder_self", "cross"].index(key[0]), key[1]))
     with open(os.path.join(out_dir, "windows.tsv"), "w") as f:
@@ -121,55 +216,62 @@ def write_outputs(rows, out_dir):
         )
     with open(os.path.join(out_dir, "windows.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    head_means = per_head_means(rows, order)
+    num_heads = max(len(v) for v in head_means.values())
+    lines = ["Mean window size D per head over the real queries (layers and heads 0-based; for "
+             "`--localness-window head` this is the head's learned D^m = N sigmoid(z^m)):", "",
+             "| attention | layer | " + " | ".join(f"head {h}" for h in range(num_heads)) + " |",
+             "|---|---|" + "---|" * num_heads]
+    for kind, layer in order:
+        lines.append(f"| {kind} | {layer} | " + " | ".join(f"{d:.2f}" for d in head_means[(kind, layer)]) + " |")
+    with open(os.path.join(out_dir, "heads.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
     for kind in dict.fromkeys(k for k, _ in order):
         layers = [layer for k, layer in order if k == kind]
-        fig, axes = plt.subplots(1, len(layers), figsize=(3.2 * len(layers), 2.8), squeeze=False, sharey=True)
-        for ax, layer in zip(axes[0], layers):
-            window = rows[(kind, layer)][:, 5].numpy()
-            ax.hist(window, bins=30, density=True, color="tab:blue")
-            ax.set_title(f"{kind} layer {layer}")
-            ax.set_xlabel("window size D")
-        axes[0][0].set_ylabel("density")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"windows_{kind}.png"), dpi=100)
-        plt.close(fig)
+        save_window_figure(os.path.join(out_dir, f"windows_{kind}.png"), kind, layers, rows, strategy, subset)
+        save_head_figure(os.path.join(out_dir, f"heads_{kind}.png"), kind, layers, rows, strategy, subset)
     return order
 
 
 def main(args):
     from fairseq import checkpoint_utils, tasks, utils
 
+    from man_fairseq.cli.analysis_utils import checkpoint_folder, model_labels
+
     utils.import_user_module(args)
     use_cuda = torch.cuda.is_available() and not args.cpu
     task = tasks.setup_task(args)
-    models, _ = checkpoint_utils.load_model_ensemble(
-        utils.split_paths(args.path), arg_overrides=eval(args.model_overrides), task=task
-    )
-    model = models[0].eval()
-    if use_cuda:
-        model.cuda()
     task.load_dataset(args.gen_subset)
-    rows = collect(model, task, args, use_cuda)
-    order = write_outputs(rows, args.windows_output_dir)
-    print(f"wrote windows of {len(order)} attention layers to {args.windows_output_dir}")
-    with open(os.path.join(args.windows_output_dir, "windows.md")) as f:
-        print(f.read())
+    # "a.pt,b.pt": several models analysed one after the other, each in <output dir>/<folder name>
+    paths = [p for p in args.path.split(",") if p]
+    labels = model_labels(paths, [checkpoint_folder(p) for p in paths], None)
+    for path, label in zip(paths, labels):
+        out_dir = args.windows_output_dir if len(paths) == 1 else os.path.join(
+            args.windows_output_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model")
+        models, _ = checkpoint_utils.load_model_ensemble(
+            utils.split_paths(path), arg_overrides=eval(args.model_overrides), task=task
+        )
+        model = models[0].eval()
+        if use_cuda:
+            model.cuda()
+        rows = collect(model, task, args, use_cuda)
+        strategy = localness_modules(model)[0][2].window
+        order = write_outputs(rows, out_dir, strategy, args.gen_subset)
+        print(f"{label}: wrote windows of {len(order)} attention layers to {out_dir}")
+        for name in ("windows.md", "heads.md"):
+            with open(os.path.join(out_dir, name)) as f:
+                print(f.read())
 
 
-def cli_main():
+def cli_main(argv=None):
     from fairseq import options
 
+    setup_logging()
     parser = options.get_generation_parser()
     group = parser.add_argument_group("localness windows")
-    group.add_argument("--windows-output-dir", required=True,
-                       help="folder for windows.tsv, windows.md and windows_<attention>.png")
-    args = options.parse_args_and_arch(parser)
+    group.add_argument("--windows-output-dir", "--output-dir", required=True,
+                       help="folder for windows.tsv, windows.md, heads.md, windows_<attention>.png, heads_<attention>.png")
+    args = options.parse_args_and_arch(parser, input_args=argv)
     main(args)
 
 

@@ -167,6 +167,9 @@ class WindowPointers(nn.Module):
         self.key_proj = nn.Linear(self.kdim, num_products * embed_dim, bias=False)
         nn.init.xavier_uniform_(self.query_proj.weight)
         nn.init.xavier_uniform_(self.key_proj.weight)
+        # set by the analysis command (man-diffwin-windows) to keep phi_L, phi_R, m of the last call
+        self.record = False
+        self.last_window: Optional[Dict[str, Optional[Tensor]]] = None
 
     def extra_repr(self) -> str:
         return (
@@ -241,10 +244,16 @@ class WindowPointers(nn.Module):
             logits = logits.masked_fill(excluded, torch.finfo(logits.dtype).min)
         low_precision = logits.dtype in (torch.float16, torch.bfloat16)
         phi = F.softmax(logits, dim=-1, dtype=torch.float32 if low_precision else None).to(logits.dtype)
-        return soft_window_mask(
+        mask = soft_window_mask(
             phi[:, 0], phi[:, 1], self.segment_size, ctx.key_padding_mask, self._segment_bounds(ctx),
             union=self.union,
         )
+        if self.record:
+            self.last_window = {
+                "phi_left": phi[:, 0].detach(), "phi_right": phi[:, 1].detach(), "mask": mask.detach(),
+                "key_padding_mask": None if ctx.key_padding_mask is None else ctx.key_padding_mask.detach(),
+            }
+        return mask
 
     def _segment_bounds(self, ctx: AttentionContext) -> Optional[Tuple[Tensor, Tensor]]:
         """Segment bounds; cached with the static keys of cross-attention while decoding."""
