@@ -25,8 +25,10 @@ $(STAMP): setup.py requirements.txt Makefile
 demo: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/demo.py $(DEMO_ARGS)
 
+# -rs prints every skip reason; no bytecode and no .pytest_cache in the tree (tests write only
+# under their tmp_path).
 test: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests $(PYTEST_ARGS)
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/benchmark.py $(BENCH_ARGS)

@@ -1,11 +1,31 @@
-"""Shared fixtures: a tiny binarized toy corpus and a runner for the real fairseq CLIs."""
+"""Shared fixtures: a tiny binarized toy corpus and a runner for the real fairseq CLIs.
+
+Tests that need the real data samples in ``../shared/data``
+---------------------------------------------------------
+A test declares it by taking the ``shared_data`` fixture (it returns the folder) or, when it
+only *prefers* real data, by the ``@pytest.mark.shared_data`` marker (skip it yourself with
+``pytest.skip(...)`` when ``SHARED_DATA`` is absent). Without the folder such a test skips with
+a reason (``make test`` prints skip reasons, ``-rs``). With the folder present a skip is a
+defect: when ``MAN_FAIRSEQ_REQUIRE_SHARED_DATA=1`` (``.ci/run`` sets it) and ``../shared/data``
+exists, any skipped shared-data test makes the session fail. Never switch silently to synthetic
+data: write a synthetic test and a separate shared-data test instead.
+
+Tests write only under ``tmp_path``: no bytecode is written (``sys.dont_write_bytecode``, and
+``PYTHONDONTWRITEBYTECODE`` for the subprocesses), and every helper takes a folder to write in.
+"""
 
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+import torch
+
+# No __pycache__ next to the sources: neither this process nor the CLIs it starts write bytecode.
+sys.dont_write_bytecode = True
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DIR = str(REPO / "man_fairseq")
@@ -28,21 +48,39 @@ TINY_TRAIN = [
 ]
 
 
+def run_bounded(args, timeout, input=None, **kwargs):
+    """subprocess.run in its own process group; on timeout the whole group (torchrun's workers,
+    fairseq's spawned processes) is killed, not only the direct child."""
+    proc = subprocess.Popen([str(a) for a in args], start_new_session=True, text=True,
+                            stdin=subprocess.PIPE if input is not None else None, **kwargs)
+    try:
+        out, err = proc.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(map(str, args))}\n{(out or '')[-6000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def child_env(env=None):
+    """os.environ plus this interpreter's bin dir first on PATH, no bytecode, and ``env``."""
+    full_env = dict(os.environ)
+    full_env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + full_env.get("PATH", "")
+    full_env.setdefault("OMP_NUM_THREADS", "2")
+    full_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if env:
+        full_env.update(env)
+    return full_env
+
+
 def run_cli(args, cwd=None, timeout=300, check=True, env=None):
     """Run a console command (fairseq-train, ...) with this interpreter's bin dir first on PATH.
 
-    On failure the assertion message carries the command's output.
+    On failure the assertion message carries the command's output; past ``timeout`` seconds the
+    command and everything it started are killed.
     """
-    bindir = str(Path(sys.executable).parent)
-    full_env = dict(os.environ)
-    full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
-    full_env.setdefault("OMP_NUM_THREADS", "2")
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(
-        [str(a) for a in args], cwd=cwd, env=full_env, timeout=timeout,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    proc = run_bounded(args, timeout, cwd=cwd, env=child_env(env),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if check and proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, args))}\n{proc.stdout[-6000:]}")
     return proc
@@ -69,17 +107,57 @@ def toy_data_bin(tmp_path_factory, toy_raw):
 
 @pytest.fixture
 def shared_data():
+    """The ``../shared/data`` folder; the test skips (with the reason) when it is absent."""
     if not SHARED_DATA.is_dir():
-        pytest.skip("../shared/data is not present")
+        pytest.skip(f"{SHARED_DATA} is not present (real data samples)")
     return SHARED_DATA
 
 
-def build_fairseq_model(arch, extra=(), dict_size=100, share_all=True, tmp_dir=None):
+REQUIRE_SHARED_DATA_ENV = "MAN_FAIRSEQ_REQUIRE_SHARED_DATA"
+_shared_data_skips = []
+
+
+def pytest_configure(config):
+    os.environ.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # for subprocesses started directly
+    config.addinivalue_line("markers", "shared_data: the test needs ../shared/data (see conftest.py)")
+
+
+@pytest.fixture(autouse=True)
+def _seed_every_test():
+    """Every test starts from the same RNG state, whatever ran before it (order independence)."""
+    torch.manual_seed(0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    needs = "shared_data" in getattr(item, "fixturenames", ()) or item.get_closest_marker("shared_data")
+    if needs and report.skipped:
+        _shared_data_skips.append(item.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get(REQUIRE_SHARED_DATA_ENV) == "1" and SHARED_DATA.is_dir() and _shared_data_skips:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.write_line("")
+        reporter.write_sep("=", "shared-data tests skipped", red=True)
+        reporter.write_line(
+            f"FAILED: {SHARED_DATA} exists but these shared-data tests skipped: "
+            + ", ".join(_shared_data_skips), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def build_fairseq_model(arch, extra=(), dict_size=100, share_all=True, tmp_dir=None, criterion=False):
     """Build ``arch`` through fairseq's own parser / task / model path (as fairseq-train does).
 
-    Returns (model, task, args). ``dict_size`` counts fairseq's 4 special symbols.
+    Returns (model, task, args), plus the criterion built by the task when ``criterion``.
+    ``dict_size`` counts fairseq's 4 special symbols. The dictionaries are written to ``tmp_dir``
+    (or a temporary folder removed afterwards: building reads them only once).
     """
-    import tempfile
+    if tmp_dir is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            return build_fairseq_model(arch, extra, dict_size, share_all, tmp, criterion)
 
     from fairseq import options, tasks
     from fairseq.data import Dictionary
@@ -89,7 +167,7 @@ def build_fairseq_model(arch, extra=(), dict_size=100, share_all=True, tmp_dir=N
     d = Dictionary()
     for i in range(dict_size - len(d)):
         d.add_symbol(f"w{i}")
-    tmp = tmp_dir or tempfile.mkdtemp()
+    tmp = str(tmp_dir)
     d.save(os.path.join(tmp, "dict.src.txt"))
     d.save(os.path.join(tmp, "dict.tgt.txt"))
     argv = [tmp, "--arch", arch, "-s", "src", "-t", "tgt", "--user-dir", USER_DIR, *map(str, extra)]
@@ -99,6 +177,8 @@ def build_fairseq_model(arch, extra=(), dict_size=100, share_all=True, tmp_dir=N
     args = options.parse_args_and_arch(parser, argv)
     task = tasks.setup_task(args)
     model = task.build_model(args)
+    if criterion:
+        return model, task, args, task.build_criterion(args)
     return model, task, args
 
 

@@ -1,26 +1,20 @@
 """Attention calibration (SPEC §4): formulas, padding, gradient routing, incremental decoding,
 options, and the real fairseq CLIs."""
 
-import argparse
+import datetime
 import math
 import sys
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import man_fairseq  # noqa: F401  (registers models and criterions)
-from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli
 from fairseq.data import Dictionary
 from man_fairseq.criterions.calibrated_label_smoothed_cross_entropy import (
     CalibratedLabelSmoothedCrossEntropyCriterion,
     unwrap_model,
-)
-from man_fairseq.models.transformer_calibrated import (
-    TransformerCalibratedModel,
-    transformer_calibrated_base,
-    transformer_calibrated_small,
 )
 from man_fairseq.modules.biased_attention import AttentionContext
 from man_fairseq.modules.calibration import (
@@ -41,21 +35,25 @@ def make_dictionary(size=20):
     return d
 
 
-def build_model(extra=(), arch=transformer_calibrated_small, small=True, dictionary=None, double=True):
-    dictionary = dictionary or make_dictionary()
-    parser = argparse.ArgumentParser(argument_default=argparse.SUPPRESS)
-    TransformerCalibratedModel.add_args(parser)
-    sizes = [
-        "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
-        "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-        "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-        "--encoder-layers", "2", "--decoder-layers", "2",
-        "--dropout", "0", "--attention-dropout", "0",
-    ] if small else []
-    args = parser.parse_args(sizes + list(extra))
-    arch(args)
-    task = types.SimpleNamespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    model = TransformerCalibratedModel.build_model(args, task)
+SMALL_SIZES = [
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--dropout", "0", "--attention-dropout", "0",
+]
+
+
+def criterion_args(alpha=0.7, eps=0.1):
+    return ["--criterion", "calibrated_label_smoothed_cross_entropy", "--label-smoothing", str(eps),
+            "--perturbation-weight", str(alpha)]
+
+
+def build_model(extra=(), arch="transformer_calibrated_small", small=True, dictionary=None, double=True):
+    """The model as fairseq-train builds it: fairseq's parser, translation task, arch defaults."""
+    size = len(dictionary or make_dictionary())
+    model, _, _ = build_fairseq_model(arch, (SMALL_SIZES if small else []) + list(extra),
+                                      dict_size=size, share_all=False)
     return model.double() if double else model
 
 
@@ -94,8 +92,10 @@ def make_batch(dictionary, bsz=3, src_len=6, tgt_len=5, seed=0, left_pad_source=
 
 
 def make_criterion(dictionary, alpha=0.7, eps=0.1):
-    task = types.SimpleNamespace(target_dictionary=dictionary, source_dictionary=dictionary)
-    return CalibratedLabelSmoothedCrossEntropyCriterion(task, False, eps, perturbation_weight=alpha)
+    """The criterion as fairseq-train builds it (task.build_criterion from the parsed options)."""
+    *_, crit = build_fairseq_model("transformer_calibrated_small", SMALL_SIZES + criterion_args(alpha, eps),
+                                   dict_size=len(dictionary), share_all=False, criterion=True)
+    return crit
 
 
 def make_context(bsz=2, tgt_len=3, src_len=5, dim=4, key_dim=6, heads=2, pad=None, seed=0):
@@ -356,48 +356,55 @@ def decoder_logits(model, sample):
         return model(**sample["net_input"])[0]
 
 
-def test_left_and_right_padded_sources_agree():
+@pytest.mark.parametrize("options", [
+    ["--calibration-fusion", "fixed"], ["--calibration-fixed-no-softmax"],
+    ["--calibration-fusion", "anneal"], ["--calibration-fusion", "gate"],
+])
+def test_left_and_right_padded_sources_agree(options):
     d = make_dictionary()
     torch.manual_seed(1)
-    for fusion in ("fixed", "gate"):
-        model = build_model(["--calibration-fusion", fusion], dictionary=d)
-        left = make_batch(d, left_pad_source=True)
-        right = make_batch(d, left_pad_source=False)
-        real = left["target"].ne(d.pad())
-        torch.testing.assert_close(decoder_logits(model, left)[real], decoder_logits(model, right)[real])
+    model = build_model(options, dictionary=d)
+    model.set_num_updates(30)  # anneal: both terms of the mixture matter
+    left = make_batch(d, left_pad_source=True)
+    right = make_batch(d, left_pad_source=False)
+    real = left["target"].ne(d.pad())
+    torch.testing.assert_close(decoder_logits(model, left)[real], decoder_logits(model, right)[real])
 
 
-def test_incremental_decoding_with_beam_reorder_equals_full_forward():
+@pytest.mark.parametrize("options", [
+    ["--calibration-fusion", "fixed"], ["--calibration-fixed-no-softmax"],
+    ["--calibration-fusion", "anneal"], ["--calibration-fusion", "gate"],
+])
+def test_incremental_decoding_with_beam_reorder_equals_full_forward(options):
     d = make_dictionary()
-    for fusion in ("fixed", "anneal", "gate"):
-        torch.manual_seed(2)
-        model = build_model(["--calibration-fusion", fusion], dictionary=d)
-        model.set_num_updates(5000)
-        model.eval()
-        sample = make_batch(d, bsz=4, tgt_len=5)
-        net = sample["net_input"]
-        prev = net["prev_output_tokens"].clone()
-        prev[prev.eq(d.pad())] = d.eos() + 5  # keep every target position real here
-        # beam search reorders: at step 2 two hypotheses finish and the others are re-sorted
-        # (fairseq's generator shrinks the batch like this); at step 3 a plain permutation
-        orders = {2: torch.tensor([3, 1, 0]), 3: torch.tensor([0, 1, 2])}
-        with torch.no_grad():
-            enc = model.encoder(net["src_tokens"], net["src_lengths"])
-            state = {}
-            outs = []
-            tokens, src, lengths = prev, net["src_tokens"], net["src_lengths"]
-            for step in range(prev.size(1)):
-                if step in orders:
-                    new_order = orders[step].clone()  # a new tensor object per step
-                    model.decoder.reorder_incremental_state_scripting(state, new_order)
-                    enc = model.encoder.reorder_encoder_out(enc, new_order)
-                    tokens, src, lengths = (x.index_select(0, new_order) for x in (tokens, src, lengths))
-                    outs = [o.index_select(0, new_order) for o in outs]
-                out, _ = model.decoder(tokens[:, : step + 1], encoder_out=enc, incremental_state=state)
-                outs.append(out[:, -1:])
-            incremental = torch.cat(outs, 1)
-            full = model(src, lengths, tokens)[0]
-        torch.testing.assert_close(incremental, full)
+    torch.manual_seed(2)
+    model = build_model(options, dictionary=d)
+    model.set_num_updates(5000)
+    model.eval()
+    sample = make_batch(d, bsz=4, tgt_len=5)
+    net = sample["net_input"]
+    prev = net["prev_output_tokens"].clone()
+    prev[prev.eq(d.pad())] = d.eos() + 5  # keep every target position real here
+    # beam search reorders: at step 2 two hypotheses finish and the others are re-sorted
+    # (fairseq's generator shrinks the batch like this); at step 3 a plain permutation
+    orders = {2: torch.tensor([3, 1, 0]), 3: torch.tensor([0, 1, 2])}
+    with torch.no_grad():
+        enc = model.encoder(net["src_tokens"], net["src_lengths"])
+        state = {}
+        outs = []
+        tokens, src, lengths = prev, net["src_tokens"], net["src_lengths"]
+        for step in range(prev.size(1)):
+            if step in orders:
+                new_order = orders[step].clone()  # a new tensor object per step
+                model.decoder.reorder_incremental_state_scripting(state, new_order)
+                enc = model.encoder.reorder_encoder_out(enc, new_order)
+                tokens, src, lengths = (x.index_select(0, new_order) for x in (tokens, src, lengths))
+                outs = [o.index_select(0, new_order) for o in outs]
+            out, _ = model.decoder(tokens[:, : step + 1], encoder_out=enc, incremental_state=state)
+            outs.append(out[:, -1:])
+        incremental = torch.cat(outs, 1)
+        full = model(src, lengths, tokens)[0]
+    torch.testing.assert_close(incremental, full)
 
 
 def test_every_option_changes_the_output():
@@ -433,9 +440,10 @@ def test_every_option_changes_the_output():
     assert not torch.allclose(base, decoder_logits(model, sample))
 
 
-def test_unknown_options_fail_at_build():
-    with pytest.raises((ValueError, SystemExit)):
+def test_unknown_options_fail_at_build(capsys):
+    with pytest.raises(SystemExit):  # argparse choices, through fairseq's own parser
         build_model(["--calibration-fusion", "sum"])
+    assert "argument --calibration-fusion: invalid choice: 'sum'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="anneal-steps"):
         build_model(["--calibration-anneal-steps", "0"])
     with pytest.raises(ValueError, match="fusion"):
@@ -457,10 +465,10 @@ def test_num_updates_buffer_survives_state_dict_and_half():
 def test_extra_parameters_at_base_width():
     """Perturbation model at base width: 2 projections (512x512 + bias) per decoder layer."""
     d = make_dictionary(200)
-    model = build_model([], arch=transformer_calibrated_base, small=False, dictionary=d, double=False)
+    model = build_model([], arch="transformer_calibrated_base", small=False, dictionary=d, double=False)
     extra = sum(p.numel() for p in model.perturbation_parameters())
     assert extra == 6 * 2 * (512 * 512 + 512)
-    gate_model = build_model(["--calibration-fusion", "gate"], arch=transformer_calibrated_base, small=False,
+    gate_model = build_model(["--calibration-fusion", "gate"], arch="transformer_calibrated_base", small=False,
                              dictionary=d, double=False)
     gate_extra = sum(p.numel() for p in gate_model.parameters()) - sum(p.numel() for p in model.parameters())
     assert gate_extra == 6 * (512 * 8 + 8)
@@ -552,38 +560,59 @@ def test_cli_train_resume_generate_export(toy_data_bin, tmp_path):
 # PyTorch DDP (gloo, CPU) without find_unused_parameters
 
 
-def _ddp_worker(rank, world, port, result_path):
+DDP_TIMEOUT_S = 120  # gloo's own default is 30 minutes
+
+
+def _ddp_worker(rank, world, store_path, result_path):
     import torch.distributed as dist
     from fairseq.distributed import ModuleProxyWrapper
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    d = make_dictionary()
-    torch.manual_seed(0)
-    model = build_model(["--calibration-fusion", "gate"], dictionary=d)
-    # fairseq's own wrapping for --ddp-backend pytorch_ddp
-    ddp = ModuleProxyWrapper(torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False))
-    assert unwrap_model(ddp) is model
-    crit = make_criterion(d)
-    for it in range(2):  # DDP raises in the 2nd iteration if a gradient was missing in the 1st
-        ddp.zero_grad()
-        loss, _, _ = crit(ddp, make_batch(d, bsz=2, seed=10 * it + rank))
-        (loss * world).backward()  # DDP averages over ranks; x world gives their sum
-    if rank == 0:
-        torch.save({k: p.grad.clone() for k, p in model.named_parameters()}, result_path)
-    dist.destroy_process_group()
+    # a file store in the test's tmp_path: no port to find (bind-and-close races), bounded waits
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=DDP_TIMEOUT_S))
+    try:
+        d = make_dictionary()
+        torch.manual_seed(0)
+        model = build_model(["--calibration-fusion", "gate"], dictionary=d)
+        # fairseq's own wrapping for --ddp-backend pytorch_ddp
+        ddp = ModuleProxyWrapper(torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False))
+        assert unwrap_model(ddp) is model
+        crit = make_criterion(d)
+        for it in range(2):  # DDP raises in the 2nd iteration if a gradient was missing in the 1st
+            ddp.zero_grad()
+            loss, _, _ = crit(ddp, make_batch(d, bsz=2, seed=10 * it + rank))
+            (loss * world).backward()  # DDP averages over ranks; x world gives their sum
+        if rank == 0:
+            torch.save({k: p.grad.clone() for k, p in model.named_parameters()}, result_path)
+        del ddp  # DDP's reducer holds the process group: release it before tearing the group down
+        # every rank is done with gloo before any rank tears it down: a rank that destroys the
+        # group while its peer still talks to it aborts at exit (SIGABRT, issue 10)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
-def test_pytorch_ddp_one_backward_without_find_unused_parameters(tmp_path):
-    import socket
+def spawn_and_join(fn, args, nprocs, timeout):
+    """torch.multiprocessing.spawn with a deadline: the workers are killed and the test fails
+    instead of hanging CI."""
+    import time
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    context = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"{nprocs} worker processes did not finish within {timeout}s")
+
+
+def test_pytorch_ddp_one_backward_without_find_unused_parameters(tmp_path):
     result = tmp_path / "grads.pt"
-    mp.spawn(_ddp_worker, args=(2, port, str(result)), nprocs=2)
+    spawn_and_join(_ddp_worker, (2, str(tmp_path / "store"), str(result)), nprocs=2, timeout=2 * DDP_TIMEOUT_S)
     d = make_dictionary()
     torch.manual_seed(0)
     model = build_model(["--calibration-fusion", "gate"], dictionary=d)

@@ -113,5 +113,10 @@ def test_unknown_sublayer_is_a_clear_cli_error(toy_data_bin, tmp_path):
 
 
 def test_missing_data_is_a_clear_cli_error(tmp_path):
-    proc = run_cli([*TRAIN, tmp_path / "nope", "--save-dir", tmp_path, "--max-epoch", "1"], check=False)
-    assert proc.returncode != 0 and "nope" in proc.stdout
+    missing = tmp_path / "nope"
+    save = tmp_path / "save"
+    proc = run_cli([*TRAIN, missing, "--save-dir", save, "--max-epoch", "1"], check=False)
+    # the error names the missing data directory itself (not any later failure mentioning it)
+    assert proc.returncode != 0
+    assert f"FileNotFoundError: [Errno 2] No such file or directory: '{missing}'" in proc.stdout
+    assert not list(save.glob("*.pt"))

@@ -18,8 +18,6 @@ from man_fairseq.modules.diff_window import (
     soft_window_mask,
 )
 
-torch.set_num_threads(2)
-
 
 # ---------------------------------------------------------------- naive references (float64)
 def naive_L(n):
@@ -286,7 +284,7 @@ def test_attention_equals_naive_formula(mode, mask, causal, renorm, cross, need_
 
 
 def test_mw_renormalized_rows_sum_to_one_and_plain_rows_do_not():
-    x = torch.randn(5, 2, 12, dtype=torch.float64)
+    x = torch.randn(5, 2, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     for renorm in (False, True):
         attn = make_attention("mw", renormalize=renorm)
         _, w = attn(x, x, x, need_weights=True, need_head_weights=True)
@@ -297,11 +295,19 @@ def test_mw_renormalized_rows_sum_to_one_and_plain_rows_do_not():
             assert (sums - 1).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("mode,mask,cross", [("aw", "segment", False), ("mw", "segment", True), ("mw", "token", False)])
-def test_left_and_right_padding_give_same_outputs(mode, mask, cross):
+PADDING_CASES = [  # mode, mask, cross, union, renormalize: every non-causal combination
+    (mode, mask, cross, union, False)
+    for mode in ("aw", "mw") for mask in ("token", "segment") for cross in (False, True) for union in (False, True)
+] + [("mw", "token", False, False, True), ("mw", "segment", True, True, True)]
+
+
+@pytest.mark.parametrize("mode,mask,cross,union,renorm", PADDING_CASES)
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+def test_left_and_right_padding_give_same_outputs(mode, mask, cross, union, renorm, need_weights):
     """A sequence of 7 real keys, padded by 3 on the left or on the right, unpadded."""
     d, kdim, n, pad = 12, 10, 7, 3
-    attn = make_attention(mode, dim=d, mask_type=mask, seg=3, cross=cross, kdim=kdim)
+    attn = make_attention(mode, dim=d, mask_type=mask, seg=3, cross=cross, kdim=kdim, union=union,
+                          renormalize=renorm)
     torch.manual_seed(2)
     keys_real = torch.randn(n, 1, kdim if cross else d, dtype=torch.float64)
     q_real = torch.randn(4, 1, d, dtype=torch.float64) if cross else keys_real
@@ -313,7 +319,7 @@ def test_left_and_right_padding_give_same_outputs(mode, mask, cross):
         kpm[0, :pad] = left
         kpm[0, n:] = not left
         query = q_real if cross else keys
-        out, _ = attn(query, keys, keys, key_padding_mask=kpm, need_weights=False)
+        out, _ = attn(query, keys, keys, key_padding_mask=kpm, need_weights=need_weights)
         real = out if cross else (out[pad:] if left else out[:n])
         torch.testing.assert_close(real, ref, rtol=1e-9, atol=1e-10)
 
@@ -329,31 +335,51 @@ def test_decoder_self_attention_rejects_segment_masks():
         build_window("aw", 8, temperature=0.0)
 
 
-def test_gradcheck_mask_and_window_parameters():
+@pytest.mark.parametrize("union", [False, True])
+@pytest.mark.parametrize("b", [1, 3])
+def test_gradcheck_soft_mask(b, union):
     phi_l, phi_r = random_pointers(2, 1, 3, 7, seed=6)
     phi_l.requires_grad_(True)
     phi_r.requires_grad_(True)
-    for b in (1, 3):
-        assert torch.autograd.gradcheck(lambda a, c: soft_window_mask(a, c, segment_size=b), (phi_l, phi_r))
-    # window projections and the attention input, through the whole attention
-    x = torch.randn(4, 2, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, c: soft_window_mask(a, c, segment_size=b, union=union), (phi_l, phi_r))
+
+
+GRADCHECK_CASES = [  # mode, mask, causal, renormalize, union
+    (mode, mask, False, False, False) for mode in ("aw", "mw") for mask in ("token", "segment")
+] + [("aw", "token", True, False, False), ("mw", "token", True, False, False),
+     ("mw", "token", False, True, False), ("aw", "segment", False, False, True), ("mw", "token", True, False, True)]
+
+
+@pytest.mark.parametrize("mode,mask,causal,renorm,union", GRADCHECK_CASES)
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+def test_gradcheck_window_parameters(mode, mask, causal, renorm, union, need_weights):
+    """Window projections and the attention input, through the whole attention, padded keys."""
+    x = torch.randn(4, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9)).requires_grad_(True)
     kpm = torch.zeros(2, 4, dtype=torch.bool)
-    kpm[1, :1] = True
-    for mode, mask in (("aw", "segment"), ("mw", "token")):
-        attn = make_attention(mode, dim=4, heads=2, mask_type=mask, seg=2, temperature=0.5)
-        window = attn.bias_module if mode == "aw" else attn.post_softmax
-        wq = window.query_proj.weight.detach().clone().requires_grad_(True)
-        wk = window.key_proj.weight.detach().clone().requires_grad_(True)
-        assert torch.autograd.gradcheck(
-            lambda a, b, c: _attn_with_window_weights(attn, window, a, b, c, kpm), (wq, wk, x)
-        )
+    if causal:
+        kpm[1, -1:] = True  # decoder targets are right padded
+    else:
+        kpm[1, :1] = True
+    am = torch.triu(torch.full((4, 4), float("-inf"), dtype=torch.float64), 1) if causal else None
+    attn = make_attention(mode, dim=4, heads=2, mask_type=mask, seg=2, temperature=0.5, causal=causal,
+                          renormalize=renorm, union=union)
+    window = attn.bias_module if mode == "aw" else attn.post_softmax
+    wq = window.query_proj.weight.detach().clone().requires_grad_(True)
+    wk = window.key_proj.weight.detach().clone().requires_grad_(True)
+    real = ~kpm.t()  # a pad query may attend to nothing under the causal mask: compare real rows
+
+    def f(a, b, c):
+        return _attn_with_window_weights(attn, window, a, b, c, kpm, am, need_weights)[real]
+
+    assert torch.autograd.gradcheck(f, (wq, wk, x))
 
 
-def _attn_with_window_weights(attn, window, wq, wk, x, kpm):
+def _attn_with_window_weights(attn, window, wq, wk, x, kpm, attn_mask=None, need_weights=False):
     params = {"query_proj.weight": wq, "key_proj.weight": wk}
     prefix = "bias_module." if window is attn.bias_module else "post_softmax."
     out, _ = torch.func.functional_call(
-        attn, {prefix + k: v for k, v in params.items()}, (x, x, x), {"key_padding_mask": kpm, "need_weights": False}
+        attn, {prefix + k: v for k, v in params.items()}, (x, x, x),
+        {"key_padding_mask": kpm, "need_weights": need_weights, "attn_mask": attn_mask},
     )
     return out
 
@@ -419,10 +445,14 @@ def test_bad_options_fail_at_startup(build_model):
         build_model("--diffwin-segment-size", "0")
     with pytest.raises(ValueError, match="temperature"):
         build_model("--diffwin-temperature", "-1")
+
+def test_bad_option_choices_are_argparse_errors(build_model, capsys):
     with pytest.raises(SystemExit):  # argparse choices
         build_model("--diffwin-encoder", "xw")
+    assert "argument --diffwin-encoder: invalid choice: 'xw'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         build_model("--diffwin-preset", "best")
+    assert "argument --diffwin-preset: invalid choice: 'best'" in capsys.readouterr().err
 
 
 def model_output(model, src, src_len, tgt):

@@ -193,18 +193,43 @@ def localness_attention(window, causal=False, rel=False, **kw):
 
 
 @pytest.mark.parametrize("window", WINDOW_STRATEGIES)
-def test_attention_with_localness_equals_naive(window):
+@pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+def test_attention_with_localness_equals_naive(window, left, need_weights):
     torch.manual_seed(4)
     attn = localness_attention(window)
     x = torch.randn(5, 2, DIM, dtype=DT)
-    kpm = padding_mask([5, 3], 5, left=True)
-    out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=False)  # fused (SDPA) path
+    kpm = padding_mask([5, 3], 5, left=left)
+    out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=need_weights)
     q, k, v = heads_of(attn, x)
     bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal=False)
     heads_out = naive_attention(q, k, v, bias, kpm, causal=False)
     want = attn.out_proj(heads_out.permute(2, 0, 1, 3).reshape(5, 2, DIM))
     real = ~kpm.t()
     torch.testing.assert_close(out[real], want[real])
+
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+@pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+def test_cross_attention_localness_equals_naive(window, left, need_weights):
+    """Encoder-decoder attention (--localness-attention-types cross): 4 target queries over 6
+    source keys of another width; positions and the length D count real source tokens."""
+    torch.manual_seed(12)
+    kdim = 6
+    attn = BiasedMultiheadAttention(DIM, HEADS, kdim=kdim, vdim=kdim, encoder_decoder_attention=True,
+                                    bias_module=LocalnessBias(DIM, HEADS, window=window, causal=False,
+                                                              fixed_window=3.0, head_window_max=7.0))
+    attn = randomise(attn.double()).eval()
+    query = torch.randn(4, 2, DIM, dtype=DT)
+    src = torch.randn(6, 2, kdim, dtype=DT)
+    kpm = padding_mask([6, 4], 6, left=left)
+    out, _ = attn(query, src, src, key_padding_mask=kpm, need_weights=need_weights, static_kv=True)
+    q = attn._shape(attn.q_proj(query), 2)
+    k, v = attn._shape(attn.k_proj(src), 2), attn._shape(attn.v_proj(src), 2)
+    bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal=False)
+    want = attn.out_proj(naive_attention(q, k, v, bias, kpm, causal=False).permute(2, 0, 1, 3).reshape(4, 2, DIM))
+    torch.testing.assert_close(out, want)
 
 
 @pytest.mark.parametrize("window", WINDOW_STRATEGIES)
@@ -261,13 +286,14 @@ def test_left_and_right_padding_agree(window, rel):
 # ----------------------------------------------------------------------------- relative positions
 
 @pytest.mark.parametrize("window", [None, "query"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_relative_position_attention_equals_naive(window, causal):
+@pytest.mark.parametrize("causal,left", [(False, True), (False, False), (True, False)],
+                         ids=["left_pad", "right_pad", "causal_right_pad"])
+def test_relative_position_attention_equals_naive(window, causal, left):
     torch.manual_seed(7)
     attn = localness_attention(window, causal=causal, rel=True)
     t = 6
     x = torch.randn(t, 2, DIM, dtype=DT)
-    kpm = padding_mask([6, 4], t, left=not causal)
+    kpm = padding_mask([6, 4], t, left=left)
     attn_mask = torch.triu(torch.full((t, t), float("-inf"), dtype=DT), 1) if causal else None
     out, weights = attn(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask)
     q, k, v = heads_of(attn, x)
@@ -282,6 +308,28 @@ def test_relative_position_attention_equals_naive(window, causal):
         attn.relative_values.zero_()
     no_values, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask)
     assert (no_values[real] - out[real]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_relative_key_and_value_embeddings(causal):
+    """Gradients of a^K, a^V (Shaw et al.) and of the input, padded keys, clipping exercised."""
+    torch.manual_seed(13)
+    attn = RelativePositionMultiheadAttention(4, 2, self_attention=True, max_relative_position=1).double()
+    attn = randomise(attn).eval()
+    t = 4
+    x = torch.randn(t, 2, 4, dtype=DT, requires_grad=True)
+    kpm = padding_mask([4, 3], t, left=not causal)
+    attn_mask = torch.triu(torch.full((t, t), float("-inf"), dtype=DT), 1) if causal else None
+    names = ["relative_keys", "relative_values"]
+    params = tuple(getattr(attn, n).detach().clone().requires_grad_() for n in names)
+    real = ~kpm.t()
+
+    def f(x, a_k, a_v):
+        out, _ = torch.func.functional_call(attn, dict(zip(names, (a_k, a_v))), (x, x, x),
+                                            {"key_padding_mask": kpm, "attn_mask": attn_mask})
+        return out[real]
+
+    assert torch.autograd.gradcheck(f, (x,) + params)
 
 
 def test_relative_position_options_are_validated():

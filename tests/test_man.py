@@ -15,10 +15,11 @@ from man_fairseq.modules.mask_bias import DynamicMaskBias, StaticWindowBias
 D, H = 12, 3
 
 
-def naive_attention(attn, x, pad, bias_fn, causal=False):
+def naive_attention(attn, x, pad, bias_fn, causal=False, activation=None):
     """Multi-head attention written out element by element (float64).
 
-    bias_fn(b, h, t, s) -> additive logit bias (may be -inf).
+    bias_fn(b, h, t, s) -> additive logit bias (may be -inf); ``activation`` is applied to the
+    concatenated heads before the output projection (--attention-head-activation).
     """
     T, B, C = x.shape
     dh = C // attn.num_heads
@@ -37,7 +38,7 @@ def naive_attention(attn, x, pad, bias_fn, causal=False):
                         logits.append(q[t, b, sl] @ k[s, b, sl] + bias_fn(b, h, t, s))
                 p = torch.softmax(torch.stack(logits), 0)
                 out[t, b, sl] = sum(p[s] * v[s, b, sl] for s in range(T))
-    return attn.out_proj(out)
+    return attn.out_proj(activation(out) if activation is not None else out)
 
 
 def dman_naive_bias(mod, x):
@@ -49,21 +50,61 @@ def dman_naive_bias(mod, x):
     return fn
 
 
-def make_dman_attention(K=256, seed=0):
+def make_dman_attention(K=256, seed=0, head_activation="none"):
     torch.manual_seed(seed)
-    return BiasedMultiheadAttention(D, H, self_attention=True, bias_module=DynamicMaskBias(D, H, K)).double()
+    return BiasedMultiheadAttention(D, H, self_attention=True, bias_module=DynamicMaskBias(D, H, K),
+                                    head_activation=head_activation).double()
+
+
+def padding(B, T, n_pad, left):
+    """(B, T) key padding mask: sentence 1 has ``n_pad`` pads on the left or on the right."""
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    if left:
+        pad[1, :n_pad] = True
+    else:
+        pad[1, T - n_pad:] = True
+    return pad
 
 
 @pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
 @pytest.mark.parametrize("K", [256, 2], ids=["unclipped", "clipped"])
-def test_dman_matches_naive_formula(need_weights, K):
+@pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
+def test_dman_matches_naive_formula(need_weights, K, left):
     attn = make_dman_attention(K)
     torch.manual_seed(1)
     x = torch.randn(7, 2, D, dtype=torch.double)
-    pad = torch.zeros(2, 7, dtype=torch.bool)
-    pad[1, :2] = True  # left padding in one sentence
+    pad = padding(2, 7, 2, left)
     out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=need_weights)
     ref = naive_attention(attn, x, pad, dman_naive_bias(attn.bias_module, x))
+    real = ~pad.t()
+    torch.testing.assert_close(out[real], ref[real], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("head_activation", ["relu", "gelu"])
+def test_dman_head_activation_matches_naive_formula(need_weights, head_activation):
+    attn = make_dman_attention(K=3, head_activation=head_activation)
+    torch.manual_seed(2)
+    x = torch.randn(6, 2, D, dtype=torch.double)
+    pad = padding(2, 6, 2, left=False)
+    out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=need_weights)
+    act = {"relu": F.relu, "gelu": F.gelu}[head_activation]
+    ref = naive_attention(attn, x, pad, dman_naive_bias(attn.bias_module, x), activation=act)
+    real = ~pad.t()
+    torch.testing.assert_close(out[real], ref[real], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+def test_decoder_causal_dman_matches_naive_formula(need_weights):
+    """Decoder self-attention DMAN: the future mask the decoder passes plus right-padded targets."""
+    attn = make_dman_attention(K=2)
+    torch.manual_seed(3)
+    T = 7
+    x = torch.randn(T, 2, D, dtype=torch.double)
+    pad = padding(2, T, 3, left=False)
+    future = torch.triu(torch.full((T, T), float("-inf"), dtype=torch.double), 1)
+    out, _ = attn(x, x, x, key_padding_mask=pad, attn_mask=future, need_weights=need_weights)
+    ref = naive_attention(attn, x, pad, dman_naive_bias(attn.bias_module, x), causal=True)
     real = ~pad.t()
     torch.testing.assert_close(out[real], ref[real], rtol=1e-9, atol=1e-9)
 
@@ -71,6 +112,7 @@ def test_dman_matches_naive_formula(need_weights, K):
 def test_all_ones_mask_is_plain_attention():
     """A saturated DMAN mask (M -> 1) and a zero bias both reproduce fairseq's attention."""
     attn = make_dman_attention()
+    torch.manual_seed(6)
     plain = MultiheadAttention(D, H, self_attention=True).double()
     plain.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("bias_module")})
     with torch.no_grad():
@@ -92,9 +134,10 @@ def test_all_ones_mask_is_plain_attention():
         torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
 
 
-def test_dman_gradcheck():
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+def test_dman_gradcheck(need_weights):
     attn = make_dman_attention(K=3)
-    x = torch.randn(5, 2, D, dtype=torch.double)
+    x = torch.randn(5, 2, D, dtype=torch.double, generator=torch.Generator().manual_seed(4))
     pad = torch.zeros(2, 5, dtype=torch.bool)
     pad[0, 0] = True
     names = ["bias_module.query_weight", "bias_module.distance_bias", "bias_module.head_bias"]
@@ -103,7 +146,7 @@ def test_dman_gradcheck():
 
     def f(*new):
         return torch.func.functional_call(
-            attn, dict(zip(names, new)), (x, x, x), {"key_padding_mask": pad, "need_weights": False}
+            attn, dict(zip(names, new)), (x, x, x), {"key_padding_mask": pad, "need_weights": need_weights}
         )[0]
 
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6)
@@ -111,6 +154,7 @@ def test_dman_gradcheck():
 
 def test_inputs_longer_than_clipping_distance():
     attn = make_dman_attention(K=2)
+    torch.manual_seed(7)
     x = torch.randn(40, 1, D, dtype=torch.double)
     out, _ = attn(x, x, x, need_weights=False)
     assert torch.isfinite(out).all()
@@ -128,19 +172,21 @@ def test_inputs_longer_than_clipping_distance():
     torch.testing.assert_close(z[0, 30], hw[0, 0] + P[0] + U)  # t-s = -30 -> clipped to -2
 
 
+@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
 @pytest.mark.parametrize("window", [0, 1, 4, "sqrt_half_length"])
-def test_static_window_matches_definition(window):
+def test_static_window_matches_definition(window, left, need_weights):
+    torch.manual_seed(5)
     attn = BiasedMultiheadAttention(D, H, self_attention=True, bias_module=StaticWindowBias(window)).double()
     x = torch.randn(9, 2, D, dtype=torch.double)
-    pad = torch.zeros(2, 9, dtype=torch.bool)
-    pad[1, :3] = True  # second sentence has 6 real tokens
+    pad = padding(2, 9, 3, left)  # second sentence has 6 real tokens
     lengths = (~pad).sum(1)
 
     def fn(b, h, t, s):
         bb = window if window != "sqrt_half_length" else max(1, round(math.sqrt(lengths[b].item() / 2)))
         return 0.0 if abs(t - s) <= bb else float("-inf")
 
-    out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=False)
+    out, _ = attn(x, x, x, key_padding_mask=pad, need_weights=need_weights)
     ref = naive_attention(attn, x, pad, fn)
     real = ~pad.t()
     torch.testing.assert_close(out[real], ref[real], rtol=1e-9, atol=1e-9)
@@ -262,7 +308,9 @@ def test_options_reach_the_modules():
     for extra in (
         ["--dman-max-relative-distance", "1"],
         ["--attention-head-activation", "relu"],
+        ["--attention-head-activation", "gelu"],
         ["--encoder-sublayers", "san,dman,ffn"],
+        ["--encoder-normalize-before"],
     ):
         other, _ = _encoder_out(extra)
         assert not torch.allclose(base, other), f"{extra} did not change the encoder output"
@@ -278,8 +326,15 @@ def test_options_reach_the_modules():
 
 
 def test_pre_norm_option():
-    model, _ = tiny_man(["--encoder-normalize-before", "--decoder-normalize-before"])
+    model, task = tiny_man(["--encoder-normalize-before", "--decoder-normalize-before"])
     assert model.encoder.layers[0].normalize_before and model.decoder.layers[0].normalize_before
+    # and it changes what the decoder computes (same seed, same weights otherwise)
+    post, _ = tiny_man()
+    src, prev = batch(task, [6, 4], True), batch(task, [5, 5], False, seed=1)
+    with torch.no_grad():
+        out_pre = model(src, torch.tensor([6, 4]), prev)[0]
+        out_post = post(src, torch.tensor([6, 4]), prev)[0]
+    assert not torch.allclose(out_pre, out_post)
 
 
 @pytest.mark.parametrize("spec,decoder,msg", [
@@ -293,11 +348,12 @@ def test_bad_sublayer_specs_are_clear_errors(spec, decoder, msg):
         parse_sublayers(spec, decoder)
 
 
-def test_bad_options_fail_at_build():
+def test_bad_options_fail_at_build(capsys):
     with pytest.raises(ValueError, match="unknown sublayer"):
         tiny_man(["--encoder-sublayers", "dman,attn,ffn"])
     with pytest.raises(SystemExit):  # argparse rejects an unknown choice
         tiny_man(["--attention-head-activation", "tanh"])
+    assert "argument --attention-head-activation: invalid choice: 'tanh'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("arch,dict_size,low,high", [

@@ -4,6 +4,7 @@ batch, a 2-process CPU (gloo) training run, evaluate.sh end to end, BLEU/ROUGE s
 import json
 import math
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SHARED_DATA, TINY_MODEL
+from conftest import REPO, TINY_MODEL, child_env, run_bounded
 
 from man_fairseq.recipes import launch, scoring
 from man_fairseq.recipes.config import ConfigError, all_configs, load_config, option_args
@@ -22,16 +23,14 @@ CONFIGS = all_configs()
 
 
 def script_env():
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHON"] = sys.executable
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    return child_env({"PYTHON": sys.executable, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
 def run_script(args, timeout=400):
-    proc = subprocess.run([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout, env=script_env(), cwd=REPO)
+    """Run a recipe script; past ``timeout`` it is killed with everything it started (torchrun's
+    workers included), so a stuck gloo start-up fails the test instead of blocking CI."""
+    proc = run_bounded(args, timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       env=script_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-5000:]
     return proc.stdout
 
@@ -88,8 +87,7 @@ def _registered_archs():
 def test_config_parses_with_fairseq_train_parser(cfg, tmp_path):
     """The config's argument list is accepted by fairseq-train's own parser, option values included."""
     archs = _registered_archs()
-    if cfg["arch"] not in archs:
-        pytest.skip(f"arch {cfg['arch']} is not registered yet (its family lands at integration)")
+    assert cfg["arch"] in archs, f"{cfg['name']}: arch {cfg['arch']!r} is not registered"
     from fairseq import options
 
     argv = launch.train_args(cfg, tmp_path / "ckpt", world_size=2, device="gpu", precision="fp16",
@@ -117,7 +115,12 @@ def test_config_parses_with_fairseq_train_parser(cfg, tmp_path):
         "--encoder-layers", "3", "--decoder-layers", "3", "--max-source-positions", "64",
         "--max-target-positions", "64"])
     model = tasks.setup_task(small).build_model(small)
-    assert sum(p.numel() for p in model.parameters()) > 0
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    # the config's arch picks its family's model class, and the toy overrides reached it
+    assert type(model) is ARCH_MODEL_REGISTRY[cfg["arch"]], (cfg["arch"], type(model))
+    assert len(model.encoder.layers) == len(model.decoder.layers) == 3
+    assert model.encoder.embed_tokens.embedding_dim == 32
 
 
 # ------------------------------------------------------------------------ launch / batch
@@ -131,7 +134,7 @@ def test_update_freq_keeps_effective_batch():
     assert launch.update_freq_for(dw, 4)[:2] == (2, 8)
 
 
-def test_launch_commands():
+def test_launch_commands(monkeypatch):
     cfg = load_config("configs/man/t1-wmt14-man-base.yaml")
     single = launch.launch_command(cfg, "ck", nproc=1, device="gpu")
     assert single[0] == "fairseq-train" and "--fp16" in single
@@ -140,15 +143,12 @@ def test_launch_commands():
     assert tr[:4] == ["torchrun", "--nproc_per_node=4", "--standalone", "-m"] and tr[4] == "fairseq_cli.train"
     assert "--bf16" in tr and tr[tr.index("--update-freq") + 1] == "2"
     assert tr[tr.index("--distributed-world-size") + 1] == "4"
-    os.environ.pop("MASTER_ADDR", None)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
     with pytest.raises(ValueError, match="MASTER_ADDR"):
         launch.launch_command(cfg, "ck", nproc=1, nnodes=2, launcher="torchrun", device="gpu")
-    os.environ["MASTER_ADDR"] = "node0"
-    try:
-        multi = launch.launch_command(cfg, "ck", nproc=1, nnodes=2, launcher="torchrun", device="gpu",
-                                      master_port=1234)
-    finally:
-        del os.environ["MASTER_ADDR"]
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    multi = launch.launch_command(cfg, "ck", nproc=1, nnodes=2, launcher="torchrun", device="gpu",
+                                  master_port=1234)
     assert "--nnodes=2" in multi and "--rdzv_endpoint=node0:1234" in multi
     assert multi[multi.index("--distributed-world-size") + 1] == "2"
     slurm = launch.launch_command(cfg, "ck", nproc=8, nnodes=2, launcher="slurm", device="gpu")
@@ -205,33 +205,64 @@ def test_two_process_cpu_training(toy_run):
         assert (run / "checkpoints" / f).is_file()
 
 
-def _evaluate_as(run, metric, tmp_path):
+def _evaluate_as(run, metric, tmp_path, name=None, extra=()):
     """Copy the toy run with another metric in its config, run evaluate.sh, return results.json."""
     import shutil
 
-    dst = tmp_path / f"run-{metric}"
+    dst = tmp_path / f"run-{name or metric}"
     shutil.copytree(run, dst, ignore=shutil.ignore_patterns("eval", "results.*"))
     cfg = yaml.safe_load((dst / "config.yaml").read_text())
     cfg["eval"]["metric"] = metric
     (dst / "config.yaml").write_text(yaml.safe_dump(cfg))
-    run_script(["bash", "scripts/evaluate.sh", dst, "--cpu"])
+    run_script(["bash", "scripts/evaluate.sh", dst, "--cpu", *extra])
     return dst, json.loads((dst / "results.json").read_text())
 
 
+def _multi_bleu(hyps, refs, compound):
+    """Tokenized BLEU straight from sacrebleu's API (the recipes' scoring module not involved);
+    the compound split is the Perl one-liner's regex."""
+    import sacrebleu
+
+    split = (lambda s: re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", s.strip())) if compound else str.strip
+    bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
+    return round(bleu.corpus_score([split(h) for h in hyps], [[split(r) for r in refs]]).score, 2)
+
+
 def test_evaluate_bleu_and_rouge(toy_run, tmp_path):
+    import shutil
+
+    import sacrebleu
+
     run, _ = toy_run
-    # WMT metric: tokenized BLEU with compound splitting + detokenized sacreBLEU with signature
+    # WMT metric: tokenized BLEU with compound splitting + detokenized sacreBLEU with signature;
+    # without raw references sacreBLEU falls back to detokenized tokenized references
     dst, res = _evaluate_as(run, "bleu_wmt", tmp_path)
     assert [Path(p).name for p in res["averaged"]] == ["checkpoint3.pt", "checkpoint2.pt"]
     hyps = (dst / "eval/test.hyp").read_text().splitlines()
     refs = (dst / "eval/test.ref").read_text().splitlines()
     assert len(hyps) == len(refs) == res["n_sentences"] > 0
-    # the reported scores are the scorers applied to the files evaluate.sh wrote
-    assert res["scores"]["bleu"] == scoring.tokenized_bleu(hyps, refs, compound=True)["bleu"]
+    # the reported scores are sacrebleu's own on the files evaluate.sh wrote
+    assert res["scores"]["bleu"] == _multi_bleu(hyps, refs, compound=True)
+    assert res["details"]["bleu_tokenized_no_compound_split"]["bleu"] == _multi_bleu(hyps, refs, compound=False)
     assert res["details"]["bleu"]["compound_split"] is True
     assert res["details"]["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert res["details"]["sacrebleu_references"].startswith("Moses-detokenized")
     detok = (dst / "eval/test.detok.hyp").read_text().splitlines()
-    assert res["scores"]["sacrebleu"] == scoring.sacrebleu_detok(detok, scoring.moses_detokenize(refs, "tgt"))["bleu"]
+    assert len(detok) == len(hyps)
+    assert res["scores"]["sacrebleu"] == round(sacrebleu.corpus_bleu(detok, [refs]).score, 2)
+
+    # the real WMT14 path: untokenized references next to the binarized data (data-prep writes
+    # test.raw.<tgt>, line i = sentence id i). Here the raw references are the detokenized
+    # hypotheses of the run above (same checkpoints, same decoding): sacreBLEU must read them
+    # (100) and not fall back to the tokenized references (below 100)
+    assert res["scores"]["sacrebleu"] < 100
+    data = tmp_path / "data-raw"
+    shutil.copytree(yaml.safe_load((run / "config.yaml").read_text())["data"], data)
+    (data / "test.raw.tgt").write_text("\n".join(detok) + "\n")
+    dst_raw, res_raw = _evaluate_as(run, "bleu_wmt", tmp_path, name="raw", extra=["--data", data])
+    assert res_raw["details"]["sacrebleu_references"] == f"raw references {data / 'test.raw.tgt'}"
+    assert (dst_raw / "eval/test.detok.hyp").read_text().splitlines() == detok
+    assert res_raw["scores"]["sacrebleu"] == 100.0
     md = (dst / "results.md").read_text()
     assert "| bleu |" in md and "| sacrebleu |" in md
     gen = " ".join(res["generate_command"])
@@ -251,9 +282,13 @@ def test_evaluate_bleu_and_rouge(toy_run, tmp_path):
     dst, res = _evaluate_as(run, "rouge", tmp_path)
     hyps = (dst / "eval/test.hyp").read_text().splitlines()
     refs = (dst / "eval/test.ref").read_text().splitlines()
-    direct = scoring.rouge(hyps, refs)
-    assert res["scores"] == {k: direct[k] for k in ("rouge1", "rouge2", "rougeL")}
-    assert res["details"]["rouge_implementation"] == direct["implementation"]
+    from rouge_score import rouge_scorer
+
+    assert res["details"]["rouge_implementation"].startswith("rouge-score")  # no files2rouge here
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    per = [scorer.score(r, h) for h, r in zip(hyps, refs)]
+    for key in ("rouge1", "rouge2", "rougeL"):
+        assert res["scores"][key] == pytest.approx(100 * sum(p[key].fmeasure for p in per) / len(per), abs=0.006)
     assert "| rougeL |" in (dst / "results.md").read_text()
 
 
@@ -274,20 +309,28 @@ def test_compound_split_bleu_hand_computed():
     assert scoring.tokenized_bleu(["The Cat sat Down"], ["the cat sat down"])["bleu"] == 0.0
 
 
-def _rouge_pairs():
-    if SHARED_DATA.is_dir():
-        art = (SHARED_DATA / "gigaword-sample/valid.article.filter.4K.txt").read_text().splitlines()[:60]
-        ttl = (SHARED_DATA / "gigaword-sample/valid.title.filter.4K.txt").read_text().splitlines()[:60]
-        return [" ".join(a.split()[:12]) for a in art], ttl
-    return (["the cats were sitting on the mats", "police arrested two men"],
-            ["a cat sat on the mat", "two men were arrested by police"])
+def test_sacrebleu_detok_matches_sacrebleu_and_hand_computed():
+    import sacrebleu
+
+    # 13a splits the punctuation: hyp "The cat sat , on the mat ." (8 tokens), ref 7 tokens;
+    # matches 7/8, 5/7, 3/6, 1/5, BP = 1 -> 100 * (1/16) ** (1/4) = 50
+    got = scoring.sacrebleu_detok(["The cat sat, on the mat."], ["The cat sat on the mat."])
+    assert got["bleu"] == 50.0
+    assert got["signature"] == f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
+    hyps = ["Hello, world!", "the Cat is here.", "No match at all"]
+    refs = ["Hello world!", "The cat is here.", "Something else entirely"]
+    assert scoring.sacrebleu_detok(hyps, refs)["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
 
 
-def test_rouge_wrapper_matches_rouge_score(monkeypatch):
+def test_moses_detokenize_hand_written():
+    assert scoring.moses_detokenize(["Hello , world !", 'He said " yes " .', "Das ist ( ein ) Test , oder ?"],
+                                    "en") == ["Hello, world!", 'He said "yes".', "Das ist (ein) Test, oder?"]
+
+
+def _check_rouge_against_rouge_score(hyps, refs, monkeypatch):
     from rouge_score import rouge_scorer
 
     monkeypatch.setenv("PATH", "/nonexistent")  # make sure files2rouge is not picked up
-    hyps, refs = _rouge_pairs()
     got = scoring.rouge(hyps, refs)
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     per = [scorer.score(r, h) for h, r in zip(hyps, refs)]
@@ -295,6 +338,17 @@ def test_rouge_wrapper_matches_rouge_score(monkeypatch):
         direct = 100 * sum(p[key].fmeasure for p in per) / len(per)
         assert got[key] == pytest.approx(direct, abs=0.006)
     assert got["implementation"].startswith("rouge-score")
+
+
+def test_rouge_wrapper_matches_rouge_score(monkeypatch):
+    _check_rouge_against_rouge_score(["the cats were sitting on the mats", "police arrested two men"],
+                                     ["a cat sat on the mat", "two men were arrested by police"], monkeypatch)
+
+
+def test_rouge_wrapper_matches_rouge_score_on_gigaword(shared_data, monkeypatch):
+    art = (shared_data / "gigaword-sample/valid.article.filter.4K.txt").read_text().splitlines()[:60]
+    ttl = (shared_data / "gigaword-sample/valid.title.filter.4K.txt").read_text().splitlines()[:60]
+    _check_rouge_against_rouge_score([" ".join(a.split()[:12]) for a in art], ttl, monkeypatch)
 
 
 def test_rouge_uses_files2rouge_when_installed(tmp_path, monkeypatch):

@@ -24,9 +24,16 @@ def main():
     ]
     if "--cpu" not in sys.argv:
         sys.argv.append("--cpu")
+    import torch.distributed as dist
     from fairseq_cli.train import cli_main
 
     cli_main()
+    # fairseq ends with a barrier but leaves the gloo group alive; a process exiting with live
+    # gloo threads can abort at interpreter teardown (SIGABRT, "terminate called without an
+    # active exception"). All ranks passed fairseq's barrier: tear the group down explicitly.
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
