@@ -240,7 +240,7 @@ def test_pipeline_on_synthetic_release_layout(tmp_path):
     assert "Multi30k De→En" in out
     rerun = run(reproduce_cmd(data, tmp_path)).stdout  # finished runs are skipped
     assert "skip  training transformer-seed1" in rerun and "skip  evaluation man-seed1" in rerun
-    assert "fairseq-train" not in rerun.replace("fairseq-train runs", "")
+    assert "+ fairseq-train" not in rerun and "+ fairseq-generate" not in rerun
 
 
 def test_pipeline_on_real_multi30k_head(shared_data, tmp_path):

@@ -363,8 +363,11 @@ def plot_curves(runs, path):
 
 # ---------------------------------------------------------------------------------- timing
 
-def time_families(families, cfgs, args):
-    """Seconds per update over ``args.time_updates`` updates per family, extrapolated to an epoch."""
+def time_families(families, cfgs, args, on_family=None):
+    """Seconds per update over ``args.time_updates`` updates per family, extrapolated to an epoch.
+
+    ``on_family(rows)`` is called after each family, so an interrupted measurement keeps what it has.
+    """
     from . import launch
 
     rows = {}
@@ -386,6 +389,8 @@ def time_families(families, cfgs, args):
                      "epoch_minutes_extrapolated": round(spu * size / 60, 1),
                      "params": model_params(run / "train.log"), "updates_timed": n, "log_interval": interval}
         log(f"      {fam}: {spu:.2f} s/update x {size} updates/epoch = {spu * size / 60:.1f} min/epoch (extrapolated)")
+        if on_family:
+            on_family(rows)
     return rows
 
 
@@ -437,16 +442,18 @@ def main(argv=None):
         cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in families}
         results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates:
-            rows = time_families(families, cfgs, args)
-            out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                   "commit": git_commit(), "device": device_name(args.device), "loadavg": os.getloadavg(),
-                   "data": str(args.data), "counts": manifest["counts"], "families": rows,
-                   "note": "seconds per update measured between the first and last progress line "
-                           "(start-up excluded); epoch time = that x updates per epoch, extrapolated, "
-                           "training only (no validation, no checkpointing)"}
             path = results_dir / f"{args.experiment}-timing-{args.device}.json"
-            path.write_text(json.dumps(out, indent=1) + "\n")
-            log(f"wrote {path}")
+
+            def write(rows):
+                out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "commit": git_commit(), "device": device_name(args.device), "loadavg": os.getloadavg(),
+                       "data": str(args.data), "counts": manifest["counts"], "families": rows,
+                       "note": "seconds per update measured between the first and last progress line "
+                               "(start-up excluded); epoch time = that x updates per epoch, extrapolated, "
+                               "training only (no validation, no checkpointing)"}
+                path.write_text(json.dumps(out, indent=1) + "\n")
+                log(f"wrote {path}")
+            time_families(families, cfgs, args, on_family=write)
             return 0
         runs = []
         for seed in range(1, args.seeds + 1):
