@@ -191,8 +191,8 @@ def test_mean_std_and_log_parsing(tmp_path):
     log = tmp_path / "train.log"
     log.write_text(
         "INFO | fairseq_cli.train | num. model params: 1,234,567 (num. trained: 1,234,567)\n"
-        "INFO | train_inner | epoch 001:     10 / 118 loss=9.1, num_updates=10, lr=1e-05, wall=20.0\n"
-        "INFO | train_inner | epoch 001:     30 / 118 loss=8.1, num_updates=30, lr=3e-05, wall=60.0\n"
+        "INFO | train_inner | epoch 001:     10 / 118 loss=9.1, num_updates=10, lr=1e-05, train_wall=19, wall=20.0\n"
+        "INFO | train_inner | epoch 001:     30 / 118 loss=8.1, num_updates=30, lr=3e-05, train_wall=38, wall=60.0\n"
         "INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 6.9 | ppl 119 | wps 1 | num_updates 118\n"
         "INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.25 | nll_loss 5.9 | ppl 59 | wps 1 | num_updates 236\n")
     assert reproduce.model_params(log) == 1234567

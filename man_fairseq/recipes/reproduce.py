@@ -56,7 +56,8 @@ def log(msg):
 
 VALID_RE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
 PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
-INNER_RE = re.compile(r"epoch (\d+):\s+(\d+) / (\d+) .*?num_updates=(\d+).*?wall=([0-9.]+)")
+# "wall" is cumulative; "train_wall" (also on the line) is per interval: match ", wall=" exactly
+INNER_RE = re.compile(r"epoch (\d+):\s+(\d+) / (\d+) .*?num_updates=(\d+).*?, wall=([0-9.]+)")
 
 
 def valid_curve(train_log):
@@ -266,6 +267,10 @@ def _pm(values):
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} (1 seed)"
 
 
+def _params(n):
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
+
+
 def summarize(runs, families):
     """Per family and test set: mean/std of both BLEUs, delta to the Transformer, p-values."""
     summary = {}
@@ -318,7 +323,7 @@ def to_markdown(summary, meta):
                 pcol = ", ".join("–" if p is None else f"{p:.3f}" for p in ps) or "–"
                 known = [p for p in ps if p is not None]
                 sig = f"{sum(p < 0.05 for p in known)}/{len(known)}" if known else "–"
-            lines.append(f"| {e['label']} | {e['params'] / 1e6:.1f}M | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
+            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
                          f"{_pm(s['bleu_tok_ci'])} | {pcol} | {sig} |")
         lines.append("")
     lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
