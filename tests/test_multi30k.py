@@ -8,6 +8,7 @@ tiny model for a few updates.
 
 import gzip
 import json
+import os
 import random
 import subprocess
 import sys
@@ -63,8 +64,8 @@ def synthetic_release(folder):
 
 
 def run(cmd, timeout=600, check=True):
-    env = {**__import__("os").environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    env["PATH"] = str(Path(sys.executable).parent) + ":" + env.get("PATH", "")
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     proc = subprocess.run([str(c) for c in cmd], cwd=REPO, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=timeout)
     if check:
