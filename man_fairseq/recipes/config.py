@@ -22,6 +22,9 @@ TOP_LEVEL_KEYS = {
 }
 METRICS = {"bleu_ci", "bleu_wmt", "rouge"}
 PAPERS = {"man", "localness", "diffwin", "calibration"}
+# ``paper: none``: an experiment config that is no paper row (e.g. configs/multi30k/); it needs
+# no table / row / paper_results and the paper-table code (all_configs) leaves it out.
+NO_PAPER = "none"
 
 
 class ConfigError(ValueError):
@@ -77,11 +80,14 @@ def validate(cfg):
     unknown = set(cfg) - TOP_LEVEL_KEYS - {"_path"}
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
-    for key in ("name", "paper", "table", "row", "dataset", "data", "arch", "train", "batch", "eval"):
+    required = ("name", "paper", "table", "row", "dataset", "data", "arch", "train", "batch", "eval")
+    if cfg.get("paper") == NO_PAPER:
+        required = tuple(k for k in required if k not in ("table", "row"))
+    for key in required:
         if key not in cfg:
             raise ConfigError(f"{where}: missing key '{key}'")
-    if cfg["paper"] not in PAPERS:
-        raise ConfigError(f"{where}: paper must be one of {sorted(PAPERS)}, got {cfg['paper']!r}")
+    if cfg["paper"] not in PAPERS | {NO_PAPER}:
+        raise ConfigError(f"{where}: paper must be one of {sorted(PAPERS | {NO_PAPER})}, got {cfg['paper']!r}")
     if cfg["eval"].get("metric") not in METRICS:
         raise ConfigError(f"{where}: eval.metric must be one of {sorted(METRICS)}")
     batch = cfg["batch"]
@@ -93,10 +99,12 @@ def validate(cfg):
     return cfg
 
 
-def all_configs(config_dir=CONFIG_DIR):
-    """Every row config (files under configs/ except the ``_base`` includes), sorted by name."""
+def all_configs(config_dir=CONFIG_DIR, include_no_paper=False):
+    """Every paper-row config (files under configs/ except the ``_base`` includes), sorted by name;
+    ``paper: none`` experiment configs only with ``include_no_paper``."""
     paths = sorted(p for p in Path(config_dir).rglob("*.yaml") if "_base" not in p.parts)
-    return [load_config(p) for p in paths]
+    configs = [load_config(p) for p in paths]
+    return [c for c in configs if include_no_paper or c["paper"] != NO_PAPER]
 
 
 def option_args(options):

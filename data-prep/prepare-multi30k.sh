@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Prepare Multi30k (WMT16 multimodal task 1, text only) for fairseq; see "Real text in minutes:
+# Multi30k" in README.md. Usage:
+#   data-prep/prepare-multi30k.sh [--from FOLDER] [--src de --tgt en] [--bpe-merges 10000]
+#                                 [--workers N] [--dest DIR] [--work DIR] [--allow-nonstandard-splits]
+# Re-running skips finished steps; an interrupted step is redone.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
+exec "$python" "$repo/data-prep/_prepare_multi30k.py" "$@"

@@ -1,0 +1,261 @@
+"""Multi30k: data preparation, configs, and the whole reproduce pipeline end to end.
+
+The pipeline tests run the real scripts (prepare-multi30k.sh -> fairseq-train -> averaging ->
+fairseq-generate -> sacreBLEU + paired bootstrap -> table + PNG) on a synthetic folder in the
+release's layout (always) and on the head of the real ../shared/data/multi30k (when present), with a
+tiny model for a few updates.
+"""
+
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY_MODEL
+
+from man_fairseq.recipes import reproduce
+from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
+
+FAMILY_CONFIGS = sorted((REPO / "configs" / "multi30k").glob("*.yaml"))
+
+DE = {"adj": ["kleiner", "großer", "junger", "alter", "roter"], "noun": ["Hund", "Mann", "Junge", "Vogel", "Radfahrer"],
+      "verb": ["läuft", "springt", "sitzt", "steht", "wartet"], "place": ["im Park", "am Strand", "auf der Straße",
+                                                                          "vor dem Haus", "im Schnee"]}
+EN = {"adj": ["small", "big", "young", "old", "red"], "noun": ["dog", "man", "boy", "bird", "cyclist"],
+      "verb": ["runs", "jumps", "sits", "stands", "waits"], "place": ["in the park", "on the beach", "on the street",
+                                                                      "in front of the house", "in the snow"]}
+
+
+def caption_pairs(n, seed):
+    """Caption-like German-English pairs from a fixed word table (deterministic)."""
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        idx = {k: rng.randrange(5) for k in DE}
+        de = f"Ein {DE['adj'][idx['adj']]} {DE['noun'][idx['noun']]} {DE['verb'][idx['verb']]} {DE['place'][idx['place']]}."
+        en = f"A {EN['adj'][idx['adj']]} {EN['noun'][idx['noun']]} {EN['verb'][idx['verb']]} {EN['place'][idx['place']]}."
+        pairs.append((de, en))
+    return pairs
+
+
+def write_side(path, lines, gz):
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    if gz:
+        with gzip.open(str(path) + ".gz", "wb") as f:
+            f.write(data)
+    else:
+        Path(path).write_bytes(data)
+
+
+def synthetic_release(folder):
+    """train/val/test_2016_flickr (.gz, like the release) + an extra plain test_2017_flickr."""
+    folder.mkdir(parents=True)
+    for stem, n, seed, gz in [("train", 300, 1, True), ("val", 30, 2, False), ("test_2016_flickr", 25, 3, True),
+                              ("test_2017_flickr", 20, 4, False)]:
+        pairs = caption_pairs(n, seed)
+        write_side(folder / f"{stem}.de", [p[0] for p in pairs], gz)
+        write_side(folder / f"{stem}.en", [p[1] for p in pairs], gz)
+    return folder
+
+
+def run(cmd, timeout=600, check=True):
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    proc = subprocess.run([str(c) for c in cmd], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-6000:]
+    return proc
+
+
+def prepare(src_folder, tmp_path, *extra):
+    work, dest = tmp_path / "work", tmp_path / "data-bin"
+    out = run([REPO / "data-prep" / "prepare-multi30k.sh", "--from", src_folder, "--work", work, "--dest", dest,
+               "--bpe-merges", "300", "--allow-nonstandard-splits", *extra]).stdout
+    return dest, out
+
+
+TINY_RUN = TINY_MODEL + ["--max-epoch", "2", "--max-tokens", "1500", "--warmup-updates", "4", "--lr", "0.003",
+                         "--log-interval", "1"]
+
+
+def reproduce_cmd(data, tmp_path):
+    return [sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--seeds", "1", "--families", "man",
+            "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
+            "--avg-last", "2", "--bootstrap-samples", "200", "--", *TINY_RUN]
+
+
+def check_results(tmp_path, test_names):
+    results = tmp_path / "results"
+    md = (results / "multi30k.md").read_text()
+    data = json.loads((results / "multi30k.json").read_text())
+    assert [r["family"] for r in data["runs"]] == ["transformer", "man"]
+    for name in test_names:
+        assert f"## {name}" in md
+    rows = [l for l in md.splitlines() if l.startswith("| Transformer") or l.startswith("| MAN")]
+    assert len(rows) == 2 * len(test_names)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 8 and all(cells) and "–" not in cells, row
+    for subset, res in data["runs"][1]["test_sets"].items():
+        bs = res["paired_bootstrap"]
+        assert 0.0 <= bs["p_value"] <= 1.0 and "bs:200" in bs["signature"]
+        # computed on the real hypothesis files: the bootstrap's BLEUs are the two runs' sacreBLEU
+        assert bs["system_bleu"] == res["sacrebleu"]
+        assert bs["baseline_bleu"] == data["runs"][0]["test_sets"][subset]["sacrebleu"]
+        hyp = Path(res["detok_hyp_file"]).read_text().splitlines()
+        assert len(hyp) == res["n_sentences"] > 0
+        assert res["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
+    for r in data["runs"]:
+        assert r["params"] > 0 and r["train_seconds"] > 0 and len(r["valid_curve"]) == 2
+    png = results / "multi30k-valid-loss.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+    return md, data
+
+
+# ------------------------------------------------------------------------------ unit tests
+
+def test_configs_share_width_class_and_budget():
+    cfgs = {p.stem: load_config(p) for p in FAMILY_CONFIGS}
+    assert set(cfgs) == set(reproduce.FAMILIES)
+    base = cfgs["transformer"]
+    for name, cfg in cfgs.items():
+        assert cfg["paper"] == "none" and cfg["dataset"] == "multi30k"
+        # same training budget and optimizer for every family; only the criterion of calibration differs
+        same = {k: v for k, v in cfg["train"].items() if k != "criterion"}
+        assert same == {k: v for k, v in base["train"].items() if k != "criterion"}, name
+        assert cfg["eval"] == base["eval"]
+        assert "small" in cfg["arch"] or cfg["arch"] == "transformer_iwslt_de_en"
+    assert cfgs["calibration"]["train"]["criterion"] == "calibrated_label_smoothed_cross_entropy"
+    assert cfgs["diffwin"]["model"]["diffwin-preset"] == "enc_aw-cr_aw_seg-dec_mw"
+    assert cfgs["localness"]["model"]["localness-window"] == "query"
+    assert cfgs["sman2"]["model"]["encoder-sublayers"].startswith("sman2")
+
+
+@pytest.mark.parametrize("path", FAMILY_CONFIGS, ids=[p.stem for p in FAMILY_CONFIGS])
+def test_config_builds_with_fairseq(path, tmp_path):
+    """fairseq-train's parser accepts the config and the model builds (toy dictionary, real width)."""
+    from fairseq import options, tasks
+
+    from man_fairseq.recipes import launch
+
+    cfg = load_config(path)
+    for lang in ("de", "en"):
+        (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(20)))
+    argv = launch.train_args(cfg, tmp_path / "ckpt", device="cpu", precision="fp32", data=tmp_path)
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    assert args.arch == cfg["arch"] and args.encoder_embed_dim == 512 and args.encoder_layers == 6
+    assert args.max_epoch == 40 and args.dropout == 0.3
+    model = tasks.setup_task(args).build_model(args)
+    assert sum(p.numel() for p in model.parameters()) > 1_000_000
+
+
+def test_paper_none_configs_need_no_table_and_stay_out_of_paper_tables():
+    cfg = load_config(FAMILY_CONFIGS[0])
+    assert "table" not in cfg and "row" not in cfg
+    names = {c["name"] for c in all_configs()}
+    assert not any(n.startswith("multi30k-") for n in names)
+    assert {c["name"] for c in all_configs(include_no_paper=True)} >= {"multi30k-man", "multi30k-transformer"}
+    bad = dict(cfg, paper="nonsense", table="1", row="x")
+    with pytest.raises(ConfigError, match="paper must be one of"):
+        validate(bad)
+    row = dict(cfg, paper="man")  # a paper row still needs its table and row
+    with pytest.raises(ConfigError, match="missing key 'table'"):
+        validate(row)
+
+
+def test_paired_bootstrap_separates_better_from_equally_good_systems():
+    rng = random.Random(0)
+    words = "a the dog cat man runs sits in on park beach red big small".split()
+    refs = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(100)]
+
+    def noisy(p, seed):  # each reference word replaced with probability p
+        r = random.Random(seed)
+        return [" ".join(w if r.random() > p else r.choice(words) for w in s.split()) for s in refs]
+
+    equally_good = reproduce.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
+    assert equally_good["p_value"] > 0.05
+    better = reproduce.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
+    assert better["p_value"] < 0.01 and better["system_bleu"] > better["baseline_bleu"] + 20
+    assert better["signature"].startswith("nrefs:1|bs:200|seed:12345")
+    assert reproduce.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
+
+
+def test_mean_std_and_log_parsing(tmp_path):
+    assert reproduce.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert reproduce.mean_std([5.0]) == (5.0, None)
+    log = tmp_path / "train.log"
+    log.write_text(
+        "INFO | fairseq_cli.train | num. model params: 1,234,567 (num. trained: 1,234,567)\n"
+        "INFO | train_inner | epoch 001:     10 / 118 loss=9.1, num_updates=10, lr=1e-05, train_wall=19, wall=20.0\n"
+        "INFO | train_inner | epoch 001:     30 / 118 loss=8.1, num_updates=30, lr=3e-05, train_wall=38, wall=60.0\n"
+        "INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 6.9 | ppl 119 | wps 1 | num_updates 118\n"
+        "INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.25 | nll_loss 5.9 | ppl 59 | wps 1 | num_updates 236\n")
+    assert reproduce.model_params(log) == 1234567
+    assert reproduce.valid_curve(log) == [(118, 7.5), (236, 6.25)]
+    assert reproduce.seconds_per_update(log) == (2.0, 118)
+
+
+def test_prepare_rejects_nonstandard_sizes_and_missing_files(tmp_path):
+    folder = synthetic_release(tmp_path / "raw")
+    proc = run([REPO / "data-prep" / "prepare-multi30k.sh", "--from", folder, "--work", tmp_path / "w",
+                "--dest", tmp_path / "d"], check=False)
+    assert proc.returncode == 2 and "standard Multi30k split has 29,000" in proc.stdout
+    assert "--allow-nonstandard-splits" in proc.stdout
+    (folder / "val.en").unlink()
+    proc = run([REPO / "data-prep" / "prepare-multi30k.sh", "--from", folder, "--work", tmp_path / "w2",
+                "--dest", tmp_path / "d2", "--allow-nonstandard-splits"], check=False)
+    assert proc.returncode == 2 and "no val.en or val.en.gz" in proc.stdout
+
+
+def test_reproduce_without_data_is_a_clear_error(tmp_path):
+    proc = run([sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--device", "cpu",
+                "--data", tmp_path / "nothing"], check=False)
+    assert proc.returncode == 2 and "prepare-multi30k.sh" in proc.stdout
+
+
+# --------------------------------------------------------------------------- end to end
+
+def test_pipeline_on_synthetic_release_layout(tmp_path):
+    folder = synthetic_release(tmp_path / "raw")
+    data, out = prepare(folder, tmp_path)
+    manifest = json.loads((data / "multi30k.json").read_text())
+    assert manifest["counts"] == {"train": 300, "valid": 30, "test": 25, "test_2017_flickr": 20}
+    assert manifest["test_sets"] == {"test": "test_2016_flickr", "test_2017_flickr": "test_2017_flickr"}
+    assert manifest["nonstandard"] is True
+    for name in ("train.de-en.de.bin", "test.de-en.en.idx", "test_2017_flickr.de-en.en.bin", "test.raw.en",
+                 "test_2017_flickr.raw.de", "code"):
+        assert (data / name).is_file(), name
+    assert (data / "test.raw.en").read_text().splitlines()[0].endswith(".")  # untokenized reference
+    again = run([REPO / "data-prep" / "prepare-multi30k.sh", "--from", folder, "--work", tmp_path / "work",
+                 "--dest", data, "--bpe-merges", "300", "--allow-nonstandard-splits"]).stdout
+    assert "skip  tokenize" in again and "skip  binarize" in again  # idempotent
+
+    out = run(reproduce_cmd(data, tmp_path)).stdout
+    md, _ = check_results(tmp_path, ["test_2016_flickr", "test_2017_flickr"])
+    assert "Multi30k De→En" in out
+    rerun = run(reproduce_cmd(data, tmp_path)).stdout  # finished runs are skipped
+    assert "skip  training transformer-seed1" in rerun and "skip  evaluation man-seed1" in rerun
+    assert "+ fairseq-train" not in rerun and "+ fairseq-generate" not in rerun
+
+
+def test_pipeline_on_real_multi30k_head(shared_data, tmp_path):
+    sample = shared_data / "multi30k"
+    if not sample.is_dir():
+        pytest.skip(f"{sample} is not present")
+    head = tmp_path / "raw"
+    head.mkdir()
+    for stem, n in [("train", 400), ("val", 40), ("test_2016_flickr", 40)]:
+        for lang in ("de", "en"):
+            with gzip.open(sample / f"{stem}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f).rstrip("\n") for _ in range(n)]
+            write_side(head / f"{stem}.{lang}", lines, gz=True)
+    data, _ = prepare(head, tmp_path)
+    assert json.loads((data / "multi30k.json").read_text())["test_sets"] == {"test": "test_2016_flickr"}
+    run(reproduce_cmd(data, tmp_path))
+    check_results(tmp_path, ["test_2016_flickr"])
