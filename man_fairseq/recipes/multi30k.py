@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from .config import REPO
+from .prepare import _check_paths as check_paths
 from .dataprep import (
     PrepError, Steps, apply_bpe_lines, binarize, fetch, learn_bpe, log, read_lines, report_counts,
     tokenize_lines, write_lines,
@@ -118,6 +119,7 @@ def prepare_multi30k(args):
     src, tgt = args.src, args.tgt
     if src == tgt or src not in LANGS or tgt not in LANGS:
         raise PrepError(f"--src/--tgt must be two different task-1 languages of {LANGS}, got {src!r} {tgt!r}")
+    check_paths(args)
     steps = Steps(args.work)
     files = stage(args, steps)
     raw, tok, prep = steps.work / "raw", steps.work / "tok", steps.work / "prep"
@@ -146,7 +148,11 @@ def prepare_multi30k(args):
                 official = OFFICIAL_SHA256.get(Path(by_lang[lang]).name)
                 if official and hashlib.sha256(Path(by_lang[lang]).read_bytes()).hexdigest() != official:
                     log(f"      note: {by_lang[lang]} differs from the official release's file")
-    steps.run("read_raw", read_raw)
+    sources = [path for by_lang in files.values() for path in by_lang.values()]
+    steps.run("read_raw", read_raw, inputs=sources,
+              options={"from": str(args.from_path or BASE_URL), "src": src, "tgt": tgt,
+                       "splits": sorted(files), "allow_nonstandard": bool(args.allow_nonstandard_splits)},
+              outputs=[raw / f"{split}.{lang}" for split in files for lang in (src, tgt)])
 
     def tokenize():
         # Captions are clean text: no punctuation normalization and no length cleaning (which
@@ -158,10 +164,11 @@ def prepare_multi30k(args):
                                                                     desc=f"{split}.{lang}"))
                 if split in test_sets:
                     write_lines(tok / f"{split}.raw.{lang}", lines)  # references for sacreBLEU
-    steps.run("tokenize", tokenize)
+    steps.run("tokenize", tokenize, outputs=[tok / f"{split}.{lang}" for split in files for lang in (src, tgt)])
 
     codes = prep / "code"
-    steps.run("learn_bpe", lambda: learn_bpe([tok / f"train.{src}", tok / f"train.{tgt}"], codes, args.bpe_merges))
+    steps.run("learn_bpe", lambda: learn_bpe([tok / f"train.{src}", tok / f"train.{tgt}"], codes, args.bpe_merges),
+              options={"merges": args.bpe_merges}, outputs=[codes])
 
     def apply():
         for split in files:
@@ -169,21 +176,20 @@ def prepare_multi30k(args):
                 lines = read_lines(tok / f"{split}.{lang}")
                 write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
                 log(f"      bpe {split}.{lang}: {len(lines):,} lines")
-    steps.run("apply_bpe", apply)
+    steps.run("apply_bpe", apply, inputs=[codes],
+              outputs=[prep / f"{split}.{lang}" for split in files for lang in (src, tgt)])
 
-    dest = Path(args.dest)
+    dest = Path(args.dest).absolute()
 
     def binarize_step():
-        if dest.exists():
-            shutil.rmtree(dest)  # a half-written data-bin from an interrupted run
-        binarize(prep, dest, src, tgt, workers=args.workers)
+        # built next to --dest and renamed into place; a --dest data-prep did not make is refused
+        references = [tok / f"{split}.raw.{lang}" for split in test_sets for lang in (src, tgt)]
+        binarize(prep, dest, src, tgt, workers=args.workers, extra_files=[codes, *references])
         for extra in test_sets[1:]:
             binarize_extra_test_set(prep, dest, extra, src, tgt)
-        shutil.copy(codes, dest / "code")
-        for split in test_sets:
-            for lang in (src, tgt):
-                shutil.copy(tok / f"{split}.raw.{lang}", dest / f"{split}.raw.{lang}")
-    steps.run("binarize", binarize_step)
+    steps.run("binarize", binarize_step, options={"dest": str(dest)},
+              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code",
+                       *[dest / f"{split}.{src}-{tgt}.{src}.bin" for split in test_sets[1:]]])
 
     counts = report_counts(prep, src, tgt, EXPECTED, splits=tuple(files))
     manifest = {
