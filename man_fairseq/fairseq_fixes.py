@@ -73,9 +73,9 @@ def inference_step(self, generator, models, sample, prefix_tokens=None, constrai
     bsz = lengths.size(0)
     empty = (lengths <= 1).nonzero().view(-1).tolist()
     keep = (lengths > 1).nonzero().view(-1)
-    ids = sample.get("id")
-    shown = [int(ids[i]) for i in empty] if torch.is_tensor(ids) else empty
-    logger.warning("empty source sentence(s) %s: empty hypothesis (nothing to translate)", shown)
+    ids = sample.get("id")  # sentence ids where the caller has them (fairseq-generate)
+    which = f" (ids {[int(ids[i]) for i in empty]})" if torch.is_tensor(ids) else ""
+    logger.warning("%d empty source sentence(s)%s: empty hypothesis (nothing to translate)", len(empty), which)
     hypos = [None] * bsz
     if keep.numel():
         def pick(value):

@@ -118,3 +118,12 @@ def test_missing_and_corrupt_inputs(runs, tmp_path):
     proc = _average("--inputs", runs["sman1"] / "checkpoint_1_1.pt", bad, "--output", out, check=False)
     assert proc.returncode == 2 and f"cannot read checkpoint {bad}" in proc.stdout
     assert not out.exists()
+
+
+def test_output_may_not_overwrite_an_input(runs):
+    d = runs["sman1"]
+    before = (d / "checkpoint_1_3.pt").read_bytes()
+    proc = _average("--inputs", d / "checkpoint_1_2.pt", d / "checkpoint_1_3.pt",
+                    "--output", d / "checkpoint_1_3.pt", check=False)
+    assert proc.returncode == 2 and "is one of the inputs" in proc.stdout
+    assert (d / "checkpoint_1_3.pt").read_bytes() == before

@@ -98,7 +98,7 @@ def test_interactive_empty_line_gets_an_empty_hypothesis(stopped_run, toy_data_b
 
     with_empty, log = hyps("w1 w2 w3\n\nw4 w5\n")
     assert with_empty[1] == ""
-    assert "empty source sentence(s) [1]: empty hypothesis" in log
+    assert "1 empty source sentence(s): empty hypothesis" in log
     without, _ = hyps("w1 w2 w3\nw4 w5\n")
     assert (with_empty[0], with_empty[2]) == (without[0], without[1])
 
@@ -162,3 +162,17 @@ def test_results_table_runs_without_an_activated_venv(tmp_path):
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "### Mask Attention Networks — Table 1" in proc.stdout
+
+
+def test_train_sh_refuses_to_mix_runs_in_one_directory(tmp_path):
+    run = tmp_path / "run"
+    train = ["bash", REPO / "scripts" / "train.sh", "configs/man/t1-iwslt14-man-small.yaml", "--dry-run",
+             "--run-dir", run]
+    run_cli(train)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "checkpoint_last.pt").write_bytes(b"trained")
+    record = (run / "run.json").read_text()
+    run_cli(train)  # the same command may continue its run
+    proc = run_cli(train + ["--", "--encoder-layers", "1"], check=False)
+    assert proc.returncode != 0 and "holds checkpoints of another command" in proc.stdout
+    assert (run / "run.json").read_text() == record

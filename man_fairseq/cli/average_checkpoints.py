@@ -181,6 +181,8 @@ def main(argv=None):
         missing = [f for f in inputs if not os.path.isfile(f)]
         if missing:
             raise AverageError(f"checkpoint file(s) not found: {', '.join(missing)}")
+    if any(os.path.abspath(args.output) == os.path.abspath(f) for f in inputs):
+        raise AverageError(f"--output {args.output} is one of the inputs; write the average to a new file")
     print("averaging:\n  " + "\n  ".join(inputs), flush=True)
     state = average_checkpoints(inputs)
     tmp = args.output + ".tmp"

@@ -172,6 +172,14 @@ def main(argv=None):
                          args.nnodes, args.master_port)
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
+    previous = run_dir / "run.json"
+    if previous.is_file() and (save_dir / "checkpoint_last.pt").is_file():
+        # fairseq would resume these checkpoints under the new options and run.json would lose
+        # the record of how they were trained: only the same command may continue a run.
+        before = json.loads(previous.read_text()).get("command")
+        if before != cmd:
+            sys.exit(f"{run_dir} holds checkpoints of another command ({previous}); resume with the "
+                     "same config and options, or pass another --run-dir")
     record = {
         "config": cfg["_path"], "name": cfg["name"], "world_size": world, "update_freq": update_freq,
         "effective_batch_tokens": units * int(cfg["train"]["max-tokens"]),
