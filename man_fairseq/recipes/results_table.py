@@ -172,7 +172,6 @@ def main(argv=None):
     runs = collect_runs(args.runs)
     if args.paper:
         configs = [c for c in configs if c["paper"] == args.paper]
-    if args.paper:
         names = {c["name"] for c in configs}
         runs = {k: r for k, r in runs.items() if r.get("name") in names}
     if args.only_finished:
