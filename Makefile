@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 FAIRSEQ_PKG ?= fairseq-fixed==0.12.3.1
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean-venv
+.PHONY: install demo test smoke bench clean-venv
 
 install: $(STAMP)
 
@@ -29,6 +29,11 @@ demo: install
 # under their tmp_path).
 test: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -q -rs -p no:cacheprovider tests $(PYTEST_ARGS)
+
+# The recipes end to end on CPU: small de-en data-bin, a few updates of a config, evaluate.sh,
+# results_table.py (man_fairseq/recipes/smoke.py; writes under runs/smoke/).
+smoke: install
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.smoke $(SMOKE_ARGS)
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/benchmark.py $(BENCH_ARGS)

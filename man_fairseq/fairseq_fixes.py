@@ -7,10 +7,21 @@ last batch** whenever its size is not a multiple of ``--required-batch-size-mult
 translates only part of the test set (so BLEU is computed on a subset), validation skips
 sentences, and since batches are formed from length-sorted indices the longest training
 sentences are never seen. We restore fairseq 0.12.2's behaviour.
+
+A second fix concerns empty inputs: ``fairseq-interactive`` (and ``fairseq-generate``) feed an
+empty source line to the model as a lone end-of-sentence token and print whatever the decoder
+hallucinates from it (``A2 A2``). An empty source now gets an empty hypothesis (score 0) and a
+warning; the other sentences of the batch are decoded as before.
 """
 
+import logging
+
 import numpy as np
+import torch
 from fairseq.data import data_utils
+from fairseq.tasks.translation import TranslationTask
+
+logger = logging.getLogger(__name__)
 
 _fork_batch_by_size = data_utils.batch_by_size
 
@@ -43,5 +54,52 @@ def batch_by_size(
     return batch_by_size_vec(indices, num_tokens_vec, max_tokens, max_sentences, required_batch_size_multiple)
 
 
+_original_inference_step = TranslationTask.inference_step
+
+
+def _empty_hypothesis(eos, device, beam):
+    return [{"tokens": torch.tensor([eos], device=device), "score": 0.0, "attention": None,
+             "alignment": None, "positional_scores": torch.zeros(1, device=device)}
+            for _ in range(beam)]
+
+
+def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+    """``TranslationTask.inference_step`` that answers an empty source (only end-of-sentence)
+    with an empty hypothesis instead of decoding it."""
+    net_input = sample.get("net_input") or {}
+    lengths = net_input.get("src_lengths")
+    if lengths is None or not torch.is_tensor(lengths) or not bool((lengths <= 1).any()):
+        return _original_inference_step(self, generator, models, sample, prefix_tokens, constraints)
+    bsz = lengths.size(0)
+    empty = (lengths <= 1).nonzero().view(-1).tolist()
+    keep = (lengths > 1).nonzero().view(-1)
+    ids = sample.get("id")  # sentence ids where the caller has them (fairseq-generate)
+    which = f" (ids {[int(ids[i]) for i in empty]})" if torch.is_tensor(ids) else ""
+    logger.warning("%d empty source sentence(s)%s: empty hypothesis (nothing to translate)", len(empty), which)
+    hypos = [None] * bsz
+    if keep.numel():
+        def pick(value):
+            return value.index_select(0, keep) if torch.is_tensor(value) and value.dim() and value.size(0) == bsz else value
+
+        sub = dict(sample)
+        sub["net_input"] = {k: pick(v) for k, v in net_input.items()}
+        for key in ("id", "target", "nsentences"):
+            if key in sample:
+                sub[key] = pick(sample[key])
+        if "nsentences" in sample:
+            sub["nsentences"] = int(keep.numel())
+        decoded = _original_inference_step(self, generator, models, sub,
+                                           None if prefix_tokens is None else pick(prefix_tokens),
+                                           None if constraints is None else pick(constraints))
+        for row, result in zip(keep.tolist(), decoded):
+            hypos[row] = result
+    beam = max(1, getattr(generator, "beam_size", 1))
+    eos = self.target_dictionary.eos()
+    for row in empty:
+        hypos[row] = _empty_hypothesis(eos, lengths.device, beam)
+    return hypos
+
+
 def apply():
     data_utils.batch_by_size = batch_by_size
+    TranslationTask.inference_step = inference_step

@@ -66,7 +66,12 @@ def main():
     p.add_argument("--vocab", type=int, default=24)
     p.add_argument("--max-len", type=int, default=12)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--force", action="store_true", help="overwrite existing corpus files in OUT_DIR")
     a = p.parse_args()
+    existing = [f for split in ("train", "valid", "test") for f in (f"{split}.src", f"{split}.tgt")
+                if os.path.exists(os.path.join(a.out_dir, f))]
+    if existing and not a.force:
+        p.error(f"{a.out_dir} already holds {', '.join(existing)}; pass --force to overwrite them")
     write_corpus(a.out_dir, a.train, a.valid, a.test, a.vocab, a.max_len, a.seed)
 
 

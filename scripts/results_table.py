@@ -1,4 +1,9 @@
-#!/usr/bin/env python
+#!/usr/bin/env bash
+''':'
+# Runs with the project's Python like train.sh and evaluate.sh (no activated venv needed).
+source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+exec "$python" "$0" "$@"
+'''
 """Gather finished runs (runs/*/results.json) into Markdown tables laid out like the papers'
 tables, the papers' numbers (from configs/) beside ours. See --help."""
 

@@ -15,18 +15,26 @@ def test_demo_runs_the_whole_pipeline(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, REPO / "scripts" / "demo.py", "--out", out, "--epochs", "2", "--average", "2",
-         "--train-size", "300", "--eval-size", "40"],
-        capture_output=True, text=True, timeout=600,
+         "--train-size", "100", "--eval-size", "10", "--seeds", "2", "--seed", "3"],
+        capture_output=True, text=True, timeout=2400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = (out / "results.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
     assert [r.split("|")[2].strip() for r in rows] == ["`transformer`", "`transformer_man_base`"]
     for row in rows:
-        params, bleu, wps = (float(c.strip().replace(",", "")) for c in row.split("|")[3:6])
-        assert params > 1e5 and 0 <= bleu <= 100 and wps > 0
+        params = float(row.split("|")[3].replace(",", ""))
+        (bleu, bleu_sd), (wps, wps_sd) = (
+            (float(x.replace(",", "")) for x in c.split(" ± ")) for c in row.split("|")[4:6])
+        assert params > 1e5 and 0 <= bleu <= 100 and wps > 0 and bleu_sd >= 0 and wps_sd >= 0
+    assert "**synthetic**" in table and "seeds 3..4" in table
     assert re.search(r"train \| epoch 002 \| loss", proc.stdout), "epochs are shown as they finish"
-    assert (out / "checkpoints_man" / "averaged.pt").is_file()
+    for seed in (3, 4):
+        assert (out / f"checkpoints_man_seed{seed}" / "averaged.pt").is_file()
+        assert f"'seed': {seed}," in (out / f"train_man_seed{seed}.log").read_text()
+    # everything the demo wrote is in its marker, so the next run can remove it (and only it)
+    listed = set((out / demo.MARKER).read_text().split())
+    assert {p.name for p in out.iterdir()} - {demo.MARKER} <= listed
 
 
 def _write(folder, split, src_lines, tgt_lines):
@@ -51,3 +59,45 @@ def test_user_data_checks(tmp_path):
     _write(tmp_path, "valid", ["a"], ["x"])
     with pytest.raises(SystemExit, match="missing .*test.en"):
         demo.check_user_data(tmp_path, "de", "en")
+
+
+def test_out_folder_of_the_user_is_never_deleted(tmp_path):
+    # a non-empty folder the demo did not create is refused before anything runs
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit, match="is not empty and was not created by demo"):
+        demo.main(["--out", str(mine)])
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+    # --data inside --out: refused, the corpus untouched
+    corpus = tmp_path / "work" / "corpus"
+    corpus.mkdir(parents=True)
+    for split in ("train", "valid", "test"):
+        _write(corpus, split, ["a b"], ["x"])
+    with pytest.raises(SystemExit, match="lies inside the output folder"):
+        demo.main(["--out", str(tmp_path / "work"), "--data", str(corpus), "--src", "de", "--tgt", "en"])
+    assert sorted(p.name for p in corpus.iterdir()) == sorted(
+        f"{s}.{l}" for s in ("train", "valid", "test") for l in ("de", "en"))
+
+
+def test_rerun_removes_only_what_the_demo_wrote(tmp_path):
+    out = demo.prepare_out_dir(tmp_path / "out")
+    (out / "raw").mkdir()
+    (out / "raw" / "train.src").write_text("w1\n")
+    (out / "results.md").write_text("old")
+    demo.created(out, "raw", "results.md")
+    (out / "notes.txt").write_text("mine")  # added by the user between runs
+    demo.prepare_out_dir(out)
+    assert sorted(p.name for p in out.iterdir()) == [demo.MARKER, "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_words_per_second_inputs():
+    log = ("2026 | INFO | train | epoch 001 | loss 5 | wps 200 | ups 1 | wpb 100.5 | bsz 10 | num_updates 4 | lr 0.1\n"
+           "2026 | INFO | valid | epoch 001 | loss 5 | wps 999 | wpb 70 | num_updates 4\n"
+           "2026 | INFO | train | epoch 002 | loss 4 | wps 9000 | ups 1 | wpb 90 | bsz 10 | num_updates 7 | lr 0.1\n")
+    assert demo.words_trained(log) == 100.5 * 4 + 90 * 3
+    assert demo.mean_std([1.0]) == (1.0, 0.0)
+    m, sd = demo.mean_std([1.0, 2.0, 3.0])
+    assert m == 2.0 and sd == 1.0

@@ -35,12 +35,21 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) 
                 found.append((key, name))
     kind = "update-based (checkpoint_E_U.pt)" if update_based else "epoch (checkpointN.pt)"
     if len(found) < n:
+        others = sorted(f for f in os.listdir(path) if f.endswith(".pt") and not pattern.fullmatch(f))
+        if update_based:
+            why = "Train with --save-interval-updates K (and --keep-interval-updates >= N) for update-based checkpoints."
+        elif not found and others:
+            why = ("Training ended before its first epoch did (e.g. --max-update reached mid-epoch) or ran "
+                   "with --no-epoch-checkpoints: train for at least N epochs, or use one of the files present.")
+        else:
+            why = ("Training ran fewer than N epochs, or --keep-last-epochs below N removed older ones: "
+                   "average fewer checkpoints.")
         raise AverageError(
             f"asked to average the last {n} {kind} checkpoints but {path} holds only {len(found)}"
             + (f" at or below {upper_bound}" if upper_bound is not None else "")
             + (": " + ", ".join(sorted(x[1] for x in found)) if found else "")
-            + (". Train with --save-interval-updates for update-based checkpoints." if update_based else
-               ". Keep epoch checkpoints (do not pass --no-epoch-checkpoints).")
+            + (f" (other checkpoints there: {', '.join(others)})" if others else "")
+            + ". " + why
         )
     return [os.path.join(path, name) for _, name in sorted(found, reverse=True)[:n]]
 
@@ -55,26 +64,89 @@ def _load(path: str):
         raise AverageError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
 
 
+def model_option_names(arch):
+    """The option names (argparse dests) the model class behind ``arch`` declares, or None."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    import man_fairseq  # noqa: F401  (registers the plugin's archs)
+
+    cls = ARCH_MODEL_REGISTRY.get(arch)
+    if cls is None:
+        return None
+    parser = argparse.ArgumentParser(add_help=False)
+    try:
+        cls.add_args(parser)
+    except Exception:  # a model whose add_args needs fairseq's full parser: compare the arch only
+        return set()
+    return {action.dest for action in parser._actions}
+
+
+def model_config(state):
+    """The options that define the model a checkpoint holds: the arch and every option its model
+    class declares (fairseq's ``cfg.model`` also carries data paths, learning rates etc. for
+    legacy models, which differ between runs of one model and are ignored). Dropout rates are
+    left out too: they change training, not what the parameters mean."""
+    cfg = state.get("cfg") or {}
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    if model is None and state.get("args") is not None:
+        model = state["args"]
+    if model is not None and not isinstance(model, dict):  # argparse.Namespace
+        model = vars(model)
+    model = dict(model or {})
+    arch = model.get("_name") or model.get("arch") or "?"
+    names = model_option_names(arch) or set()
+    options = {k: v for k, v in model.items() if k in names and not str(k).endswith("dropout")}
+    options["arch"] = arch
+    return options
+
+
+def _arch(config):
+    return config["arch"]
+
+
+def check_same_model(path, state, ref_path, ref_state):
+    """Raise AverageError naming the first difference between two checkpoints' models:
+    architecture, model options, parameter names, then tensor shapes."""
+    a, b = model_config(ref_state), model_config(state)
+    if _arch(a) != _arch(b):
+        raise AverageError(f"{path} is a different model than {ref_path}: arch {_arch(b)!r} vs {_arch(a)!r}")
+    for key in sorted(set(a) | set(b), key=str):
+        if a.get(key) != b.get(key):
+            raise AverageError(f"{path} is a different model than {ref_path}: option {key} = "
+                               f"{b.get(key)!r} vs {a.get(key)!r}")
+    pa, pb = ref_state["model"], state["model"]
+    for key in pa:
+        if key not in pb:
+            raise AverageError(f"{path} has no parameter {key}, which {ref_path} has; not the same model")
+    for key in pb:
+        if key not in pa:
+            raise AverageError(f"{path} has a parameter {key} that {ref_path} lacks; not the same model")
+    for key in pa:
+        if tuple(pa[key].shape) != tuple(pb[key].shape):
+            hint = " (different dictionaries?)" if "embed_tokens" in key or "output_projection" in key else ""
+            raise AverageError(f"{path} is a different model than {ref_path}: {key} has shape "
+                               f"{tuple(pb[key].shape)} vs {tuple(pa[key].shape)}{hint}")
+
+
 def average_checkpoints(inputs: List[str]):
-    """Average the ``model`` entries of ``inputs``; the other entries are the newest file's."""
+    """Average the ``model`` entries of ``inputs``; the other entries are the newest file's.
+    Every input must hold the same model (arch, options, parameter names and shapes);
+    fp16/bf16 parameters are summed in fp32 and the average is written in fp32."""
     if not inputs:
         raise AverageError("no checkpoints to average")
     params_dict = collections.OrderedDict()
-    params_keys = None
     new_state = None
     for fpath in inputs:
         state = _load(fpath)
+        if "model" not in state:
+            raise AverageError(f"{fpath} holds no 'model' entry; not a fairseq checkpoint")
         if new_state is None:
             new_state = state
+        else:
+            check_same_model(fpath, state, inputs[0], new_state)
         model_params = state["model"]
-        keys = list(model_params.keys())
-        if params_keys is None:
-            params_keys = keys
-        elif keys != params_keys:
-            raise AverageError(f"{fpath} has different parameters than {inputs[0]}; not from the same model?")
-        for k in params_keys:
-            p = model_params[k]
-            if isinstance(p, torch.HalfTensor) or p.dtype in (torch.float16, torch.bfloat16):
+        for k, p in model_params.items():
+            if p.dtype in (torch.float16, torch.bfloat16):
                 p = p.float()
             params_dict[k] = p.clone() if k not in params_dict else params_dict[k] + p
     averaged = collections.OrderedDict()
@@ -109,6 +181,8 @@ def main(argv=None):
         missing = [f for f in inputs if not os.path.isfile(f)]
         if missing:
             raise AverageError(f"checkpoint file(s) not found: {', '.join(missing)}")
+    if any(os.path.abspath(args.output) == os.path.abspath(f) for f in inputs):
+        raise AverageError(f"--output {args.output} is one of the inputs; write the average to a new file")
     print("averaging:\n  " + "\n  ".join(inputs), flush=True)
     state = average_checkpoints(inputs)
     tmp = args.output + ".tmp"

@@ -8,10 +8,12 @@
 """
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -55,15 +57,76 @@ def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
     return argv + precision_args(device, precision)
 
 
-def _run(cmd, log_path):
+def _run(cmd, log_path, total=None, every_s=10.0):
+    """Run fairseq-generate, keep its output in ``log_path``, and print how many sentences are
+    decoded every ``every_s`` seconds (a large test set takes minutes)."""
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
     print("+ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    Path(log_path).write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    if proc.returncode != 0:
-        sys.exit(f"command failed ({proc.returncode}), see {log_path}:\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    start = last = time.time()
+    done, lines = 0, []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+        for line in proc.stdout:
+            log.write(line)
+            lines.append(line)
+            if line.startswith("H-"):
+                done += 1
+            elif " | INFO | " in line or " | WARNING | " in line or "Error" in line:
+                print("  " + line.rstrip()[-200:], flush=True)
+            if time.time() - last >= every_s:
+                last = time.time()
+                print(f"  decoded {done:,}" + (f"/{total:,}" if total else "")
+                      + f" sentences ({last - start:.0f}s)", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        sys.exit(f"command failed ({rc}), see {log_path}:\n{''.join(lines[-40:])[-3000:]}")
+    print(f"  decoded {done:,} sentences in {time.time() - start:.0f}s", flush=True)
+    return "".join(lines)
+
+
+def subset_size(data, subset, src, tgt):
+    """Number of sentences in the binarized ``subset`` (None if it cannot be read)."""
+    try:
+        from fairseq.data import data_utils
+
+        dataset = data_utils.load_indexed_dataset(str(Path(data) / f"{subset}.{src}-{tgt}.{src}"), None)
+        return len(dataset) if dataset is not None else None
+    except Exception:
+        return None
+
+
+def data_fingerprint(data, subset, src, tgt):
+    """SHA-256 of the dictionaries and of the evaluated subset's binarized files, so a result
+    can be traced to the exact data it was computed on."""
+    out = {}
+    names = [f"dict.{src}.txt", f"dict.{tgt}.txt"] + [
+        f"{subset}.{src}-{tgt}.{lang}.{ext}" for lang in (src, tgt) for ext in ("idx", "bin")]
+    for name in dict.fromkeys(names):
+        path = Path(data) / name
+        if path.is_file():
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            out[name] = digest.hexdigest()
+    return out
+
+
+def training_progress(checkpoint):
+    """(number of updates, completed epochs) recorded in a fairseq checkpoint; None where absent."""
+    import torch
+
+    from man_fairseq.checkpoint_compat import register_safe_globals
+
+    register_safe_globals()
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    history = state.get("optimizer_history") or [{}]
+    train_iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    epoch = train_iterator.get("epoch")  # the epoch to run next or the one interrupted
+    return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
 
 
 def score(cfg, hyps, refs, data):
@@ -98,7 +161,10 @@ def to_markdown(result):
     lines = [f"# {result['name']}", "", f"- config: `{result['config']}`",
              f"- checkpoint: `{result['checkpoint']}` (average of {len(result['averaged'])}: "
              + ", ".join(Path(p).name for p in result["averaged"]) + ")",
-             f"- subset: {result['subset']} ({result['n_sentences']} sentences)", ""]
+             f"- subset: {result['subset']} ({result['n_sentences']} sentences)",
+             f"- data: `{result.get('data')}`; {result.get('num_updates')} updates"
+             + (f"; fairseq overrides: `{' '.join(result['overrides'])}`" if result.get("overrides") else ""),
+             ""]
     paper = result.get("paper_results") or {}
     lines += ["| metric | ours | paper |", "|---|---|---|"]
     for key, value in result["scores"].items():
@@ -119,6 +185,8 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--checkpoint", default=None,
+                   help="evaluate this checkpoint file instead of averaging (e.g. RUN/checkpoints/checkpoint_last.pt)")
     args = p.parse_args(argv)
 
     run = Path(args.run).resolve()
@@ -135,27 +203,36 @@ def main(argv=None):
     eval_dir.mkdir(exist_ok=True)
 
     from man_fairseq.cli.average_checkpoints import AverageError, last_n_checkpoints
-
-    ckpt_dir = run / "checkpoints"
-    try:
-        averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
-    except AverageError as e:
-        sys.exit(f"cannot average: {e}")
-    checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
     from man_fairseq.cli.average_checkpoints import main as average_main
 
-    avg_argv = ["--inputs", str(ckpt_dir),
-                "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
-                "--output", str(checkpoint)]
-    print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
-    try:
-        average_main(avg_argv)  # in-process: saves a second fairseq start-up
-    except AverageError as e:
-        sys.exit(f"cannot average: {e}")
+    ckpt_dir = run / "checkpoints"
+    if args.checkpoint:
+        checkpoint = Path(args.checkpoint).resolve()
+        if not checkpoint.is_file():
+            sys.exit(f"checkpoint not found: {checkpoint}")
+        averaged = [str(checkpoint)]
+    else:
+        try:
+            averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
+        except AverageError as e:
+            sys.exit(f"cannot average: {e}\nEvaluate fewer with --avg-last K, or one file with "
+                     f"--checkpoint {ckpt_dir / 'checkpoint_last.pt'}.")
+        checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
+        avg_argv = ["--inputs", str(ckpt_dir),
+                    "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
+                    "--output", str(checkpoint)]
+        print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
+        try:
+            average_main(avg_argv)  # in-process: saves a second fairseq start-up
+        except AverageError as e:
+            sys.exit(f"cannot average: {e}")
+    num_updates, epochs_completed = training_progress(checkpoint)
 
     gen_cmd = ["fairseq-generate"] + generate_args(cfg, data, checkpoint, subset, device,
                                                    args.precision, args.batch_size)
-    out = _run(gen_cmd, eval_dir / f"generate-{subset}.txt")
+    src, tgt = cfg.get("source_lang"), cfg.get("target_lang")
+    total = subset_size(data, subset, src, tgt) if src else None
+    out = _run(gen_cmd, eval_dir / f"generate-{subset}.txt", total)
     ids, hyps, refs = read_generate_output(out)
     (eval_dir / f"{subset}.hyp").write_text("\n".join(hyps) + "\n")
     (eval_dir / f"{subset}.ref").write_text("\n".join(refs) + "\n")
@@ -181,6 +258,15 @@ def main(argv=None):
         "subset": subset, "n_sentences": len(hyps), "checkpoint": str(checkpoint),
         "averaged": averaged, "generate_command": gen_cmd, "scores": scores,
         "paper_results": cfg.get("paper_results") or {}, "details": details,
+        # provenance: what results_table.py needs to tell a paper-comparable run from another
+        "data": str(data), "config_data": str(cfg["data"]),
+        "data_fingerprint": data_fingerprint(data, subset, src, tgt) if src else {},
+        "overrides": run_info.get("overrides"), "num_updates": num_updates,
+        "epochs_completed": epochs_completed,
+        "world_size": run_info.get("world_size"),
+        "effective_batch_tokens": run_info.get("effective_batch_tokens"),
+        "paper_effective_batch_tokens": run_info.get("paper_effective_batch_tokens"),
+        "run_config": {k: cfg.get(k) for k in ("arch", "model", "train", "batch")},
     }
     (run / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     (run / "results.md").write_text(to_markdown(result))

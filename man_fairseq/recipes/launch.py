@@ -107,6 +107,22 @@ def launch_command(cfg, save_dir, nproc=1, launcher="torchrun", device="gpu", pr
     raise ValueError(f"launcher must be torchrun or slurm, got {launcher!r}")
 
 
+def stream_lines(cmd, env, log_path, on_line=None):
+    """Run ``cmd``; copy each output line to stdout and ``log_path`` (appending) as it arrives,
+    flushing both. Returns the exit code."""
+    with open(log_path, "a") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if on_line:
+                on_line(line)
+        return proc.wait()
+
+
 def visible_gpus():
     try:
         import torch
@@ -156,12 +172,22 @@ def main(argv=None):
                          args.nnodes, args.master_port)
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
+    previous = run_dir / "run.json"
+    if previous.is_file() and (save_dir / "checkpoint_last.pt").is_file():
+        # fairseq would resume these checkpoints under the new options and run.json would lose
+        # the record of how they were trained: only the same command may continue a run.
+        before = json.loads(previous.read_text()).get("command")
+        if before != cmd:
+            sys.exit(f"{run_dir} holds checkpoints of another command ({previous}); resume with the "
+                     "same config and options, or pass another --run-dir")
     record = {
         "config": cfg["_path"], "name": cfg["name"], "world_size": world, "update_freq": update_freq,
         "effective_batch_tokens": units * int(cfg["train"]["max-tokens"]),
         "paper_effective_batch_tokens": effective_batch_units(cfg) * int(cfg["train"]["max-tokens"]),
         "device": device, "precision": "fp32" if device == "cpu" else args.precision,
-        "data": str(args.data or cfg["data"]), "command": cmd,
+        "data": str(args.data or cfg["data"]), "config_data": str(cfg["data"]),
+        # everything that makes this run differ from the config, for results_table.py
+        "overrides": [str(a) for a in extra], "command": cmd,
     }
     (run_dir / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     resolved = {k: v for k, v in cfg.items() if not k.startswith("_")}
@@ -172,16 +198,13 @@ def main(argv=None):
 
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    # fairseq writes to a pipe here, which Python would block-buffer (tens of seconds of lag)
+    env["PYTHONUNBUFFERED"] = "1"
     if shutil.which(cmd[0], path=env["PATH"]) is None:
         sys.exit(f"{cmd[0]} not found on PATH")
-    # Keep a log next to the checkpoints while still streaming progress to the terminal.
-    with open(run_dir / "train.log", "a") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-        rc = proc.wait()
+    # Keep a log next to the checkpoints while streaming progress to the terminal, line by
+    # line, so that `tail -f train.log` and cluster job logs follow the run as it goes.
+    rc = stream_lines(cmd, env, run_dir / "train.log")
     if rc != 0:
         print(f"training failed with exit code {rc}; log: {run_dir / 'train.log'}", file=sys.stderr)
     return rc
