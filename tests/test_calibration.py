@@ -357,7 +357,7 @@ def decoder_logits(model, sample):
 
 
 @pytest.mark.parametrize("options", [
-    ["--calibration-fusion", "fixed"], ["--calibration-fixed-no-softmax"],
+    ["--calibration-fusion", "fixed"], ["--calibration-fusion", "fixed_softmax"],
     ["--calibration-fusion", "anneal"], ["--calibration-fusion", "gate"],
 ])
 def test_left_and_right_padded_sources_agree(options):
@@ -372,7 +372,7 @@ def test_left_and_right_padded_sources_agree(options):
 
 
 @pytest.mark.parametrize("options", [
-    ["--calibration-fusion", "fixed"], ["--calibration-fixed-no-softmax"],
+    ["--calibration-fusion", "fixed"], ["--calibration-fusion", "fixed_softmax"],
     ["--calibration-fusion", "anneal"], ["--calibration-fusion", "gate"],
 ])
 def test_incremental_decoding_with_beam_reorder_equals_full_forward(options):
