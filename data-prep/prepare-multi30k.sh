@@ -6,4 +6,4 @@
 # Re-running skips finished steps; an interrupted step is redone.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
-exec "$python" "$repo/data-prep/_prepare_multi30k.py" "$@"
+exec "$python" "$repo/data-prep/_prepare.py" multi30k "$@"
