@@ -134,7 +134,13 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     needs = "shared_data" in getattr(item, "fixturenames", ()) or item.get_closest_marker("shared_data")
     if needs and report.skipped:
-        _shared_data_skips.append(item.nodeid)
+        # tagged on the report, which pytest-xdist sends from its workers to the controlling process
+        report.user_properties.append(("shared_data_skip", True))
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and ("shared_data_skip", True) in report.user_properties:
+        _shared_data_skips.append(report.nodeid)
 
 
 def pytest_sessionfinish(session, exitstatus):
