@@ -112,14 +112,14 @@ def test_config_parses_with_fairseq_train_parser(cfg, tmp_path):
     for lang in (cfg["source_lang"], cfg["target_lang"]):
         (tmp_path / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(20)))
     small = options.parse_args_and_arch(options.get_training_parser(), input_args=argv + TINY_MODEL + [
-        "--encoder-layers", "3", "--decoder-layers", "3", "--max-source-positions", "64",
+        "--encoder-layers", "6", "--decoder-layers", "6", "--max-source-positions", "64",
         "--max-target-positions", "64"])
     model = tasks.setup_task(small).build_model(small)
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     # the config's arch picks its family's model class, and the toy overrides reached it
     assert type(model) is ARCH_MODEL_REGISTRY[cfg["arch"]], (cfg["arch"], type(model))
-    assert len(model.encoder.layers) == len(model.decoder.layers) == 3
+    assert len(model.encoder.layers) == len(model.decoder.layers) == 6  # the Full rows window all 6
     assert model.encoder.embed_tokens.embedding_dim == 32
 
 

@@ -136,7 +136,7 @@ def _result(cfg, **changes):
 def test_results_table_separates_non_standard_runs():
     cfg = load_config("configs/man/t1-iwslt14-man-small.yaml")
     assert deviations(cfg, _result(cfg)) == []
-    assert "| MAN (small) IWSLT14 | IWSLT14 De-En | 36.30 | 35.00 |" in build_tables([cfg], {"a": _result(cfg)})
+    assert f"| {cfg['row']} | IWSLT14 De-En | 36.30 | 35.00 |" in build_tables([cfg], {"a": _result(cfg)})
 
     small = _result(cfg, data="/home/me/private-bin", n_sentences=200, num_updates=700,
                     overrides=["--encoder-layers", "1"])
@@ -146,8 +146,8 @@ def test_results_table_separates_non_standard_runs():
                        "700 updates (config: max-update 80000)",
                        "200 test sentences (standard test set: 6,750)"]
     table = build_tables([cfg], {"a": small})
-    assert "| MAN (small) IWSLT14 | IWSLT14 De-En | 36.30 | – |" in table
-    assert "| `runs/x` | MAN (small) IWSLT14 (`man-t1-iwslt14-man-small`) | bleu 35.00 |" in table
+    assert f"| {cfg['row']} | IWSLT14 De-En | 36.30 | – |" in table
+    assert f"| `runs/x` | {cfg['row']} (`man-t1-iwslt14-man-small`) | bleu 35.00 |" in table
 
     old = {"name": cfg["name"], "scores": {"bleu": 1.0}, "dataset": "iwslt14", "n_sentences": 6750}
     assert deviations(cfg, old)[0].startswith("no provenance")

@@ -194,16 +194,19 @@ def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
 
 
 def fill_option_defaults(args, config) -> None:
-    """Give ``args`` every option of the dataclass ``config`` it lacks (or holds as None).
+    """Give ``args`` every option of the dataclass ``config``, and the ``--attention-backend`` every
+    family shares, that it lacks (or holds as None): a hydra config carries only the options its
+    YAML names, and fairseq keeps on the model's config only options present on ``args``.
 
     Choice options become plain strings: an Enum inside the checkpoint's Namespace would not
     load under torch's safe loading.
     """
-    for f in dataclasses.fields(config):
-        if f.name.startswith("_"):
-            continue
-        if getattr(args, f.name, None) is None:
-            setattr(args, f.name, getattr(config, f.name))
-        value = getattr(args, f.name)
-        if isinstance(value, Enum):
-            setattr(args, f.name, str(value))
+    for defaults in (config, AttentionBackendConfig()):
+        for f in dataclasses.fields(defaults):
+            if f.name.startswith("_"):
+                continue
+            if getattr(args, f.name, None) is None:
+                setattr(args, f.name, getattr(defaults, f.name))
+            value = getattr(args, f.name)
+            if isinstance(value, Enum):
+                setattr(args, f.name, str(value))
