@@ -31,6 +31,23 @@ def arch_name(cfg) -> str:
     return getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "model")
 
 
+def add_model_and_data_arguments(p, default_subset: str, path_help: str, data_help: str) -> None:
+    """The options every teacher-forced analysis command shares: data, checkpoints, labels,
+    split or sentence pairs, output folder, languages, extra user dir, batch size."""
+    p.add_argument("data", help=data_help)
+    p.add_argument("--path", required=True, help=path_help)
+    p.add_argument("--labels", default=None,
+                   help="comma-separated model names (default: the checkpoints' folder names)")
+    p.add_argument("--gen-subset", default=default_subset, help=f"data split (default: {default_subset})")
+    p.add_argument("--input-pairs", default=None,
+                   help="instead of a split: a text file of 'source ||| target' lines (tokenised like the data)")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--source-lang", default=None)
+    p.add_argument("--target-lang", default=None)
+    p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
+    p.add_argument("--batch-size", type=int, default=32)
+
+
 def checkpoint_folder(path: str) -> str:
     """The folder name of a checkpoint (``runs/acn/checkpoint_best.pt`` -> ``acn``), a default label."""
     import os

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from man_fairseq.cli.analysis_utils import (
-    Progress, arch_name, batch_iterator, checkpoint_folder, load_checkpoint, model_labels,
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint, model_labels,
 )
 from man_fairseq.cli.plotting import pyplot, setup_logging
 
@@ -64,18 +64,9 @@ def get_parser():
 
 
 def add_arguments(p):
-    p.add_argument("data", help="fairseq binarized data directory (dictionaries; the split unless --input-pairs)")
-    p.add_argument("--path", required=True, help="checkpoint, or comma-separated checkpoints to compare")
-    p.add_argument("--labels", default=None,
-                   help="comma-separated model names (default: the checkpoints' folder names)")
-    p.add_argument("--gen-subset", default="valid", help="data split (default: valid)")
-    p.add_argument("--input-pairs", default=None,
-                   help="instead of a split: a text file of 'source ||| target' lines (tokenised like the data)")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--source-lang", default=None)
-    p.add_argument("--target-lang", default=None)
-    p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
-    p.add_argument("--batch-size", type=int, default=32)
+    add_model_and_data_arguments(
+        p, "valid", path_help="checkpoint, or comma-separated checkpoints to compare",
+        data_help="fairseq binarized data directory (dictionaries; the split unless --input-pairs)")
     p.add_argument("--max-sentences", type=int, default=None, help="only sentences with id < N")
     p.add_argument("--num-heatmaps", type=int, default=3, help="heat maps for sentences with id < N")
     p.add_argument("--log-interval", type=int, default=10, help="log progress every N batches")

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from man_fairseq.cli.analysis_utils import (
-    Progress, arch_name, batch_iterator, checkpoint_folder, kendall_tau_b, load_checkpoint, model_labels,
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, kendall_tau_b, load_checkpoint, model_labels,
 )
 from man_fairseq.cli.plotting import pyplot, setup_logging
 
@@ -72,20 +72,10 @@ def get_parser():
 
 
 def add_arguments(p):
-    p.add_argument("data", help="fairseq binarized data directory")
-    p.add_argument("--path", required=True,
-                   help="checkpoint, or comma-separated checkpoints to compare (calibrated models get all "
-                        "analyses, other encoder-decoder models the Kendall-τ of their cross-attention)")
-    p.add_argument("--labels", default=None,
-                   help="comma-separated model names (default: the checkpoints' folder names)")
-    p.add_argument("--gen-subset", default="test", help="data split (default: test)")
-    p.add_argument("--input-pairs", default=None,
-                   help="instead of a split: a text file of 'source ||| target' lines (tokenised like the data)")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--source-lang", default=None)
-    p.add_argument("--target-lang", default=None)
-    p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
-    p.add_argument("--batch-size", type=int, default=32)
+    add_model_and_data_arguments(
+        p, "test", data_help="fairseq binarized data directory",
+        path_help="checkpoint, or comma-separated checkpoints to compare (calibrated models get all "
+                  "analyses, other encoder-decoder models the Kendall-τ of their cross-attention)")
     p.add_argument("--max-sentences", type=int, default=None, help="stop after this many sentences")
     p.add_argument("--num-heatmaps", type=int, default=10, help="PNG heat maps for the first N sentences")
     p.add_argument("--kendall-sentences", type=int, default=200,
