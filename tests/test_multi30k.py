@@ -259,3 +259,18 @@ def test_pipeline_on_real_multi30k_head(shared_data, tmp_path):
     assert json.loads((data / "multi30k.json").read_text())["test_sets"] == {"test": "test_2016_flickr"}
     run(reproduce_cmd(data, tmp_path))
     check_results(tmp_path, ["test_2016_flickr"])
+
+
+def test_timing_never_removes_a_folder_it_did_not_make(tmp_path):
+    from types import SimpleNamespace
+
+    from man_fairseq.recipes import reproduce
+
+    foreign = tmp_path / "runs" / "timing-cpu-transformer"
+    foreign.mkdir(parents=True)
+    (foreign / "notes.txt").write_text("mine")
+    args = SimpleNamespace(runs_dir=str(tmp_path / "runs"), device="cpu", time_updates=2, data=str(tmp_path),
+                           precision="fp32", fairseq_args=[])
+    with pytest.raises(reproduce.ReproduceError, match="not a timing run of ours"):
+        reproduce.time_families(["transformer"], {"transformer": {"_path": "unused.yaml"}}, args)
+    assert (foreign / "notes.txt").read_text() == "mine"

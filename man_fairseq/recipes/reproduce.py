@@ -379,7 +379,11 @@ def time_families(families, cfgs, args, on_family=None):
     for fam in families:
         run = Path(args.runs_dir) / f"timing-{args.device}-{fam}"
         if run.exists():
-            shutil.rmtree(run)  # a fresh, complete measurement each time
+            # a fresh, complete measurement each time; only a run folder launch made (run.json) is removed
+            if not (run / "run.json").is_file() and any(run.iterdir()):
+                raise ReproduceError(f"{run} exists and is not a timing run of ours (no run.json); "
+                                     "remove it yourself or choose another --runs-dir")
+            shutil.rmtree(run)
         n = args.time_updates
         interval = max(1, n // 5)
         argv = [cfgs[fam]["_path"], "--run-dir", str(run), "--data", str(args.data), "--gpus", "1",
