@@ -26,6 +26,16 @@ from .config import REPO, load_config, option_args
 USER_DIR = str(REPO / "man_fairseq")
 
 
+def split_fairseq_args(argv):
+    """``(ours, fairseq's)``: the command line split at the first ``--`` (what follows goes to
+    fairseq-train unchanged); ``argv`` None means ``sys.argv[1:]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def precision_args(device: str, precision: str):
     """fairseq flags for the device and precision (fp16/bf16 apply on GPU only)."""
     if precision not in ("fp32", "fp16", "bf16"):
@@ -151,9 +161,7 @@ def main(argv=None):
     p.add_argument("--master-port", type=int, default=None)
     p.add_argument("--dry-run", action="store_true", help="print the command and write run.json only")
     p.epilog = "Options after '--' go to fairseq-train unchanged (they override the config)."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_fairseq_args(argv)
     args = p.parse_args(argv)
 
     cfg = load_config(args.config)

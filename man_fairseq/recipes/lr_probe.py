@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from .config import REPO, load_config
-from .launch import train_args
+from .launch import split_fairseq_args, train_args
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
@@ -275,9 +275,7 @@ def main(argv=None):
     p.add_argument("--png", default="lr-probe.png")
     p.add_argument("--title", default="lr probe")
     p.epilog = "Options after '--' go to fairseq-train last (e.g. a smaller model for a smoke test)."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    fairseq_extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, fairseq_extra = split_fairseq_args(argv)
     args = p.parse_args(argv)
     args.fairseq_extra = fairseq_extra
     if args.plot:

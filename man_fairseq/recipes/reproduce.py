@@ -426,9 +426,9 @@ def main(argv=None):
     p.add_argument("--time-updates", type=int, default=None,
                    help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    fairseq_args = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    from .launch import split_fairseq_args
+
+    argv, fairseq_args = split_fairseq_args(argv)
     args = p.parse_args(argv)
     args.fairseq_args = fairseq_args
     exp = EXPERIMENTS[args.experiment]
