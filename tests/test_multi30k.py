@@ -1,7 +1,7 @@
 """Multi30k: data preparation, configs, and the whole reproduce pipeline end to end.
 
 The pipeline tests run the real scripts (prepare-multi30k.sh -> fairseq-train -> averaging ->
-fairseq-generate -> sacreBLEU + paired bootstrap -> table + PNG) on a synthetic folder in the
+fairseq-generate -> sacreBLEU -> run records -> paired bootstrap -> table + PNG) on a synthetic folder in the
 release's layout (always) and on the head of the real ../shared/data/multi30k (when present), with a
 tiny model for a few updates.
 """
@@ -18,7 +18,8 @@ import pytest
 
 from conftest import REPO, TINY_MODEL
 
-from man_fairseq.recipes import reproduce
+from man_fairseq.recipes import reproduce, study_table
+from man_fairseq.recipes.study_records import read_records
 from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
 
 FAMILY_CONFIGS = sorted((REPO / "configs" / "multi30k").glob("*.yaml"))
@@ -94,7 +95,8 @@ def check_results(tmp_path, test_names):
     results = tmp_path / "results"
     md = (results / "multi30k.md").read_text()
     data = json.loads((results / "multi30k.json").read_text())
-    assert [r["family"] for r in data["runs"]] == ["transformer", "man"]
+    assert [r["family"] for r in data["runs"]] == ["man", "transformer"]  # records, sorted by family
+    man, transformer = data["runs"]
     for name in test_names:
         assert f"## {name}" in md
     rows = [l for l in md.splitlines() if l.startswith("| Transformer") or l.startswith("| MAN")]
@@ -102,17 +104,21 @@ def check_results(tmp_path, test_names):
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 8 and all(cells) and "–" not in cells, row
-    for subset, res in data["runs"][1]["test_sets"].items():
-        bs = res["paired_bootstrap"]
+    records = {r["family"]: r for r in read_records(results / "multi30k")}
+    assert set(records) == {"man", "transformer"}
+    for subset, res in man["test_sets"].items():
+        bs = man["paired_bootstrap"][subset]
         assert 0.0 <= bs["p_value"] <= 1.0 and "bs:200" in bs["signature"]
-        # computed on the real hypothesis files: the bootstrap's BLEUs are the two runs' sacreBLEU
+        # computed on the records' hypothesis files: the bootstrap's BLEUs are the two runs' sacreBLEU
         assert bs["system_bleu"] == res["sacrebleu"]
-        assert bs["baseline_bleu"] == data["runs"][0]["test_sets"][subset]["sacrebleu"]
-        hyp = Path(res["detok_hyp_file"]).read_text().splitlines()
+        assert bs["baseline_bleu"] == transformer["test_sets"][subset]["sacrebleu"]
+        hyp = (results / "multi30k" / f"man-seed1.{subset}.hyp").read_text().splitlines()
         assert len(hyp) == res["n_sentences"] > 0
         assert res["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
-    for r in data["runs"]:
-        assert r["params"] > 0 and r["train_seconds"] > 0 and len(r["valid_curve"]) == 2
+    for r in records.values():
+        assert r["params"] > 0 and r["train_seconds"] > 0 and len(r["valid_curve"]) == r["epochs"] == 2
+        assert r["fingerprint"] and r["commit"] and r["threads"] == "1" and "CPU" in r["device"]
+        assert r["train_command"][0] == "fairseq-train" and "--seed" in r["train_command"]
     png = results / "multi30k-valid-loss.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
     return md, data
@@ -178,17 +184,17 @@ def test_paired_bootstrap_separates_better_from_equally_good_systems():
         r = random.Random(seed)
         return [" ".join(w if r.random() > p else r.choice(words) for w in s.split()) for s in refs]
 
-    equally_good = reproduce.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
+    equally_good = study_table.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
     assert equally_good["p_value"] > 0.05
-    better = reproduce.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
+    better = study_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
     assert better["p_value"] < 0.01 and better["system_bleu"] > better["baseline_bleu"] + 20
     assert better["signature"].startswith("nrefs:1|bs:200|seed:12345")
-    assert reproduce.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
+    assert study_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
 
 
 def test_mean_std_and_log_parsing(tmp_path):
-    assert reproduce.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert reproduce.mean_std([5.0]) == (5.0, None)
+    assert study_table.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert study_table.mean_std([5.0]) == (5.0, None)
     log = tmp_path / "train.log"
     log.write_text(
         "INFO | fairseq_cli.train | num. model params: 1,234,567 (num. trained: 1,234,567)\n"
@@ -239,9 +245,25 @@ def test_pipeline_on_synthetic_release_layout(tmp_path):
     out = run(reproduce_cmd(data, tmp_path)).stdout
     md, _ = check_results(tmp_path, ["test_2016_flickr", "test_2017_flickr"])
     assert "Multi30k De→En" in out
-    rerun = run(reproduce_cmd(data, tmp_path)).stdout  # finished runs are skipped
-    assert "skip  training transformer-seed1" in rerun and "skip  evaluation man-seed1" in rerun
+    rerun = run(reproduce_cmd(data, tmp_path)).stdout  # runs whose record matches are skipped
+    assert "skip  transformer-seed1 (its record matches" in rerun and "skip  man-seed1" in rerun
     assert "+ fairseq-train" not in rerun and "+ fairseq-generate" not in rerun
+
+    # a record of another config is stale: out of the table, and it does not stop a retrain
+    man_record = tmp_path / "results" / "multi30k" / "man-seed1.json"
+    record = json.loads(man_record.read_text())
+    man_record.write_text(json.dumps(dict(record, fingerprint="0" * 16)))
+    table = run(reproduce_cmd(data, tmp_path) + ["--table-only"]).stdout
+    assert "stale record man-seed1" in table and "| MAN" not in table and "| man-seed1 | `0000000000000000`" in table
+    # ... and its run folder (trained under the old fingerprint) is refused, not resumed or served again
+    (tmp_path / "runs" / "man-seed1" / ".fingerprint").write_text("1" * 16 + "\n")
+    refused = run(reproduce_cmd(data, tmp_path), check=False)
+    assert refused.returncode == 2 and "pass --force" in refused.stdout and "+ fairseq-train" not in refused.stdout
+    # --force really retrains: a fresh fairseq-train from update 0, a new record
+    forced = run(reproduce_cmd(data, tmp_path) + ["--force", "--families", "man"]).stdout
+    assert "force: removing" in forced and "+ fairseq-train" in forced and "loaded checkpoint" not in forced
+    assert json.loads(man_record.read_text())["fingerprint"] == record["fingerprint"]
+    check_results(tmp_path, ["test_2016_flickr", "test_2017_flickr"])
 
 
 def test_pipeline_on_real_multi30k_head(shared_data, tmp_path):
@@ -263,8 +285,6 @@ def test_pipeline_on_real_multi30k_head(shared_data, tmp_path):
 
 def test_timing_never_removes_a_folder_it_did_not_make(tmp_path):
     from types import SimpleNamespace
-
-    from man_fairseq.recipes import reproduce
 
     foreign = tmp_path / "runs" / "timing-cpu-transformer"
     foreign.mkdir(parents=True)

@@ -1,25 +1,27 @@
-"""Multi30k reproduction of every family against the Transformer (``scripts/reproduce.sh multi30k``).
+"""Multi30k studies of every family against the Transformer (``scripts/reproduce.sh EXPERIMENT``).
 
-For each family (``configs/multi30k/<family>.yaml``) and seed: train with the recipe launcher
-(:mod:`launch`, one process), average the last epoch checkpoints, decode every test set of the
-data-bin (``multi30k.json`` of data-prep/prepare-multi30k.sh) with fairseq-generate, and score:
-tokenized BLEU (case-insensitive, the config's ``bleu_ci``) and detokenized sacreBLEU with its
-signature. Each family's hypotheses are compared with the Transformer's of the same seed by
-sacreBLEU's paired bootstrap resampling (``sacrebleu.significance.PairedTest``, test_type ``bs``,
-the same 13a BLEU). Writes ``RESULTS/multi30k.md``, ``RESULTS/multi30k.json`` and
-``RESULTS/multi30k-valid-loss.png`` (validation loss of every run).
+Experiments: ``multi30k`` (the papers' small width, ``configs/multi30k/``) and ``multi30k-cpu``
+(a 2-core-CPU preset, ``configs/multi30k-cpu/``), both on the data-bin of
+data-prep/prepare-multi30k.sh. For each family and seed: train with the recipe launcher
+(:mod:`launch`, one process), average the last epoch checkpoints, decode every test set with
+fairseq-generate, score tokenized BLEU (case-insensitive) and detokenized sacreBLEU, and write
+the run's record (:mod:`study_records`) under ``RESULTS/<experiment>/``. The table
+(:mod:`study_table`: ``RESULTS/<experiment>.md``, ``.json``, ``-valid-loss.png``, with sacreBLEU's
+paired bootstrap against the same seed's Transformer) is rebuilt from the records alone, so a
+study can advance run by run across machines.
 
-Re-running skips finished runs (``RUN/.train.done``, ``RUN/results.json``); an interrupted
-training resumes from its ``checkpoint_last.pt`` (fairseq's own restore).
+A rerun does not retrain a run whose record matches today's config (its fingerprint); an
+interrupted training resumes from its ``checkpoint_last.pt`` (fairseq's own restore); a run folder
+of another config is refused; ``--force`` retrains and rescores the selected runs from scratch.
+``--table-only`` rebuilds the table from the records without training anything.
 
 ``--time-updates N`` instead measures, per family, seconds per update over N updates at the
-config's width and batch and extrapolates one epoch (``RESULTS/multi30k-timing-<device>.json``).
+config's width and batch and extrapolates one epoch (``RESULTS/<experiment>-timing-<device>.json``).
 """
 
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import re
@@ -41,7 +43,13 @@ FAMILY_LABELS = {
     "diffwin": "Diffwin Enc(AW)-Cr(AW,Seg)-Dec(MW)",
     "calibration": "Calibration (anneal)",
 }
-EXPERIMENTS = {"multi30k": {"configs": CONFIG_DIR / "multi30k", "data": REPO / "data-bin" / "multi30k.de-en"}}
+MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
+EXPERIMENTS = {
+    "multi30k": {"configs": CONFIG_DIR / "multi30k", "data": MULTI30K_DATA,
+                 "title": "Multi30k De→En, papers' small width: every family against the Transformer"},
+    "multi30k-cpu": {"configs": CONFIG_DIR / "multi30k-cpu", "data": MULTI30K_DATA,
+                     "title": "Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"},
+}
 
 
 class ReproduceError(RuntimeError):
@@ -127,15 +135,40 @@ def read_manifest(data):
     return json.loads(manifest.read_text())
 
 
-def train_run(cfg, run, seed, args):
+def prepare_run_dir(run, fingerprint, force):
+    """Make ``run`` ready to train the run of ``fingerprint``; True when it already finished.
+
+    A run folder remembers its fingerprint (``.fingerprint``). One of another config is never
+    resumed (fairseq would continue its checkpoints under the new options): it is an error, and
+    ``--force`` starts it afresh, removing only a folder the launcher made (``run.json``).
+    """
+    done, stamp = run / ".train.done", run / ".fingerprint"
+    if run.exists() and any(run.iterdir()):
+        same = stamp.is_file() and stamp.read_text().strip() == fingerprint
+        if force or not same:
+            if not (run / "run.json").is_file():
+                raise ReproduceError(f"{run} exists and is not a run folder of ours (no run.json); "
+                                     "remove it yourself or choose another --runs-dir")
+            if not force:
+                raise ReproduceError(f"{run} holds a run of another config or options (fingerprint "
+                                     f"{stamp.read_text().strip() if stamp.is_file() else 'unknown'}, today "
+                                     f"{fingerprint}); pass --force to train it afresh")
+            log(f"force: removing {run} (a run folder of ours)")
+            shutil.rmtree(run)
+        elif done.is_file():
+            return True
+    run.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(fingerprint + "\n")
+    return False
+
+
+def train_run(cfg, run, seed, args, fingerprint, force=False):
     """Train one (family, seed) run unless it finished; an interrupted one resumes."""
     from . import launch
 
-    done = run / ".train.done"
-    if done.is_file():
-        log(f"skip  training {run.name} (finished; delete {done} to retrain)")
+    if prepare_run_dir(run, fingerprint, force):
+        log(f"skip  training {run.name} (finished, same config)")
         return
-    run.mkdir(parents=True, exist_ok=True)
     resumed = (run / "checkpoints" / "checkpoint_last.pt").is_file()
     log(f"{'resume' if resumed else 'start'} training {run.name}")
     argv = [cfg["_path"], "--run-dir", str(run), "--data", str(args.data), "--gpus", "1",
@@ -152,22 +185,16 @@ def train_run(cfg, run, seed, args):
     if rc != 0:
         raise ReproduceError(f"training {run.name} failed (exit {rc}); log: {run / 'train.log'}. "
                              "Run the same command again to resume it.")
-    done.write_text(datetime.datetime.now(datetime.timezone.utc).isoformat() + "\n")
+    (run / ".train.done").write_text(datetime.datetime.now(datetime.timezone.utc).isoformat() + "\n")
 
 
-def evaluate_run(cfg, run, seed, family, test_sets, args):
-    """Average the last checkpoints, decode every test set, score; writes RUN/results.json."""
+def evaluate_run(cfg, run, seed, family, test_sets, args, fingerprint):
+    """Average the last checkpoints, decode every test set, score; returns (record, hypotheses)."""
     from . import scoring
     from .evaluate import _run, generate_args, read_generate_output
     from man_fairseq.cli.average_checkpoints import AverageError, last_n_checkpoints
     from man_fairseq.cli.average_checkpoints import main as average_main
 
-    out_file = run / "results.json"
-    if out_file.is_file():
-        res = json.loads(out_file.read_text())
-        if set(res.get("test_sets", {})) == set(test_sets):
-            log(f"skip  evaluation {run.name} (done)")
-            return res
     ev = cfg["eval"]
     n_avg = args.avg_last or ev.get("avg_last", 5)
     by_update = ev.get("avg_by", "epoch") == "update"
@@ -183,7 +210,7 @@ def evaluate_run(cfg, run, seed, family, test_sets, args):
         raise ReproduceError(f"{run.name}: cannot average: {e}") from e
     device = "cpu" if args.device == "cpu" else "gpu"
     tgt = cfg["target_lang"]
-    results = {}
+    results, hypotheses = {}, {}
     for subset, release_name in test_sets.items():
         cmd = ["fairseq-generate"] + generate_args(cfg, args.data, checkpoint, subset, device, args.precision,
                                                    args.batch_size)
@@ -192,178 +219,28 @@ def evaluate_run(cfg, run, seed, family, test_sets, args):
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise ReproduceError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references")
         detok = scoring.moses_detokenize(hyps, tgt)
-        (eval_dir / f"{subset}.hyp").write_text("\n".join(hyps) + "\n", encoding="utf-8")
-        (eval_dir / f"{subset}.ref").write_text("\n".join(refs) + "\n", encoding="utf-8")
-        (eval_dir / f"{subset}.detok.hyp").write_text("\n".join(detok) + "\n", encoding="utf-8")
         tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True)
         sacre = scoring.sacrebleu_detok(detok, raw_refs)
+        hypotheses[subset] = detok
         results[subset] = {"name": release_name, "n_sentences": len(hyps), "bleu_tok_ci": tok_bleu["bleu"],
                            "sacrebleu": sacre["bleu"], "sacrebleu_signature": sacre["signature"],
-                           "tokenized_bleu_details": tok_bleu, "detok_hyp_file": str(eval_dir / f"{subset}.detok.hyp"),
-                           "generate_command": cmd}
+                           "tokenized_bleu_details": tok_bleu,
+                           "generate_command": [str(c) for c in cmd]}
         log(f"      {run.name} {release_name}: sacreBLEU {sacre['bleu']:.2f}, tokenized BLEU {tok_bleu['bleu']:.2f}")
     timing = json.loads((run / "timing.json").read_text()) if (run / "timing.json").is_file() else {}
+    run_json = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
     curve = valid_curve(run / "train.log")
-    res = {"family": family, "seed": seed, "config": cfg["_path"], "name": cfg["name"], "arch": cfg["arch"],
-           "params": model_params(run / "train.log"), "train_seconds": timing.get("train_seconds"),
-           "updates": curve[-1][0] if curve else None, "averaged": averaged, "checkpoint": str(checkpoint),
-           "valid_curve": curve, "test_sets": results}
-    out_file.write_text(json.dumps(res, indent=1) + "\n")
-    return res
-
-
-# ---------------------------------------------------------------------------- significance
-
-def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000):
-    """sacreBLEU's paired bootstrap (Koehn 2004) of ``system`` against ``baseline``: p-value, signature.
-
-    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-bs`` (13a BLEU, 1000 resamples, seed
-    SACREBLEU_SEED, default 12345).
-    """
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    if not (len(baseline_hyps) == len(system_hyps) == len(refs)):
-        raise ReproduceError(f"paired bootstrap: {len(baseline_hyps)} / {len(system_hyps)} hypotheses, {len(refs)} references")
-    test = PairedTest([("baseline", list(baseline_hyps)), ("system", list(system_hyps))],
-                      {"BLEU": BLEU()}, references=[list(refs)], test_type="bs", n_samples=n_samples)
-    signatures, scores = test()
-    (metric,) = [k for k in scores if k != "System"]
-    base, system = scores[metric]
-    return {"p_value": float(system.p_value), "baseline_bleu": round(base.score, 2), "system_bleu": round(system.score, 2),
-            "system_mean": round(float(system.mean), 2), "system_ci95": round(float(system.ci), 2),
-            "signature": str(signatures[metric])}
-
-
-def add_significance(runs, data, tgt, n_samples):
-    """Each non-baseline run gets, per test set, the paired bootstrap against the same seed's Transformer."""
-    base = {r["seed"]: r for r in runs if r["family"] == BASELINE}
-    for r in runs:
-        if r["family"] == BASELINE:
-            continue
-        b = base.get(r["seed"])
-        for subset, res in r["test_sets"].items():
-            if b is None or subset not in b["test_sets"]:
-                res["paired_bootstrap"] = None
-                continue
-            refs = (Path(data) / f"{subset}.raw.{tgt}").read_text(encoding="utf-8").splitlines()
-            hyp = Path(res["detok_hyp_file"]).read_text(encoding="utf-8").splitlines()
-            bl = Path(b["test_sets"][subset]["detok_hyp_file"]).read_text(encoding="utf-8").splitlines()
-            res["paired_bootstrap"] = paired_bootstrap(bl, hyp, refs, n_samples)
-
-
-# ----------------------------------------------------------------------------------- table
-
-def mean_std(values):
-    """(mean, sample standard deviation or None for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return mean, std
-
-
-def _pm(values):
-    mean, std = mean_std(values)
-    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} (1 seed)"
-
-
-def _params(n):
-    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
-
-
-def summarize(runs, families):
-    """Per family and test set: mean/std of both BLEUs, delta to the Transformer, p-values."""
-    summary = {}
-    base = [r for r in runs if r["family"] == BASELINE]
-    for fam in families:
-        fr = sorted((r for r in runs if r["family"] == fam), key=lambda r: r["seed"])
-        if not fr:
-            continue
-        entry = {"label": FAMILY_LABELS.get(fam, fam), "arch": fr[0]["arch"], "seeds": [r["seed"] for r in fr],
-                 "params": fr[0]["params"], "train_minutes": [round(r["train_seconds"] / 60, 2) for r in fr
-                                                              if r.get("train_seconds") is not None],
-                 "updates": [r["updates"] for r in fr], "test_sets": {}}
-        for subset in fr[0]["test_sets"]:
-            sac = [r["test_sets"][subset]["sacrebleu"] for r in fr]
-            tok = [r["test_sets"][subset]["bleu_tok_ci"] for r in fr]
-            s = {"name": fr[0]["test_sets"][subset]["name"], "sacrebleu": sac, "bleu_tok_ci": tok,
-                 "sacrebleu_mean_std": mean_std(sac), "bleu_tok_ci_mean_std": mean_std(tok)}
-            bsac = [r["test_sets"][subset]["sacrebleu"] for r in base if subset in r["test_sets"]]
-            s["delta_sacrebleu_vs_transformer"] = round(mean_std(sac)[0] - mean_std(bsac)[0], 2) if bsac else None
-            if fam != BASELINE:
-                s["p_values"] = [(r["test_sets"][subset].get("paired_bootstrap") or {}).get("p_value") for r in fr]
-            entry["test_sets"][subset] = s
-        summary[fam] = entry
-    return summary
-
-
-def to_markdown(summary, meta):
-    lines = ["# Multi30k De→En: every family against the Transformer", "",
-             f"- date: {meta['date']}; commit: `{meta['commit']}`; device: {meta['device']}",
-             f"- seeds: {', '.join(map(str, meta['seeds']))}; data: `{meta['data']}` "
-             f"(train/valid/test pairs: {meta['counts']}{'; NON-STANDARD splits' if meta['nonstandard'] else ''})",
-             f"- configs: `configs/multi30k/` (same width class and training budget for every family); "
-             f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`",
-             f"- command: `{meta['command']}`", ""]
-    for subset, release in meta["test_sets"].items():
-        lines += [f"## {release}", "",
-                  "| family | params | train min (mean) | sacreBLEU | Δ vs Transformer | tok. BLEU (ci) | "
-                  "paired bootstrap p (per seed) | seeds p<0.05 |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for fam, e in summary.items():
-            s = e["test_sets"].get(subset)
-            if s is None:
-                continue
-            minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}" if e["train_minutes"] else "–"
-            delta = "–" if s["delta_sacrebleu_vs_transformer"] is None else f"{s['delta_sacrebleu_vs_transformer']:+.2f}"
-            if fam == BASELINE:
-                pcol, sig, delta = "baseline", "baseline", "0 (baseline)"
-            else:
-                ps = s.get("p_values") or []
-                pcol = ", ".join("–" if p is None else f"{p:.3f}" for p in ps) or "–"
-                known = [p for p in ps if p is not None]
-                sig = f"{sum(p < 0.05 for p in known)}/{len(known)}" if known else "–"
-            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
-                         f"{_pm(s['bleu_tok_ci'])} | {pcol} | {sig} |")
-        lines.append("")
-    lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
-              f"`{meta['sacrebleu_signature']}`. Tokenized BLEU: case-insensitive multi-bleu formula on the "
-              "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Paired bootstrap: "
-              f"sacreBLEU's (`{meta['bootstrap_signature']}`), each run against the Transformer of the same "
-              "seed on the same test set; p is the probability of the observed difference under no difference. "
-              "Train minutes: wall time of fairseq-train including validation and checkpointing.", "",
-              f"Validation loss of every run: `{meta['png']}`.", ""]
-    return "\n".join(lines)
-
-
-def plot_curves(runs, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    colors = plt.get_cmap("tab10")
-    styles = ["-", "--", ":", "-."]
-    fams = [f for f in FAMILIES if any(r["family"] == f for r in runs)]
-    fams += sorted({r["family"] for r in runs} - set(fams))
-    for i, fam in enumerate(fams):
-        for r in sorted((r for r in runs if r["family"] == fam), key=lambda r: r["seed"]):
-            if not r["valid_curve"]:
-                continue
-            x, y = zip(*r["valid_curve"])
-            ax.plot(x, y, styles[(r["seed"] - 1) % len(styles)], color=colors(i % 10), marker="." if len(x) < 30 else None,
-                    label=f"{FAMILY_LABELS.get(fam, fam)} seed {r['seed']}")
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed CE, base 2)")
-    ax.set_title("Multi30k De→En: validation loss of every run")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    record = {"family": family, "seed": seed, "fingerprint": fingerprint,
+              "config": os.path.relpath(cfg["_path"], REPO), "name": cfg["name"], "arch": cfg["arch"],
+              "fairseq_args": list(args.fairseq_args), "train_command": run_json.get("command"),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": git_commit(), "device": device_name(args.device),
+              "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_at_end": os.getloadavg(),
+              "params": model_params(run / "train.log"), "train_seconds": round(timing.get("train_seconds", 0.0), 1),
+              "train_attempts": timing.get("attempts"), "updates": curve[-1][0] if curve else None,
+              "epochs": len(curve), "averaged_checkpoints": [Path(c).name for c in averaged],
+              "valid_curve": curve, "test_sets": results}
+    return record, hypotheses
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -405,24 +282,86 @@ def time_families(families, cfgs, args, on_family=None):
 
 # ------------------------------------------------------------------------------------ main
 
+def parse_seeds(spec):
+    """``"3"`` -> [1, 2, 3]; ``"2,3"`` -> [2, 3]."""
+    spec = str(spec).strip()
+    if "," not in spec:
+        n = int(spec)
+        if n < 1:
+            raise ValueError("must be >= 1")
+        return list(range(1, n + 1))
+    seeds = [int(x) for x in spec.split(",") if x.strip()]
+    if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
+    return seeds
+
+
+def build_table(experiment, cfgs, args, manifest, results_dir):
+    """Rebuild ``RESULTS/<experiment>.md/.json/-valid-loss.png`` from the records alone."""
+    from . import study_table
+    from .study_records import config_fingerprint, partition, read_records
+
+    records_dir = results_dir / experiment
+    records = read_records(records_dir)
+    expected = {(r["family"], r["seed"]): config_fingerprint(cfgs[r["family"]], args.fairseq_args, r["seed"], args.data)
+                for r in records if r["family"] in cfgs}
+    current, stale = partition(records, expected)
+    for r in stale:
+        log(f"stale record {r['family']}-seed{r['seed']} (fingerprint {r.get('fingerprint')}): not in the table")
+    if not current:
+        raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate")
+    tgt = manifest["target_lang"]
+    refs = {subset: (Path(args.data) / f"{subset}.raw.{tgt}").read_text(encoding="utf-8").splitlines()
+            for subset in manifest["test_sets"]}
+    log("paired bootstrap against the Transformer of the same seed")
+    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples)
+    summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
+    png = results_dir / f"{experiment}-valid-loss.png"
+    study_table.plot_curves(current, FAMILIES, FAMILY_LABELS, png, EXPERIMENTS[experiment]["title"].split(":")[0])
+    first = next(iter(current[0]["test_sets"].values()))
+    meta = {"title": EXPERIMENTS[experiment]["title"],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
+            "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in current}),
+            "commits": sorted({r["commit"] for r in current}),
+            "configs": os.path.relpath(EXPERIMENTS[experiment]["configs"], REPO), "fairseq_args": args.fairseq_args,
+            "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
+                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
+            "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
+            "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name}
+    (results_dir / f"{experiment}.md").write_text(study_table.to_markdown(summary, meta, stale))
+    runs = [dict(r, paired_bootstrap={k[2]: v for k, v in boot.items() if k[:2] == (r["family"], r["seed"])})
+            for r in current]
+    (results_dir / f"{experiment}.json").write_text(json.dumps(
+        {"meta": meta, "summary": summary, "runs": runs,
+         "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
+    log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")
+    return results_dir / f"{experiment}.md"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="scripts/reproduce.sh",
         description="Train every family and the Transformer on Multi30k for several seeds, average, decode, "
-                    "score (sacreBLEU + tokenized BLEU), paired bootstrap against the Transformer, table + PNG.")
+                    "score (sacreBLEU + tokenized BLEU), write one record per run, and rebuild the table "
+                    "(paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", type=int, default=3, help="seeds 1..N per family (default 3)")
+    p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3 (default 3)")
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
                         "it is the baseline of the significance test)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when visible, else cpu")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16", help="GPU precision (CPU: fp32)")
     p.add_argument("--data", default=None, help="binarized data (default data-bin/multi30k.de-en)")
-    p.add_argument("--runs-dir", default=None, help="default runs/multi30k")
+    p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
     p.add_argument("--results-dir", default=str(REPO / "results"))
     p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last (epoch checkpoints averaged)")
     p.add_argument("--batch-size", type=int, default=128, help="fairseq-generate sentences per batch")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--force", action="store_true",
+                   help="retrain and rescore the runs of the --families named (the Transformer only when "
+                        "named) even when their record matches today's config")
+    p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     p.add_argument("--time-updates", type=int, default=None,
                    help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
@@ -439,12 +378,15 @@ def main(argv=None):
         from .launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
-    if args.seeds < 1:
-        p.error("--seeds must be >= 1")
+    try:
+        args.seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        p.error(f"--seeds: {e}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         p.error(f"unknown families {unknown}; choose from {FAMILIES}")
+    named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
     families = [BASELINE] + [f for f in FAMILIES if f in families and f != BASELINE]
     try:
         manifest = read_manifest(args.data)
@@ -464,32 +406,24 @@ def main(argv=None):
                 log(f"wrote {path}")
             time_families(families, cfgs, args, on_family=write)
             return 0
-        runs = []
-        for seed in range(1, args.seeds + 1):
-            for fam in families:
-                run = args.runs_dir / f"{fam}-seed{seed}"
-                train_run(cfgs[fam], run, seed, args)
-                runs.append(evaluate_run(cfgs[fam], run, seed, fam, manifest["test_sets"], args))
-        log("paired bootstrap against the Transformer of the same seed")
-        add_significance(runs, args.data, manifest["target_lang"], args.bootstrap_samples)
-        summary = summarize(runs, families)
-        png = results_dir / f"{args.experiment}-valid-loss.png"
-        plot_curves(runs, png)
-        first = next(iter(runs[0]["test_sets"].values()))
-        boot = next((s["paired_bootstrap"]["signature"] for r in runs for s in r["test_sets"].values()
-                     if s.get("paired_bootstrap")), "–")
-        meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "commit": git_commit(), "device": device_name(args.device), "seeds": list(range(1, args.seeds + 1)),
-                "data": str(args.data), "counts": "/".join(str(manifest["counts"].get(k)) for k in ("train", "valid", "test")),
-                "nonstandard": manifest.get("nonstandard", False), "fairseq_args": args.fairseq_args,
-                "command": "scripts/reproduce.sh " + " ".join(argv + (["--"] + fairseq_args if fairseq_args else [])),
-                "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
-                "bootstrap_signature": boot, "png": str(png)}
-        (results_dir / f"{args.experiment}.md").write_text(to_markdown(summary, meta))
-        (results_dir / f"{args.experiment}.json").write_text(
-            json.dumps({"meta": meta, "summary": summary, "runs": runs}, indent=1) + "\n")
-        log(f"wrote {results_dir / (args.experiment + '.md')}, .json and {png.name}")
-        print((results_dir / f"{args.experiment}.md").read_text())
+        if not args.table_only:
+            from .study_records import config_fingerprint, matching_record, write_record
+
+            records_dir = results_dir / args.experiment
+            for seed in args.seeds:
+                for fam in families:
+                    fp = config_fingerprint(cfgs[fam], args.fairseq_args, seed, args.data)
+                    force = args.force and fam in named
+                    if not force and matching_record(records_dir, fam, seed, fp):
+                        log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
+                        continue
+                    run = args.runs_dir / f"{fam}-seed{seed}"
+                    train_run(cfgs[fam], run, seed, args, fp, force)
+                    record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest["test_sets"], args, fp)
+                    log(f"wrote record {write_record(records_dir, record, hyps)}")
+        all_cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in FAMILIES}
+        md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
+        print(md.read_text())
     except ReproduceError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,171 @@
+"""A study's table, rebuilt from its committed run records (:mod:`study_records`) alone.
+
+Per family and test set: sacreBLEU and tokenized BLEU as mean ± sample standard deviation over
+seeds, the difference to the Transformer, and sacreBLEU's paired bootstrap of each seed against
+the Transformer of the same seed (computed here from the records' hypothesis files; seeded, so a
+rebuild gives the same p-values). Stale records (config changed since they ran) are listed below
+the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
+``<prefix>-valid-loss.png``.
+"""
+
+import math
+import os
+from pathlib import Path
+
+from .study_records import read_hypotheses
+
+BASELINE = "transformer"
+
+
+def mean_std(values):
+    """(mean, sample standard deviation or None for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return mean, std
+
+
+def _pm(values):
+    mean, std = mean_std(values)
+    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} (1 seed)"
+
+
+def _params(n):
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
+
+
+def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000):
+    """sacreBLEU's paired bootstrap (Koehn 2004) of ``system`` against ``baseline``: p-value, signature.
+
+    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-bs`` (13a BLEU, 1000 resamples, seed
+    SACREBLEU_SEED, default 12345).
+    """
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    if not (len(baseline_hyps) == len(system_hyps) == len(refs)):
+        raise ValueError(f"paired bootstrap: {len(baseline_hyps)} / {len(system_hyps)} hypotheses, {len(refs)} references")
+    test = PairedTest([("baseline", list(baseline_hyps)), ("system", list(system_hyps))],
+                      {"BLEU": BLEU()}, references=[list(refs)], test_type="bs", n_samples=n_samples)
+    signatures, scores = test()
+    (metric,) = [k for k in scores if k != "System"]
+    base, system = scores[metric]
+    return {"p_value": float(system.p_value), "baseline_bleu": round(base.score, 2), "system_bleu": round(system.score, 2),
+            "system_mean": round(float(system.mean), 2), "system_ci95": round(float(system.ci), 2),
+            "signature": str(signatures[metric])}
+
+
+def significance(records, records_dir, references, n_samples):
+    """{(family, seed, subset): bootstrap} of every non-baseline record against the same seed's
+    Transformer; ``references`` maps a subset to its raw reference lines."""
+    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
+    out = {}
+    for r in records:
+        b = base.get(r["seed"])
+        if r["family"] == BASELINE or b is None:
+            continue
+        for subset in r["test_sets"]:
+            if subset in b["test_sets"] and subset in references:
+                out[(r["family"], r["seed"], subset)] = paired_bootstrap(
+                    read_hypotheses(records_dir, b, subset), read_hypotheses(records_dir, r, subset),
+                    references[subset], n_samples)
+    return out
+
+
+def summarize(records, families, labels, boot):
+    """Per family and test set: mean/std of both BLEUs, delta to the Transformer, p-values."""
+    summary = {}
+    base = [r for r in records if r["family"] == BASELINE]
+    for fam in families:
+        fr = sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"])
+        if not fr:
+            continue
+        entry = {"label": labels.get(fam, fam), "arch": fr[0]["arch"], "seeds": [r["seed"] for r in fr],
+                 "params": fr[0]["params"], "train_minutes": [round(r["train_seconds"] / 60, 1) for r in fr],
+                 "updates": [r["updates"] for r in fr], "test_sets": {}}
+        for subset in fr[0]["test_sets"]:
+            sac = [r["test_sets"][subset]["sacrebleu"] for r in fr]
+            tok = [r["test_sets"][subset]["bleu_tok_ci"] for r in fr]
+            s = {"name": fr[0]["test_sets"][subset]["name"], "sacrebleu": sac, "bleu_tok_ci": tok,
+                 "sacrebleu_mean_std": mean_std(sac), "bleu_tok_ci_mean_std": mean_std(tok)}
+            bsac = [r["test_sets"][subset]["sacrebleu"] for r in base if subset in r["test_sets"]]
+            s["delta_sacrebleu_vs_transformer"] = round(mean_std(sac)[0] - mean_std(bsac)[0], 2) if bsac else None
+            if fam != BASELINE:
+                s["paired_bootstrap"] = [boot.get((fam, r["seed"], subset)) for r in fr]
+            entry["test_sets"][subset] = s
+        summary[fam] = entry
+    return summary
+
+
+def to_markdown(summary, meta, stale):
+    lines = [f"# {meta['title']}", "",
+             f"- built: {meta['date']} from the run records in `{meta['records']}` (each names its commit, "
+             "device, threads and command)",
+             f"- devices: {'; '.join(meta['devices'])}",
+             f"- commits: {', '.join(meta['commits'])}; configs: `{meta['configs']}`; extra fairseq options: "
+             f"`{' '.join(meta['fairseq_args']) or 'none'}`",
+             f"- one run: `{meta['command']}`", ""]
+    for subset, release in meta["test_sets"].items():
+        lines += [f"## {release}", "",
+                  "| family | params | train min (mean) | sacreBLEU | Δ vs Transformer | tok. BLEU (ci) | "
+                  "paired bootstrap p (per seed) | seeds p<0.05 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for fam, e in summary.items():
+            s = e["test_sets"].get(subset)
+            if s is None:
+                continue
+            minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
+            delta = "–" if s["delta_sacrebleu_vs_transformer"] is None else f"{s['delta_sacrebleu_vs_transformer']:+.2f}"
+            if fam == BASELINE:
+                pcol, sig, delta = "baseline", "baseline", "0 (baseline)"
+            else:
+                ps = [b["p_value"] if b else None for b in s.get("paired_bootstrap") or []]
+                pcol = ", ".join("–" if p is None else f"{p:.3f}" for p in ps) or "–"
+                known = [p for p in ps if p is not None]
+                sig = f"{sum(p < 0.05 for p in known)}/{len(known)}" if known else "–"
+            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
+                         f"{_pm(s['bleu_tok_ci'])} | {pcol} | {sig} |")
+        lines.append("")
+    lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
+              f"`{meta['sacrebleu_signature']}`. Tokenized BLEU: case-insensitive multi-bleu formula on the "
+              "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Paired bootstrap: "
+              f"sacreBLEU's (`{meta['bootstrap_signature']}`), each run against the Transformer of the same "
+              "seed on the same test set; p is the probability of the observed difference under no difference. "
+              "Train minutes: wall time of fairseq-train including validation and checkpointing.", "",
+              f"Validation loss of every run: `{meta['png']}`.", ""]
+    if stale:
+        lines += ["## Stale records (not in the table)", "",
+                  "Their config fingerprint differs from what today's configs give: the config changed after they "
+                  "ran. Rerun them to bring them back.", "",
+                  "| run | fingerprint | commit | date |", "|---|---|---|---|"]
+        lines += [f"| {r['family']}-seed{r['seed']} | `{r.get('fingerprint')}` | `{r.get('commit')}` | {r.get('date')} |"
+                  for r in stale]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_curves(records, families, labels, path, title):
+    from man_fairseq.cli.plotting import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    colors = plt.get_cmap("tab10")
+    styles = ["-", "--", ":", "-."]
+    fams = [f for f in families if any(r["family"] == f for r in records)]
+    for i, fam in enumerate(fams):
+        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
+            if not r["valid_curve"]:
+                continue
+            x, y = zip(*r["valid_curve"])
+            ax.plot(x, y, styles[(r["seed"] - 1) % len(styles)], color=colors(i % 10), marker="." if len(x) < 30 else None,
+                    label=f"{labels.get(fam, fam)} seed {r['seed']}")
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed CE, base 2)")
+    ax.set_title(f"{title}: validation loss of every run")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    tmp = Path(str(path) + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,93 @@
+"""Run records of a study and the table built from them (study_records.py, study_table.py)."""
+
+import json
+
+import pytest
+
+from man_fairseq.recipes import study_records as sr
+from man_fairseq.recipes.config import CONFIG_DIR, load_config
+from man_fairseq.recipes.reproduce import FAMILIES, parse_seeds
+
+
+def record(family, seed, fp="f" * 16, bleu=30.0, n=3):
+    return {"family": family, "seed": seed, "fingerprint": fp, "arch": "a", "params": 1000, "train_seconds": 60.0,
+            "updates": 10, "valid_curve": [[5, 7.0], [10, 6.0]],
+            "test_sets": {"test": {"name": "test_2016_flickr", "n_sentences": n, "sacrebleu": bleu,
+                                   "bleu_tok_ci": bleu + 1, "sacrebleu_signature": "nrefs:1|case:mixed"}}}
+
+
+def test_fingerprint_follows_what_decides_a_run(tmp_path):
+    cfg = load_config(CONFIG_DIR / "multi30k-cpu" / "man.yaml")
+    fp = sr.config_fingerprint(cfg, [], 1)
+    assert fp == sr.config_fingerprint(dict(cfg, notes="other words", name="renamed", _path="/x.yaml"), [], 1)
+    assert fp != sr.config_fingerprint(cfg, [], 2)
+    assert fp != sr.config_fingerprint(cfg, ["--dropout", "0.1"], 1)
+    changed = dict(cfg, train=dict(cfg["train"], lr=0.002))
+    assert fp != sr.config_fingerprint(changed, [], 1)
+    changed = dict(cfg, model=dict(cfg["model"], **{"encoder-ffn-embed-dim": 1024}))
+    assert fp != sr.config_fingerprint(changed, [], 1)
+    (tmp_path / "dict.de.txt").write_text("a 1\n")
+    with_data = sr.config_fingerprint(cfg, [], 1, tmp_path)
+    (tmp_path / "dict.de.txt").write_text("b 1\n")
+    assert with_data != sr.config_fingerprint(cfg, [], 1, tmp_path) != fp
+
+
+def test_records_round_trip_and_refuse_incomplete_writes(tmp_path):
+    r = record("man", 2)
+    path = sr.write_record(tmp_path, r, {"test": ["a", "b", "c"]})
+    assert path.name == "man-seed2.json" and (tmp_path / "man-seed2.test.hyp").read_text() == "a\nb\nc\n"
+    (back,) = sr.read_records(tmp_path)
+    assert back["version"] == sr.RECORD_VERSION and back["test_sets"] == r["test_sets"]
+    assert sr.read_hypotheses(tmp_path, back, "test") == ["a", "b", "c"]
+    assert sr.matching_record(tmp_path, "man", 2, "f" * 16) is not None
+    assert sr.matching_record(tmp_path, "man", 2, "0" * 16) is None
+    assert sr.matching_record(tmp_path, "man", 3, "f" * 16) is None
+    with pytest.raises(sr.RecordError, match="2 hypotheses for 3 sentences"):
+        sr.write_record(tmp_path, record("sman2", 1), {"test": ["a", "b"]})
+    with pytest.raises(sr.RecordError, match="hypotheses for"):
+        sr.write_record(tmp_path, record("sman2", 1), {})
+    assert not (tmp_path / "sman2-seed1.json").exists()
+    (tmp_path / "junk-seed1.json").write_text("{not json")
+    with pytest.raises(sr.RecordError, match="not a readable record"):
+        sr.read_records(tmp_path)
+    (tmp_path / "junk-seed1.json").write_text(json.dumps({"family": "junk"}))
+    with pytest.raises(sr.RecordError, match="not a version-1 run record"):
+        sr.read_records(tmp_path)
+
+
+def test_stale_and_unexpected_records_are_kept_out():
+    records = [record("transformer", 1, "a" * 16), record("man", 1, "b" * 16), record("man", 2, "c" * 16)]
+    expected = {("transformer", 1): "a" * 16, ("man", 1): "x" * 16}
+    current, stale = sr.partition(records, expected)
+    assert [(r["family"], r["seed"]) for r in current] == [("transformer", 1)]
+    assert [(r["family"], r["seed"]) for r in stale] == [("man", 1), ("man", 2)]
+
+
+def test_cpu_preset_has_every_family_at_one_width_and_budget():
+    cfgs = {f: load_config(CONFIG_DIR / "multi30k-cpu" / f"{f}.yaml") for f in FAMILIES}
+    for cfg in cfgs.values():
+        m, t = cfg["model"], cfg["train"]
+        assert (m["encoder-embed-dim"], m["encoder-layers"], m["decoder-layers"], m["encoder-attention-heads"]) == (256, 3, 3, 4)
+        assert (t["max-epoch"], t["lr"], t["warmup-updates"], t["max-tokens"]) == (10, 0.001, 300, 4096)
+        assert cfg["paper"] == "none" and cfg["notes"]
+    assert len({json.dumps(c["train"], sort_keys=True) for c in cfgs.values() if c is not cfgs["calibration"]}) == 1
+
+
+def test_parse_seeds():
+    assert parse_seeds("3") == [1, 2, 3] and parse_seeds("2,3") == [2, 3]
+    for bad in ("0", "2,2", ","):
+        with pytest.raises(ValueError):
+            parse_seeds(bad)
+
+
+def test_cpu_preset_man_matches_the_transformer_parameters():
+    from conftest import build_fairseq_model, num_params
+    from man_fairseq.recipes.config import option_args
+
+    counts = {}
+    for fam in ("transformer", "man", "sman2"):
+        cfg = load_config(CONFIG_DIR / "multi30k-cpu" / f"{fam}.yaml")
+        model, _, _ = build_fairseq_model(cfg["arch"], option_args(cfg["model"]), dict_size=9804)
+        counts[fam] = num_params(model)
+    for fam in ("man", "sman2"):
+        assert abs(counts[fam] / counts["transformer"] - 1) < 0.02, counts
