@@ -3,7 +3,6 @@
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
