@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import build_fairseq_model  # noqa: E402
 
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention  # noqa: E402
+from man_fairseq.recipes import fairseq_log  # noqa: E402
 
 # head width 16 (flex's compiled kernels need a power of two >= 16)
 GPU_MODEL = [
@@ -171,15 +172,9 @@ def sdpa_masks_seen(attn, x, key_padding_mask=None) -> List[Tuple[torch.dtype, i
 # fairseq-train / fairseq-generate logs
 # ------------------------------------------------------------------------------------------------
 
-# fairseq's simple log: "loss=9.93," in the per-update lines, "| loss 9.93 |" in the epoch
-# summaries; the value may be nan or inf, which a digits-only pattern would silently skip
-# ("nll_loss" does not match: no word boundary; "loss scale to: 64" is fp16's scaler, no value)
-LOSS_RE = re.compile(r"\bloss[= ](-?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|nan|inf))\b", re.I)
-
-
 def train_losses(stdout: str) -> List[float]:
     """Every training/validation loss fairseq printed (nan and inf included)."""
-    return [float(v) for v in LOSS_RE.findall(stdout)]
+    return fairseq_log.losses(stdout)
 
 
 def assert_finite_training(stdout: str):
