@@ -93,15 +93,15 @@ def test_fp32_comparison_passes_on_cpu_kernels(man_fp32, backend):
 
 
 def test_per_parameter_check_catches_one_wrong_head(man_fp32):
-    """A 2 % error in one head's query gradient: invisible to an L2 over all gradients (and
-    even within a per-parameter L2 of 1e-2), caught by the per-parameter max error."""
+    """A 1 % error in one head's query gradient: within the tolerance as one L2 over all
+    gradients, caught by the per-parameter max error."""
     *_, ref_grads = man_fp32
     grads = {n: g.clone() for n, g in ref_grads.items()}
     name = "encoder.layers.1.blocks.0.q_proj.weight"
-    grads[name][16:32] *= 1.02  # head 1 of 4 (head width 16)
+    grads[name][16:32] *= 1.01  # head 1 of 4 (head width 16)
     flat = torch.cat([g.flatten() for g in grads.values()])
     ref_flat = torch.cat([g.flatten() for g in ref_grads.values()])
-    assert float((flat - ref_flat).norm() / ref_flat.norm()) < 1e-3
+    assert float((flat - ref_flat).norm() / ref_flat.norm()) < 1e-4
     with pytest.raises(AssertionError, match=name.replace(".", r"\.")):
         checks.assert_gradients_match(grads, ref_grads, 1e-4)
 

@@ -39,7 +39,6 @@ class Case:
     # the project's targets on CUDA, every width: "train"/"decode" >= x, "mem" (peak memory) <= x
     gpu_targets: Dict[str, float] = field(default_factory=dict)
     fixed_width: Optional[str] = None  # a case pinned to one width (man_small)
-    note: str = ""
 
     def width(self, requested: str) -> str:
         if self.fixed_width and requested != "tiny":
@@ -54,22 +53,18 @@ CASES = {
     c.name: c
     for c in [
         Case("man", "transformer_man_{w}", targets={"train": 0.85, "decode": 0.85},
-             gpu_targets={"train": 0.95, "mem": 1.1, "decode": 0.95},
-             note=">= 0.85x training and decoding on CPU at base width; CUDA: >= 0.95x training, "
-                  "<= 1.1x peak memory (equal FLOPs by design), >= 0.95x decoding"),
+             gpu_targets={"train": 0.95, "mem": 1.1, "decode": 0.95}),
         Case("man_small", "transformer_man_{w}", fixed_width="small",
-             gpu_targets={"train": 0.95, "mem": 1.1, "decode": 0.95},
-             note="IWSLT size vs transformer_iwslt_de_en; no CPU target, MAN's targets on CUDA"),
+             gpu_targets={"train": 0.95, "mem": 1.1, "decode": 0.95}),
+        # default options: query-specific window, encoder layers 0,1,2
         Case("localness", "transformer_localness_{w}", targets={"train": 0.95},
-             gpu_targets={"train": 0.97, "decode": 0.95},
-             note="default options: query-specific window, encoder layers 0,1,2; target >= 0.95x training "
-                  "on CPU, >= 0.97x on CUDA (paper: 0.925x)"),
+             gpu_targets={"train": 0.97, "decode": 0.95}),
+        # Enc(AW)-Cr(AW,Seg)-Dec(MW)
         Case("diffwin", "transformer_diffwin_{w}", ["--diffwin-preset", "enc_aw-cr_aw_seg-dec_mw"],
-             targets={"train": 0.87}, gpu_targets={"train": 0.90, "decode": 0.95},
-             note="Enc(AW)-Cr(AW,Seg)-Dec(MW); target >= 0.87x training on CPU, >= 0.90x on CUDA (paper: 0.87x)"),
+             targets={"train": 0.87}, gpu_targets={"train": 0.90, "decode": 0.95}),
+        # two decoder passes per update: ~1.5x the cost per update expected; no training target
         Case("calibration", "transformer_calibrated_{w}", criterion=CALIBRATED_CRITERION,
-             gpu_targets={"decode": 0.95},
-             note="two decoder passes per update: ~1.5x cost per update expected; no training target"),
+             gpu_targets={"decode": 0.95}),
     ]
 }
 

@@ -10,7 +10,7 @@ from typing import Dict, List
 from man_fairseq.bench.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
                                      TINY_OVERRIDES, baseline_key, case_key)
 from man_fairseq.bench.model import USER_DIR
-from man_fairseq.bench.report import render
+from man_fairseq.bench.report import git_commit, render
 from man_fairseq.bench.workers import log, spawn
 
 
@@ -174,6 +174,7 @@ def main(argv=None, description="", epilog=""):
     results: Dict[str, dict] = {}
     started = time.time()
     header_load = os.getloadavg()
+    commit = git_commit()  # the code measured: the tree may change while a long run goes on
     for (width, backend), models in groups.items():
         log(f"width {width}, backend {backend}: timing {len(models)} models interleaved batch by batch: "
             + ", ".join(m["label"] for m in models))
@@ -198,7 +199,7 @@ def main(argv=None, description="", epilog=""):
                     f"{mem}, {r['decode_sent_s']:.2f} sent/s decode")
 
     report = render(args, widths, runs, results, skipped, defaults_used, threads, iters, warmup, max_tokens,
-                    decode_sentences, decode_len, decode_iters, header_load, time.time() - started)
+                    decode_sentences, decode_len, decode_iters, header_load, time.time() - started, commit)
     print(report)
     if args.output:
         Path(args.output).write_text(report)

@@ -45,7 +45,7 @@ def git_commit() -> str:
 
 
 def render(args, widths, runs, results, skipped, defaults_used, threads, iters, warmup, max_tokens,
-           decode_sentences, decode_len, decode_iters, header_load, elapsed) -> str:
+           decode_sentences, decode_len, decode_iters, header_load, elapsed, commit) -> str:
     import fairseq
     import torch
 
@@ -57,7 +57,7 @@ def render(args, widths, runs, results, skipped, defaults_used, threads, iters, 
     lines.append("")
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     accel = (f"CUDA {torch.version.cuda}, cuDNN {cudnn}, " if args.device == "cuda" else "")
-    lines.append(f"- date {now}; commit {git_commit()}; {os.cpu_count()} CPU cores, torch threads {threads}; "
+    lines.append(f"- date {now}; commit {commit} (at the start); {os.cpu_count()} CPU cores, torch threads {threads}; "
                  f"torch {torch.__version__}, {accel}fairseq {fairseq.__version__}, Python {platform.python_version()}")
     lines.append(f"- load average before the run {header_load[0]:.2f} (1 min); total run time {elapsed:.0f}s")
     lines.append("- clock: " + ("wall time" if args.clock == "wall" else
@@ -151,6 +151,10 @@ def render(args, widths, runs, results, skipped, defaults_used, threads, iters, 
             f"{r['decode_sent_s_wall'] / base['decode_sent_s_wall']:.3f}× wall / "
             f"{r['decode_sent_s_cpu'] / base['decode_sent_s_cpu']:.3f}× process CPU time")
         for who, res in ((case.name, r), (f"baseline ({width})", base)):
+            skipped_note = (f"- {who} ({backend}): {res.get('skipped_updates')} update(s) skipped after an fp16 "
+                            f"overflow (the loss scaler settling), as fairseq-train skips them")
+            if res.get("skipped_updates") and skipped_note not in extra_notes:
+                extra_notes.append(skipped_note)
             if "memory_error" in res and f"- {who}: peak memory not measured: {res['memory_error']}" not in extra_notes:
                 extra_notes.append(f"- {who}: peak memory not measured: {res['memory_error']}")
         lines.append(f"| {case.name} | {model} | {backend} | {r['params'] / 1e6:.2f}M | {r['train_tok_s']:.0f} | "
