@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The full GPU benchmark of issue 13: every family against fairseq's transformer, widths small,
-# base and big, every attention backend, bf16 autocast, realistic batches. Writes a Markdown
-# report (and the raw JSON) to $OUT_DIR; paste the table into docs/benchmarks.md with the device.
+# The full GPU benchmark: every family against fairseq's transformer, widths small, base and big,
+# every attention backend, bf16 as fairseq-train --bf16 (whole model cast), realistic batches.
+# Writes a Markdown report (and the raw JSON) to $OUT_DIR; paste the table into
+# docs/benchmarks.md with the device.
 # Usage: scripts/benchmark_gpu.sh [OUT_DIR] [extra benchmark.py args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."

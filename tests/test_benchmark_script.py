@@ -60,14 +60,11 @@ def test_tiny_width_prints_ratio_table(tmp_path):
 
 
 def test_unregistered_arch_is_skipped_with_a_message(tmp_path, monkeypatch):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import benchmark
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    monkeypatch.setitem(benchmark.CASES, "ghost", benchmark.Case("ghost", "transformer_ghost_{w}"))
+    from man_fairseq.bench import cases, cli
+
+    monkeypatch.setitem(cases.CASES, "ghost", cases.Case("ghost", "transformer_ghost_{w}"))
     out = tmp_path / "ghost.md"
-    benchmark.main(["--width", "tiny", "--cases", "ghost", "--output", str(out)])
+    cli.main(["--width", "tiny", "--cases", "ghost", "--output", str(out)])
     text = out.read_text()
     assert "transformer_ghost_base is not registered" in text
     assert "no case could run" in text
@@ -99,11 +96,32 @@ def test_bad_width_and_backend_are_clear_errors():
 
 
 def test_backend_names_agree_with_the_core():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import benchmark
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from man_fairseq.bench.cases import ATTENTION_BACKENDS as BENCH_BACKENDS
     from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
 
-    assert benchmark.ATTENTION_BACKENDS == ATTENTION_BACKENDS
+    assert BENCH_BACKENDS == ATTENTION_BACKENDS
+
+
+def test_half_precision_is_the_recipes_model_cast(tmp_path):
+    """--dtype bf16 measures fairseq-train --bf16: the model itself in bf16, fp32 master weights
+    in fairseq's FP16Optimizer, an update that changes the weights (not autocast on fp32 weights)."""
+    import torch
+    from fairseq.optim import FP16Optimizer
+
+    from man_fairseq.bench.batching import make_batches, write_dictionary
+    from man_fairseq.bench.cases import TINY_OVERRIDES
+    from man_fairseq.bench.model import Built
+
+    spec = {"max_tokens": 128, "seed": 1, "dtype": "bf16", "warmup": 0, "iters": 1, "len_mean": 6.0,
+            "len_std": 2.0, "len_max": 12, "decode_sentences": 2}
+    write_dictionary(str(tmp_path), 100)
+    built = Built(spec, {"label": "man", "arch": "transformer_man_base", "criterion": "label_smoothed_cross_entropy",
+                         "extra_args": TINY_OVERRIDES}, str(tmp_path), torch.device("cpu"))
+    assert {p.dtype for p in built.model.parameters()} == {torch.bfloat16}
+    assert isinstance(built.optimizer, FP16Optimizer)
+    before = [p.detach().clone() for p in built.optimizer.fp32_params]
+    train, _ = make_batches(spec, built.task.source_dictionary)
+    (_, _), loss = built.train_step(train[0])
+    assert loss == loss and built.skipped_updates == 0
+    assert all(p.dtype == torch.float32 for p in built.optimizer.fp32_params)
+    assert any(not torch.equal(b, p) for b, p in zip(before, built.optimizer.fp32_params))

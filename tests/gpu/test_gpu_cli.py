@@ -1,16 +1,19 @@
-"""fairseq-train with --fp16 / --bf16 and fairseq-generate on CUDA, every family (issue 13).
+"""fairseq-train with --fp16 / --bf16 and fairseq-generate on CUDA, every family.
 
-Skipped without CUDA. One update per family and precision on the toy corpus, then
-fairseq-generate of one trained tiny checkpoint on every attention backend: the hypotheses of
-``flex`` / ``sdpa`` / ``auto`` equal those of ``explicit`` (greedy, fp32 generation).
+Skipped without CUDA. One update per family and precision on the toy corpus (every loss fairseq
+prints finite, NaN and inf included in the parse), then fairseq-generate of one trained tiny
+checkpoint: on every attention backend the hypotheses of ``flex`` / ``sdpa`` / ``auto`` equal those
+of ``explicit`` (greedy, fp32), and with ``--fp16`` / ``--bf16`` every sentence is decoded with a
+finite score and nearly all hypotheses equal the fp32 decode's. The log parsing and comparisons
+are ``gpu_checks.py``'s, exercised on CPU by ``tests/test_gpu_checks.py``.
 """
 
-import re
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from gpu_checks import assert_decodes_agree, assert_finite_training, decodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import TINY_MODEL, USER_DIR, run_cli  # noqa: E402
@@ -44,8 +47,7 @@ def test_one_train_step_in_half_precision(toy_data_bin, tmp_path, family, precis
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("no bf16 on this GPU")
     proc = train(toy_data_bin, tmp_path / "ck", family, precision, extra=["--max-update", "1"])
-    losses = [float(x) for x in re.findall(r"\| loss ([\d.]+)", proc.stdout)]
-    assert losses and all(x == x and x < 1e4 for x in losses), proc.stdout[-3000:]  # finite
+    assert_finite_training(proc.stdout)
     assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
 
 
@@ -56,26 +58,25 @@ def trained_man(toy_data_bin, tmp_path_factory):
     return save / "checkpoint_best.pt"
 
 
-def hypotheses(stdout):
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"^H-(\d+)\t\S+\t(.*)$", stdout, re.M)}
+def generate(checkpoint, data, beam, *extra):
+    proc = run_cli(["fairseq-generate", data, "--user-dir", USER_DIR, "--path", checkpoint, "--beam", str(beam),
+                    "--batch-size", "16", "--gen-subset", "test", *extra], timeout=600)
+    out = decodes(proc.stdout)
+    assert out, proc.stdout[-2000:]
+    return out
 
 
 def test_generate_on_every_backend_agrees(trained_man, toy_data_bin):
-    outs = {}
-    for backend in ("explicit", "auto", "sdpa", "flex"):
-        proc = run_cli(["fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", trained_man,
-                        "--beam", "1", "--batch-size", "16", "--gen-subset", "test",
-                        "--model-overrides", str({"attention_backend": backend})], timeout=600)
-        outs[backend] = hypotheses(proc.stdout)
-        assert outs[backend], proc.stdout[-2000:]
+    reference = generate(trained_man, toy_data_bin, 1, "--model-overrides", str({"attention_backend": "explicit"}))
     for backend in ("auto", "sdpa", "flex"):
-        same = sum(outs[backend][i] == outs["explicit"][i] for i in outs["explicit"])
+        out = generate(trained_man, toy_data_bin, 1, "--model-overrides", str({"attention_backend": backend}))
         # fp32 kernels differ in summation order only: a near-tie may flip a rare token
-        assert same >= 0.9 * len(outs["explicit"]), (backend, same, len(outs["explicit"]))
+        assert_decodes_agree(out, reference, min_same=0.9, score_tol=1e-3)
 
 
 def test_generate_in_half_precision(trained_man, toy_data_bin):
-    for flag in ("--fp16", "--bf16"):
-        proc = run_cli(["fairseq-generate", toy_data_bin, "--user-dir", USER_DIR, "--path", trained_man,
-                        "--beam", "4", "--batch-size", "16", "--gen-subset", "test", flag], timeout=600)
-        assert hypotheses(proc.stdout), proc.stdout[-2000:]
+    reference = generate(trained_man, toy_data_bin, 4)
+    for flag in ("--fp16", "--bf16") if torch.cuda.is_bf16_supported() else ("--fp16",):
+        out = generate(trained_man, toy_data_bin, 4, flag)
+        # half precision reorders near-ties more often than fp32 kernels do; scores to ~1e-2
+        assert_decodes_agree(out, reference, min_same=0.8, score_tol=0.1)

@@ -1,0 +1,210 @@
+"""Command line of ``scripts/benchmark.py``: parse, plan the runs, spawn the workers, report."""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from man_fairseq.bench.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
+                                     TINY_OVERRIDES, baseline_key, case_key)
+from man_fairseq.bench.model import USER_DIR
+from man_fairseq.bench.report import git_commit, render
+from man_fairseq.bench.workers import log, spawn
+
+
+def registered(user_dir: str):
+    """Arch and criterion names registered by fairseq + the plugin, as the CLI sees them."""
+    from argparse import Namespace
+
+    from fairseq import utils
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    utils.import_user_module(Namespace(user_dir=user_dir))
+    return set(ARCH_MODEL_REGISTRY), set(CRITERION_REGISTRY)
+
+
+
+def main(argv=None, description="", epilog=""):
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=epilog)
+    p.add_argument("--cases", default="all",
+                   help=f"comma-separated subset of {','.join(CASES)} (default: all that are registered)")
+    p.add_argument("--width", default="base",
+                   help="model width(s), comma-separated: small, base, big; baselines: small=transformer_iwslt_de_en, "
+                        "base=transformer_wmt_en_de, big=transformer_vaswani_wmt_en_de_big; tiny = base archs "
+                        "shrunk (smoke test, alone)")
+    p.add_argument("--backend", default="auto",
+                   help=f"comma-separated --attention-backend values for the families "
+                        f"({','.join(ATTENTION_BACKENDS)}); each is a group with its own baseline run")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"], default="fp32",
+                   help="fp16/bf16: the whole model and criterion cast to half with fairseq's FP16Optimizer "
+                        "(fp32 master weights; fp16 with dynamic loss scaling), as fairseq-train --fp16/--bf16 "
+                        "and the recipes train; decoding with the cast model, as fairseq-generate --fp16/--bf16")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed training iterations per model (default: 2 on CPU, 20 on CUDA)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed warm-up iterations (default: 1 CPU, 5 CUDA)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per training batch as fairseq's --max-tokens (default: 1024 CPU, 4096 CUDA)")
+    p.add_argument("--dict-size", type=int, default=None,
+                   help="joined dictionary size incl. specials (default: 10000 small, 37000 base/big)")
+    p.add_argument("--len-mean", type=float, default=25.0, help="mean sentence length in tokens (incl. EOS)")
+    p.add_argument("--len-std", type=float, default=10.0, help="std of the sentence length")
+    p.add_argument("--len-max", type=int, default=100, help="length clip")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--decode-sentences", type=int, default=None,
+                   help="source sentences in the decoding batch (default: 8 CPU, 64 CUDA)")
+    p.add_argument("--decode-len", type=int, default=None,
+                   help="decoded length (max_len_b = min_len; default: 10 CPU, 40 CUDA)")
+    p.add_argument("--decode-iters", type=int, default=None, help="timed decoding calls (default 2 CPU, 5 CUDA)")
+    p.add_argument("--decode-warmup", type=int, default=1)
+    p.add_argument("--memory-iters", type=int, default=1,
+                   help="training steps on the largest batch for the peak-memory measurement (0: skip memory)")
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="time base of the rates: wall clock, or the CPU time of the benchmark process "
+                        "(for a shared, loaded CPU machine; use it with --threads 1; CPU only)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--output", default=None, help="also write the Markdown report to this file")
+    p.add_argument("--json", default=None, help="also write the raw per-model measurements as JSON")
+    args = p.parse_args(argv)
+
+    widths = [w.strip() for w in args.width.split(",") if w.strip()]
+    bad = [w for w in widths if w not in BASELINE_ARCH]
+    if bad or not widths:
+        p.error(f"--width: unknown {bad or args.width!r}; choose from {', '.join(BASELINE_ARCH)}")
+    if "tiny" in widths and len(widths) > 1:
+        p.error("--width tiny is a smoke test: run it alone")
+    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    bad = [b for b in backends if b not in ATTENTION_BACKENDS]
+    if bad or not backends:
+        p.error(f"--backend: unknown {bad or args.backend!r}; choose from {', '.join(ATTENTION_BACKENDS)}")
+    cuda = args.device == "cuda"
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch.cuda.is_available() is False")
+    if args.dtype == "fp16" and not cuda:
+        p.error("--dtype fp16 is only supported with --device cuda (on CPU: bf16)")
+    if args.clock == "process" and cuda:
+        p.error("--clock process measures CPU time; use --clock wall with --device cuda")
+    threads = args.threads or os.cpu_count() or 1
+    defaults_used = []
+
+    def default(name, cpu_value, cuda_value):
+        value = getattr(args, name)
+        if value is None:
+            value = cuda_value if cuda else cpu_value
+            defaults_used.append(f"--{name.replace('_', '-')} {value}")
+        return value
+
+    # CPU defaults keep a base-width run of all cases to a few minutes on an idle 2-core machine;
+    # they are few iterations, so the report lists them and more give steadier numbers
+    iters = default("iters", 2, 20)
+    warmup = default("warmup", 1, 5)
+    max_tokens = default("max_tokens", 1024, 4096)
+    decode_sentences = default("decode_sentences", 8, 64)
+    decode_len = default("decode_len", 10, 40)
+    decode_iters = default("decode_iters", 2, 5)
+    if widths == ["tiny"]:
+        # smoke-test width: short sentences, small batches
+        max_tokens = args.max_tokens or 256
+        args.len_mean, args.len_std = 8.0, 3.0
+        decode_len = args.decode_len or 5
+        defaults_used = [d for d in defaults_used if not d.startswith(("--max-tokens", "--decode-len"))] + [
+            f"--decode-len {decode_len} (tiny)",
+            f"--max-tokens {max_tokens} (tiny)", "sentence length 8±3 (tiny)"]
+
+    archs, criterions = registered(USER_DIR)
+    wanted = list(CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in wanted if c not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+
+    skipped = []
+    runs = []  # (case, width, arch, backend)
+    for requested in widths:
+        for name in wanted:
+            case = CASES[name]
+            width = case.width(requested)
+            if any(r[0] is case and r[1] == width for r in runs):
+                continue  # a case pinned to one width runs once
+            arch = case.arch(width)
+            if arch not in archs:
+                msg = f"{name}: arch {arch} is not registered (yet) — skipped"
+                log(msg)
+                skipped.append(msg)
+                continue
+            if case.criterion not in criterions:
+                msg = f"{name}: criterion {case.criterion} is not registered (yet) — skipped"
+                log(msg)
+                skipped.append(msg)
+                continue
+            for backend in backends:
+                runs.append((case, width, arch, backend))
+
+    def common_spec(width):
+        return {
+            "dict_size": args.dict_size or DEFAULT_DICT_SIZE[width],
+            "device": args.device, "dtype": args.dtype, "threads": threads, "seed": args.seed,
+            "iters": iters, "warmup": warmup, "max_tokens": max_tokens,
+            "len_mean": args.len_mean, "len_std": args.len_std, "len_max": args.len_max,
+            "beam": args.beam, "decode_sentences": decode_sentences, "decode_len": decode_len,
+            "decode_iters": decode_iters, "decode_warmup": args.decode_warmup,
+            "memory_iters": args.memory_iters, "clock": args.clock,
+        }
+
+    def model_spec(key, label, arch, width, extra, criterion):
+        return {"key": key, "label": label, "arch": arch, "criterion": criterion,
+                "extra_args": (TINY_OVERRIDES if width == "tiny" else []) + extra}
+
+    # one group per (width, backend): the baseline of that width and the cases compared with it
+    groups: Dict[tuple, List[dict]] = {}
+    for case, width, arch, backend in runs:
+        group = groups.setdefault((width, backend), [
+            model_spec(baseline_key(width, backend), f"baseline {BASELINE_ARCH[width]}", BASELINE_ARCH[width],
+                       width, [], LS_CRITERION)])
+        group.append(model_spec(case_key(case.name, width, backend), f"{case.name} {arch} [{backend}]", arch, width,
+                                case.extra_args + ["--attention-backend", backend], case.criterion))
+
+    results: Dict[str, dict] = {}
+    started = time.time()
+    header_load = os.getloadavg()
+    commit = git_commit()  # the code measured: the tree may change while a long run goes on
+    for (width, backend), models in groups.items():
+        log(f"width {width}, backend {backend}: timing {len(models)} models interleaved batch by batch: "
+            + ", ".join(m["label"] for m in models))
+        timing = spawn(dict(common_spec(width), mode="timing", models=models))
+        for m in models:
+            results[m["key"]] = dict(timing.get(m["key"], {"error": timing.get("error", "no result")}))
+        if args.memory_iters > 0:
+            for i, m in enumerate(models):
+                log(f"width {width}: peak memory [{i + 1}/{len(models)}] {m['label']} (own process)")
+                mem = spawn(dict(common_spec(width), mode="memory", models=[m]))
+                if "error" in mem:
+                    results[m["key"]].setdefault("memory_error", mem["error"])
+                else:
+                    results[m["key"]].update({k: v for k, v in mem.items() if k != "params"})
+        for m in models:
+            r = results[m["key"]]
+            if "error" in r:
+                log(f"  {m['label']}: FAILED: {r['error']}")
+            else:
+                mem = f"{r['train_peak_bytes'] / 2**20:.0f} MiB peak" if "train_peak_bytes" in r else "no memory"
+                log(f"  {m['label']}: {r['params'] / 1e6:.2f}M params, {r['train_tok_s']:.0f} tok/s train, "
+                    f"{mem}, {r['decode_sent_s']:.2f} sent/s decode")
+
+    report = render(args, widths, runs, results, skipped, defaults_used, threads, iters, warmup, max_tokens,
+                    decode_sentences, decode_len, decode_iters, header_load, time.time() - started, commit)
+    print(report)
+    if args.output:
+        Path(args.output).write_text(report)
+        log(f"wrote {args.output}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
