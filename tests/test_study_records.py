@@ -69,6 +69,7 @@ def test_cpu_preset_has_every_family_at_one_width_and_budget():
         m, t = cfg["model"], cfg["train"]
         assert (m["encoder-embed-dim"], m["encoder-layers"], m["decoder-layers"], m["encoder-attention-heads"]) == (256, 3, 3, 4)
         assert (t["max-epoch"], t["lr"], t["warmup-updates"], t["max-tokens"]) == (10, 0.001, 300, 4096)
+        assert m["encoder-normalize-before"] is True and m["decoder-normalize-before"] is True
         assert cfg["paper"] == "none" and cfg["notes"]
     assert len({json.dumps(c["train"], sort_keys=True) for c in cfgs.values() if c is not cfgs["calibration"]}) == 1
 
@@ -80,14 +81,16 @@ def test_parse_seeds():
             parse_seeds(bad)
 
 
-def test_cpu_preset_man_matches_the_transformer_parameters():
+def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_parameters():
     from conftest import build_fairseq_model, num_params
     from man_fairseq.recipes.config import option_args
 
     counts = {}
-    for fam in ("transformer", "man", "sman2"):
+    for fam in FAMILIES:
         cfg = load_config(CONFIG_DIR / "multi30k-cpu" / f"{fam}.yaml")
         model, _, _ = build_fairseq_model(cfg["arch"], option_args(cfg["model"]), dict_size=9804)
         counts[fam] = num_params(model)
     for fam in ("man", "sman2"):
         assert abs(counts[fam] / counts["transformer"] - 1) < 0.02, counts
+    for fam in ("localness", "diffwin", "calibration"):  # they keep their extra parameters
+        assert counts[fam] > counts["transformer"], counts
