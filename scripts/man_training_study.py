@@ -49,7 +49,7 @@ def collect(run):
 
 def table(records, notes):
     epochs = max(len(r["valid"]) for r in records)
-    head = ("| run | differs from the issue's setting | "
+    head = ("| run | model and options | "
             + " | ".join(f"valid loss ep. {i + 1}" for i in range(epochs))
             + " | " + " | ".join(f"train loss @{u}" for u in TABLE_UPDATES) + " |")
     lines = [head, "|---|---|" + "---|" * (epochs + len(TABLE_UPDATES))]
