@@ -85,10 +85,10 @@ TINY_RUN = TINY_MODEL + ["--max-epoch", "2", "--max-tokens", "1500", "--warmup-u
                          "--log-interval", "1"]
 
 
-def reproduce_cmd(data, tmp_path):
+def reproduce_cmd(data, tmp_path, *ours):
     return [sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--seeds", "1", "--families", "man",
             "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
-            "--avg-last", "2", "--bootstrap-samples", "200", "--", *TINY_RUN]
+            "--avg-last", "2", "--bootstrap-samples", "200", *ours, "--", *TINY_RUN]
 
 
 def check_results(tmp_path, test_names):
@@ -253,14 +253,14 @@ def test_pipeline_on_synthetic_release_layout(tmp_path):
     man_record = tmp_path / "results" / "multi30k" / "man-seed1.json"
     record = json.loads(man_record.read_text())
     man_record.write_text(json.dumps(dict(record, fingerprint="0" * 16)))
-    table = run(reproduce_cmd(data, tmp_path) + ["--table-only"]).stdout
+    table = run(reproduce_cmd(data, tmp_path, "--table-only")).stdout
     assert "stale record man-seed1" in table and "| MAN" not in table and "| man-seed1 | `0000000000000000`" in table
     # ... and its run folder (trained under the old fingerprint) is refused, not resumed or served again
     (tmp_path / "runs" / "man-seed1" / ".fingerprint").write_text("1" * 16 + "\n")
     refused = run(reproduce_cmd(data, tmp_path), check=False)
     assert refused.returncode == 2 and "pass --force" in refused.stdout and "+ fairseq-train" not in refused.stdout
     # --force really retrains: a fresh fairseq-train from update 0, a new record
-    forced = run(reproduce_cmd(data, tmp_path) + ["--force", "--families", "man"]).stdout
+    forced = run(reproduce_cmd(data, tmp_path, "--force")).stdout
     assert "force: removing" in forced and "+ fairseq-train" in forced and "loaded checkpoint" not in forced
     assert json.loads(man_record.read_text())["fingerprint"] == record["fingerprint"]
     check_results(tmp_path, ["test_2016_flickr", "test_2017_flickr"])
