@@ -7,8 +7,8 @@ Three checks, each with its own log in the output folder:
 2. a short benchmark of every family against fairseq's ``transformer`` (``scripts/benchmark.py``)
    in the recipes' precision (``--fp16`` by default: the whole model cast, as fairseq does);
 3. if ``data-bin/multi30k.de-en`` exists, a few hundred ``fairseq-train --bf16`` updates of every
-   Multi30k config at the Multi30k CPU preset's model size; the training loss must be finite and
-   fall.
+   config of the Multi30k CPU study (``configs/multi30k-cpu/``); the training loss must be finite
+   and fall.
 
 The report (``gpu-check.md``) lists the device, driver, torch / CUDA / cuDNN versions, the commit,
 pass / fail per check and the speed ratios. Without CUDA it says so and exits 2; ``--cpu-dry-run``
@@ -35,12 +35,6 @@ from .launch import train_args
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
 # the Multi30k CPU preset's model size, every family alike
-PRESET_SIZE = [
-    "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
-    "--encoder-layers", "3", "--decoder-layers", "3",
-    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
-    "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
-]
 BENCHMARK_ARGS = ["--device", "cuda", "--width", "base", "--backend", "auto,flex", "--iters", "10", "--warmup", "3",
                   "--max-tokens", "4096", "--decode-iters", "3", "--memory-iters", "2"]
 NO_CUDA = ("no CUDA device: torch.cuda.is_available() is False (torch {torch}, built for CUDA {cuda}). "
@@ -212,7 +206,7 @@ def training_check(rows: List[Dict[str, object]], updates: int) -> Check:
         lines.append(f"| {r['family']} | {result} | {num(r['first'], '.3f')} → {num(r['last'], '.3f')} | "
                      f"{num(r['valid'], '.3f')} | {num(r['updates_per_s'], '.2f')} |")
     ok = bool(rows) and all(r["ok"] for r in rows)
-    summary = (f"{updates} `--bf16` updates per Multi30k config at d=256, 3+3 layers, 4 heads, FFN 1024: "
+    summary = (f"{updates} `--bf16` updates per configs/multi30k-cpu config (d=256, 3+3 layers, pre-norm): "
                + ("losses finite and falling" if ok else "failures below"))
     return Check("Multi30k --bf16 training", PASS if ok else FAIL, summary, lines)
 
@@ -222,10 +216,10 @@ def run_training(out: Path, updates: int, timeout: float) -> Check:
         return Check("Multi30k --bf16 training", SKIPPED,
                      f"`{MULTI30K_DATA.relative_to(REPO)}` not found (data-prep/prepare-multi30k.sh makes it)")
     rows = []
-    for path in sorted((CONFIG_DIR / "multi30k").glob("*.yaml")):
+    for path in sorted((CONFIG_DIR / "multi30k-cpu").glob("*.yaml")):
         cfg = load_config(path)
         family = path.stem
-        extra = PRESET_SIZE + ["--max-update", str(updates), "--log-interval", "25", "--no-save"]
+        extra = ["--max-update", str(updates), "--log-interval", "25", "--no-save"]
         cmd = [sys.executable, "-m", "fairseq_cli.train"] + train_args(cfg, out / f"train-{family}", device="gpu", precision="bf16",
                                              extra=extra)
         start = time.time()
