@@ -86,23 +86,48 @@ def run_cli(args, cwd=None, timeout=300, check=True, env=None):
     return proc
 
 
+def built_once(tmp_path_factory, name, build):
+    """The folder ``name`` made by ``build(folder)`` once per test session, whatever the workers.
+
+    pytest-xdist runs each worker as its own process, so a session fixture alone is built once per
+    worker; the folder lives next to the workers' own temporary folders (``pytest-N/``, not
+    ``pytest-N/popen-gwK/``) and a file lock lets the first worker build it while the others wait.
+    A build that failed leaves no folder, so the next test that needs it builds it again.
+    """
+    import fcntl
+    import shutil
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this session's base, shared by its workers only
+    folder = root / f"shared-{name}"
+    with open(root / f".shared-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not folder.is_dir():  # it appears complete or not at all (renamed when built)
+            partial = root / f".shared-{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)  # only ever made here, by a build that failed
+            partial.mkdir()
+            build(partial)
+            partial.rename(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def toy_raw(tmp_path_factory):
     from man_fairseq.toy_corpus import write_corpus
 
-    return Path(write_corpus(str(tmp_path_factory.mktemp("toy_raw")), train=400, valid=40, test=20, max_len=10))
+    return built_once(tmp_path_factory, "toy_raw",
+                      lambda out: write_corpus(str(out), train=400, valid=40, test=20, max_len=10))
 
 
 @pytest.fixture(scope="session")
 def toy_data_bin(tmp_path_factory, toy_raw):
-    """Binarized toy corpus with a joined dictionary (src -> tgt)."""
-    out = tmp_path_factory.mktemp("toy_bin")
-    run_cli([
+    """Binarized toy corpus with a joined dictionary (src -> tgt), binarized once per session."""
+    return built_once(tmp_path_factory, "toy_bin", lambda out: run_cli([
         "fairseq-preprocess", "--source-lang", "src", "--target-lang", "tgt",
         "--trainpref", toy_raw / "train", "--validpref", toy_raw / "valid", "--testpref", toy_raw / "test",
         "--destdir", out, "--joined-dictionary", "--workers", "1",
-    ])
-    return out
+    ]))
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ def test_demo_runs_the_whole_pipeline(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, REPO / "scripts" / "demo.py", "--out", out, "--epochs", "2", "--average", "2",
-         "--train-size", "100", "--eval-size", "10", "--seeds", "2", "--seed", "3"],
+         "--train-size", "100", "--eval-size", "10", "--seeds", "2", "--seed", "3",
+         "--threads", "1"],  # one thread, like every test process (the demo's default is 2)
         capture_output=True, text=True, timeout=2400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,9 +1,9 @@
 """Multi30k: data preparation, configs, and the whole reproduce pipeline end to end.
 
 The pipeline tests run the real scripts (prepare-multi30k.sh -> fairseq-train -> averaging ->
-fairseq-generate -> sacreBLEU -> run records -> paired bootstrap -> table + PNG) on a synthetic folder in the
-release's layout (always) and on the head of the real ../shared/data/multi30k (when present), with a
-tiny model for a few updates.
+fairseq-generate -> sacreBLEU -> run records -> paired bootstrap -> table + PNG) on a synthetic folder in
+the release's layout (always; the real ../shared/data/multi30k head is in test_multi30k_real.py), with
+a tiny model for a few updates.
 """
 
 import gzip
@@ -264,23 +264,6 @@ def test_pipeline_on_synthetic_release_layout(tmp_path):
     assert "force: removing" in forced and "+ fairseq-train" in forced and "loaded checkpoint" not in forced
     assert json.loads(man_record.read_text())["fingerprint"] == record["fingerprint"]
     check_results(tmp_path, ["test_2016_flickr", "test_2017_flickr"])
-
-
-def test_pipeline_on_real_multi30k_head(shared_data, tmp_path):
-    sample = shared_data / "multi30k"
-    if not sample.is_dir():
-        pytest.skip(f"{sample} is not present")
-    head = tmp_path / "raw"
-    head.mkdir()
-    for stem, n in [("train", 400), ("val", 40), ("test_2016_flickr", 40)]:
-        for lang in ("de", "en"):
-            with gzip.open(sample / f"{stem}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f).rstrip("\n") for _ in range(n)]
-            write_side(head / f"{stem}.{lang}", lines, gz=True)
-    data, _ = prepare(head, tmp_path)
-    assert json.loads((data / "multi30k.json").read_text())["test_sets"] == {"test": "test_2016_flickr"}
-    run(reproduce_cmd(data, tmp_path))
-    check_results(tmp_path, ["test_2016_flickr"])
 
 
 def test_timing_never_removes_a_folder_it_did_not_make(tmp_path):
