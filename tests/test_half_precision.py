@@ -95,6 +95,25 @@ def test_half_model_matches_explicit_fp32(family, dtype_name):
     assert not problems, problems
 
 
+@pytest.mark.parametrize("family", ["localness_query", "sman"])  # a score mod, a mask mod
+def test_half_model_flex_forward_matches_explicit_fp32(family):
+    """flex has no CPU backward: its half-precision check here is the eval forward (eager flex)."""
+    model, task = build_family(family)
+    d = task.source_dictionary
+    src, prev = tokens(d, SRC_LENGTHS, True, seed=1), tokens(d, TGT_LENGTHS, False, seed=2)
+    real = (prev != d.pad()).unsqueeze(-1)
+    for dtype_name, dtype in DTYPES.items():
+        ref = copy.deepcopy(model).to(dtype).float().eval()
+        half = set_backend(copy.deepcopy(model).to(dtype), "flex").eval()
+        with torch.no_grad():
+            ref_logits = ref(src, torch.tensor(SRC_LENGTHS), prev)[0].masked_fill(~real, 0.0)
+            logits = half(src, torch.tensor(SRC_LENGTHS), prev)[0].float().masked_fill(~real, 0.0)
+        assert {m.last_kernel.path for m in half.modules()
+                if isinstance(m, BiasedMultiheadAttention) and m.self_attention} == {"flex"}
+        err = float((logits - ref_logits).abs().max() / ref_logits.abs().max())
+        assert torch.isfinite(logits).all() and err < TOL_LOGITS[dtype_name], (dtype_name, err)
+
+
 def test_diffwin_mask_keeps_small_values_in_half_precision():
     """P(pointer >= j) = total - P(pointer <= j) + phi cancels near the far end of a sharp pointer:
     summed in half, small mask values were off by 3x their size (bf16)."""
