@@ -7,6 +7,7 @@ FlexAttention has no backward on CPU, so its CPU checks are forward passes under
 import pytest
 import torch
 from conftest import TINY_MODEL, build_fairseq_model
+from torch._dynamo.exc import BackendCompilerFailed
 
 from man_fairseq.modules import attention_backend as backends
 from man_fairseq.modules.attention_backend import (
@@ -105,6 +106,25 @@ def test_sdpa_mask_is_cast_and_last_dim_contiguous():
     assert prepare_sdpa_mask(None, q) is None
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["contiguous_branch", "cast_and_contiguous"])
+def test_sdpa_mask_keeps_broadcast_dims_on_every_branch(dtype):
+    """A broadcast mask whose last dim is strided takes the contiguous branch (and the cast one
+    for a half q): neither may materialise the broadcast (B, H) dims."""
+    q = torch.zeros(2, 3, 4, 8, dtype=dtype)
+    base = torch.randn(1, 1, 5, 4)
+    mask = base.transpose(-1, -2).expand(2, 3, 4, 5)  # strides (0, 0, 1, 4)
+    assert mask.stride(-1) != 1
+    out = prepare_sdpa_mask(mask, q)
+    assert out.dtype == dtype and out.stride(-1) == 1 and out.shape == mask.shape
+    assert out.stride()[:2] == (0, 0), out.stride()
+    torch.testing.assert_close(out.float(), mask.to(dtype).float())
+    # a broadcast last dim is made real (the kernels need stride(-1) == 1)
+    keys_broadcast = torch.randn(2, 1, 4, 1).expand(2, 3, 4, 5)
+    out = prepare_sdpa_mask(keys_broadcast, q)
+    assert out.stride(-1) == 1 and out.stride(1) == 0
+    torch.testing.assert_close(out.float(), keys_broadcast.to(dtype).float())
+
+
 # ---------------------------------------------------------------------------------------------
 # bucketing helpers
 # ---------------------------------------------------------------------------------------------
@@ -161,7 +181,7 @@ def test_flex_runner_falls_back_to_static_compilation():
 
         def run(*args, **kwargs):
             if dynamic is None:
-                raise RuntimeError("C++ compile error")
+                raise BackendCompilerFailed(fn, RuntimeError("C++ compile error"), None)
             return fn(*args, **kwargs)
 
         return run
@@ -176,6 +196,42 @@ def test_flex_runner_falls_back_to_static_compilation():
     assert compiled_with == [None, False] and runner.dynamic is False
     runner(q[:1], k[:1], v[:1], None, None, 0.5, compiled=True)
     assert compiled_with == [None, False] and len(runner.signatures) == 2  # reused, new shape counted
+
+
+@pytest.mark.parametrize("error", [
+    RuntimeError("IndexError in a score_mod while tracing"),
+    BackendCompilerFailed(None, torch.OutOfMemoryError("out of memory"), None),
+], ids=["score_mod_bug", "out_of_memory"])
+def test_flex_runner_does_not_mistake_other_errors_for_dynamic_shapes(error):
+    def failing_compile(fn, dynamic=None):
+        def run(*args, **kwargs):
+            raise error
+
+        return run
+
+    runner = backends.FlexRunner()
+    runner.compile = failing_compile
+    q = torch.zeros(1, 1, 4, 8)
+    with pytest.raises(type(error)):
+        runner(q, q, q, None, None, 0.5, compiled=True)
+    assert runner.dynamic is None, "retried with static shapes"
+
+
+def test_flex_runner_fails_loudly_at_the_recompile_limit():
+    """Static kernels past the limit raise instead of dynamo's silent eager fallback."""
+    from functools import partial
+
+    from torch._dynamo.exc import FailOnRecompileLimitHit
+
+    runner = backends.FlexRunner()
+    runner.compile = partial(torch.compile, backend="eager")  # graphs counted, no C++ codegen
+    runner.dynamic, runner.recompile_limit = False, 2
+    for n in (16, 32):
+        q = torch.zeros(1, 1, n, 16)
+        runner(q, q, q, None, None, 0.25, compiled=True)
+    q = torch.zeros(1, 1, 64, 16)
+    with pytest.raises(FailOnRecompileLimitHit):
+        runner(q, q, q, None, None, 0.25, compiled=True)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -95,7 +95,9 @@ class BiasedDecoderLayer(TransformerDecoderLayerBase):
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
         if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
             raise ValueError("add_bias_kv / add_zero_attn / cross_self_attention are not supported")
-        return self._build_attention(DECODER_SELF, self.layer_idx, cfg)
+        attention = self._build_attention(DECODER_SELF, self.layer_idx, cfg)
+        attention.causal_attn_mask = True  # the decoder passes it fairseq's future mask only
+        return attention
 
     def build_encoder_attention(self, embed_dim, cfg):
         return self._build_attention(CROSS, self.layer_idx, cfg)

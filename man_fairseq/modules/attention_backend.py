@@ -125,16 +125,22 @@ def sdpa_context(choice: KernelChoice):
 def prepare_sdpa_mask(mask: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
     """The float mask as the memory-efficient kernel needs it: in q's dtype, ``stride(-1) == 1``.
 
-    Broadcast (stride 0) leading dimensions are kept: the kernel expands them itself, and making
-    them contiguous would materialise ``(B, H, T, S)``.
+    Broadcast (stride 0) leading dimensions stay broadcast on both the cast and the contiguous
+    branch (the kernel expands them itself; ``.to`` or ``.contiguous`` of the expanded view would
+    materialise ``(B, H, T, S)``): they are reduced to size 1 first and expanded back after.
     """
     if mask is None:
         return None
+    if mask.dtype == q.dtype and mask.stride(-1) == 1:
+        return mask
+    shape = mask.shape
+    lead = tuple(slice(0, 1) if stride == 0 else slice(None) for stride in mask.stride()[:-1])
+    mask = mask[lead]
     if mask.dtype != q.dtype:
         mask = mask.to(q.dtype)  # an fp32 mask with half q: never let a kernel reinterpret it
     if mask.stride(-1) != 1:
         mask = mask.contiguous()
-    return mask
+    return mask.expand(shape)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,29 +232,47 @@ class FlexRunner:
     symbolic, and later sizes reuse it. Bucketing keeps the lengths to a few values either way (and
     the padded blocks full). ``signatures`` holds the distinct (q shape, k shape, dtype) seen;
     :meth:`recompiles` reads dynamo's own counter of compiled graphs (the measured number).
+    Every distinct score/mask-mod structure (DMAN, a localness window, a static window, causal,
+    padding) and every dtype and train/eval mode is a graph of its own on top of that.
 
-    If the dynamic-shape compilation fails (torch 2.13's CPU inductor flex template does, with a
-    C++ error, when a second batch size arrives), the runner warns once and compiles static kernels
-    from then on: one compilation per (batch size, bucket), correct but more compiles.
+    If the dynamic-shape compilation fails in the backend compiler (torch 2.13's CPU inductor
+    flex template does, with a C++ error, when a second batch size arrives), the runner warns
+    once and compiles static kernels from then on: one compilation per (batch size, bucket,
+    mod structure, dtype), correct but more compiles. Anything else (an error while tracing a
+    score mod, out of memory) is raised as it is. Past :attr:`recompile_limit` compilations of
+    one function dynamo would silently run it eagerly (unfused, with the (B,H,T,S) scores);
+    here that raises ``FailOnRecompileLimitHit`` instead.
     """
 
     def __init__(self):
         self._compiled = None
+        self._compiled_block_mask = None
         self.dynamic: Optional[bool] = None  # torch.compile's ``dynamic``
         self.compile = torch.compile
         self.signatures = set()
         self.calls = 0
         # None: bucket lengths exactly when compiled; True/False force it (tests, benchmarks)
         self.bucketing: Optional[bool] = None
+        # None: compiled on CUDA only; True/False force it (tests of the compiled path on CPU)
+        self.compiling: Optional[bool] = None
+        # compilations of one function (flex_attention, create_block_mask) allowed before a call
+        # fails; dynamo's default (8) is below the static fallback's (batch size x bucket) count
+        self.recompile_limit = 64
 
     def compiled_for(self, device_type: str) -> bool:
         # flex's compiled kernels are the point on CUDA; on CPU the eager (unfused) path is used
-        return device_type == "cuda"
+        return device_type == "cuda" if self.compiling is None else self.compiling
 
     def bucketed_for(self, device_type: str) -> bool:
         return self.compiled_for(device_type) if self.bucketing is None else self.bucketing
 
+    def _limits(self):
+        import torch._dynamo
+
+        return torch._dynamo.config.patch(recompile_limit=self.recompile_limit, fail_on_recompile_limit_hit=True)
+
     def __call__(self, q, k, v, score_mod, block_mask, scale, compiled: bool):
+        from torch._dynamo.exc import BackendCompilerFailed
         from torch.nn.attention.flex_attention import flex_attention
 
         self.calls += 1
@@ -258,20 +282,27 @@ class FlexRunner:
             self._compiled = self.compile(flex_attention, dynamic=self.dynamic)
         self.signatures.add((tuple(q.shape), tuple(k.shape), q.dtype))
         try:
-            return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
-        except Exception as e:  # noqa: BLE001 -- inductor raises many types; retried static, else re-raised
-            if self.dynamic is False:
+            with self._limits():
+                return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+        except BackendCompilerFailed as e:
+            if self.dynamic is False or isinstance(e.inner_exception, torch.OutOfMemoryError):
                 raise
-            warnings.warn(f"flex_attention: dynamic-shape compilation failed ({type(e).__name__}); "
-                          f"compiling static kernels per shape from now on")
+            warnings.warn(f"flex_attention: dynamic-shape compilation failed "
+                          f"({type(e.inner_exception).__name__}); compiling static kernels per shape from now on")
             self.dynamic = False
             self._compiled = self.compile(flex_attention, dynamic=False)
-            return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+            with self._limits():
+                return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
     def block_mask(self, mask_mod, batch: int, q_len: int, kv_len: int, device, compiled: bool):
         from torch.nn.attention.flex_attention import create_block_mask
 
-        return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device, _compile=compiled)
+        if not compiled:
+            return create_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
+        if self._compiled_block_mask is None:
+            self._compiled_block_mask = self.compile(create_block_mask)
+        with self._limits():
+            return self._compiled_block_mask(mask_mod, batch, None, q_len, kv_len, device=device)
 
     @staticmethod
     def recompiles() -> int:
@@ -330,6 +361,13 @@ def key_valid_mod(valid: Tensor) -> MaskMod:
         return valid[b, kv_idx]
 
     return mod
+
+
+def device_scalar(value: int, device) -> Tensor:
+    """``value`` as a 0-d long tensor on ``device`` by a fill kernel: ``torch.tensor(value,
+    device="cuda")`` is a blocking host-to-device copy. A tensor, not a Python int, so that a
+    compiled score/mask mod is not specialised (recompiled) on every decoding step's value."""
+    return torch.full((), value, dtype=torch.long, device=device)
 
 
 def causal_mod(query_start: Tensor) -> MaskMod:

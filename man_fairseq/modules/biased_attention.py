@@ -121,6 +121,12 @@ class BiasedMultiheadAttention(MultiheadAttention):
         # auto|sdpa|flex|explicit; the model sets it from --attention-backend on every attention
         self.attention_backend = "auto"
         self.last_kernel: Optional[backends.KernelChoice] = None  # the choice of the last call
+        # Decoder self-attention (set by the decoder layers): an ``attn_mask`` it receives is
+        # fairseq's future mask, which flex applies as a causal block mask. Other attentions
+        # apply their ``attn_mask`` as an additive table. Checked once per shape outside
+        # torch.compile (:meth:`_check_future_mask`), never per call.
+        self.causal_attn_mask = False
+        self._future_masks_checked = set()
 
     # Subclasses that read the probabilities in attend_values (relative value embeddings) set
     # this: it forces the explicit path instead of the fused kernel.
@@ -199,9 +205,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
         if key_padding_mask is not None:
             if key_padding_mask.dim() == 0 or key_padding_mask.size(-1) != src_len:
                 raise ValueError("key_padding_mask does not match the number of keys")
+            # kept even when it masks nothing: testing that (``.any()``) would be a device-to-host
+            # sync per layer and a graph break under torch.compile
             key_padding_mask = key_padding_mask.to(torch.bool)
-            if not key_padding_mask.any():
-                key_padding_mask = None
 
         ctx = AttentionContext(
             query=query,
@@ -300,8 +306,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
         if self.bias_module is not None:
             mods.extend(self.bias_module.flex_mods(ctx, q_len, kv_len))
         if attn_mask is not None:
-            if self.self_attention and backends.is_future_mask(attn_mask, ctx.query_start):
-                mods.mask_mods.append(backends.causal_mod(torch.tensor(ctx.query_start, device=q.device)))
+            if self.self_attention and self.causal_attn_mask:
+                self._check_future_mask(attn_mask, ctx.query_start)
+                mods.mask_mods.append(backends.causal_mod(backends.device_scalar(ctx.query_start, q.device)))
             else:
                 if attn_mask.dtype == torch.bool:
                     attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
@@ -315,3 +322,17 @@ class BiasedMultiheadAttention(MultiheadAttention):
                 valid = torch.ones(bsz, s, dtype=torch.bool, device=q.device)
             mods.mask_mods.append(backends.key_valid_mod(backends.pad_dim(valid, 1, kv_len, False)))
         return backends.flex_attention_call(q, k, v, mods, self.scaling, compiled, q_len, kv_len)
+
+    def _check_future_mask(self, attn_mask: Tensor, query_start: int) -> None:
+        """A mask given to a causal self-attention must be the future mask the causal block mask
+        replaces: verified once per (shape, query start, device) in eager mode (a host sync),
+        skipped while torch.compile traces."""
+        if torch.compiler.is_compiling():
+            return
+        key = (tuple(attn_mask.shape), query_start, attn_mask.device, attn_mask.dtype)
+        if key in self._future_masks_checked:
+            return
+        if not backends.is_future_mask(attn_mask, query_start):
+            raise ValueError("causal self-attention (causal_attn_mask=True) was given an attn_mask that is not "
+                             "the causal future mask; set causal_attn_mask=False to apply it as an additive mask")
+        self._future_masks_checked.add(key)

@@ -96,7 +96,13 @@ def soft_window_mask(
     aligned to the first non-pad key given ``key_padding_mask`` (B, S), True at pads.
     ``bounds``: precomputed :func:`segment_bounds` (decoding reuses them for static keys).
     ``union``: count ``l`` and ``r`` in the same token/segment once (mask <= 1; not the paper).
+    Half-precision pointers are summed in float32; the mask is returned in their dtype.
     """
+    out_dtype = phi_left.dtype
+    if out_dtype in (torch.float16, torch.bfloat16):
+        # P(pointer >= j) = total - P(<= j) + phi cancels towards the far end of a sharp pointer:
+        # in half a true 1e-5 comes out at the rounding error of the total (~4e-3 in bf16)
+        phi_left, phi_right = phi_left.float(), phi_right.float()
     # P(pointer <= j) and P(pointer >= j); the total (1 up to rounding) keeps them consistent
     left_le = phi_left.cumsum(-1)
     right_le = phi_right.cumsum(-1)
@@ -118,7 +124,7 @@ def soft_window_mask(
         left_in = left_le + left_ge - left_total
         right_in = right_le + right_ge - right_total
         mask = mask - left_in * right_in
-    return mask
+    return mask.to(out_dtype)
 
 
 @with_incremental_state

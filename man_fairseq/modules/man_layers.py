@@ -103,6 +103,7 @@ class MANLayer(nn.Module):
                     self_attention=True, bias_module=self.build_mask(name, cfg, side.attention_heads),
                     head_activation=cfg.attention_head_activation, q_noise=q_noise, qn_block_size=qn_block,
                 )
+                block.causal_attn_mask = decoder  # the decoder passes fairseq's future mask only
             self.blocks.append(block)
             self.sublayer_norms.append(LayerNorm(self.embed_dim, export=cfg.export))
         self.need_attn = True

@@ -54,7 +54,7 @@ class DynamicMaskBias(nn.Module):
         hw = backends.pad_dim(hw[..., 0].t().to(dtype), 1, q_len)  # (B, q_len)
         distance_bias, head_bias = self.distance_bias.to(dtype), self.head_bias.to(dtype)
         k = self.max_relative_distance
-        query_start = torch.tensor(ctx.query_start, device=ctx.q.device)
+        query_start = backends.device_scalar(ctx.query_start, ctx.q.device)
 
         def dman(score, b, h, q_idx, kv_idx):
             rel = (q_idx + query_start - kv_idx).clamp(-k, k) + k
@@ -116,7 +116,7 @@ class StaticWindowBias(nn.Module):
     def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
         """The window as a flex mask mod (a block mask: whole blocks outside it are skipped)."""
         device = ctx.q.device
-        query_start = torch.tensor(ctx.query_start, device=device)
+        query_start = backends.device_scalar(ctx.query_start, device)
         if self.window != "sqrt_half_length":
             b = self.window
 
