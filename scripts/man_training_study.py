@@ -104,7 +104,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default=str(REPO / "runs" / "man-training-study"))
     p.add_argument("--records", default=str(REPO / "results" / "man-training-study"))
-    p.add_argument("--order", default="", help="comma-separated run names, in table order")
+    p.add_argument("--order", default="", help="comma-separated run names for the table and figure, in order "
+                   "(default: every record)")
     p.add_argument("--notes", default="", help="JSON {run: what differs}")
     p.add_argument("--png", default=str(REPO / "docs" / "man-training-study.png"))
     args = p.parse_args(argv)
@@ -114,7 +115,8 @@ def main(argv=None):
         if (run / "train.log").is_file() and (run / "command.txt").is_file():
             (records_dir / f"{run.name}.json").write_text(json.dumps(collect(run), indent=0) + "\n")
     records = {r.stem: json.loads(r.read_text()) for r in records_dir.glob("*.json")}
-    order = [n for n in args.order.split(",") if n in records] + sorted(set(records) - set(args.order.split(",")))
+    # --order picks the runs of the table and figure (every record stays on disk); default: all
+    order = [n for n in args.order.split(",") if n in records] if args.order else sorted(records)
     records = [records[n] for n in order]
     md = table(records, json.loads(args.notes) if args.notes else {})
     (records_dir.parent / "man-training-study.md").write_text(
