@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import build_fairseq_model  # noqa: E402
+from model_families import tokens  # noqa: E402  (the same random sentences as the CPU tests)
 
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention  # noqa: E402
 from man_fairseq.recipes import fairseq_log  # noqa: E402
@@ -42,19 +43,6 @@ FAMILIES = {
 # source lengths hit % 128 == 64 (64, 192) next to others; left-padded source, right-padded target
 SRC_LENGTHS = [192, 130, 64, 100]
 TGT_LENGTHS = [64, 192, 150, 77]
-
-
-def tokens(dictionary, lengths, left, seed):
-    g = torch.Generator().manual_seed(seed)
-    t = max(lengths)
-    out = torch.full((len(lengths), t), dictionary.pad(), dtype=torch.long)
-    for i, n in enumerate(lengths):
-        seq = torch.randint(dictionary.nspecial, len(dictionary), (n - 1,), generator=g).tolist() + [dictionary.eos()]
-        if left:
-            out[i, t - n :] = torch.tensor(seq)
-        else:
-            out[i, :n] = torch.tensor(seq)
-    return out
 
 
 def build(family, backend, device="cuda", seed=0, model_args=GPU_MODEL):
