@@ -68,7 +68,7 @@ def test_cpu_preset_has_every_family_at_one_width_and_budget():
     for cfg in cfgs.values():
         m, t = cfg["model"], cfg["train"]
         assert (m["encoder-embed-dim"], m["encoder-layers"], m["decoder-layers"], m["encoder-attention-heads"]) == (256, 3, 3, 4)
-        assert (t["max-epoch"], t["lr"], t["warmup-updates"], t["max-tokens"]) == (10, 0.002, 300, 4096)
+        assert (t["max-epoch"], t["lr"], t["warmup-updates"], t["max-tokens"]) == (10, 0.003, 300, 4096)
         assert m["encoder-normalize-before"] is True and m["decoder-normalize-before"] is True
         assert cfg["paper"] == "none" and cfg["notes"]
     assert len({json.dumps(c["train"], sort_keys=True) for c in cfgs.values() if c is not cfgs["calibration"]}) == 1
