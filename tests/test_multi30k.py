@@ -6,6 +6,7 @@ the release's layout (always; the real ../shared/data/multi30k head is in test_m
 a tiny model for a few updates.
 """
 
+import fcntl
 import gzip
 import json
 import os
@@ -264,6 +265,13 @@ def test_pipeline_on_synthetic_release_layout(tmp_path):
     assert "force: removing" in forced and "+ fairseq-train" in forced and "loaded checkpoint" not in forced
     assert json.loads(man_record.read_text())["fingerprint"] == record["fingerprint"]
     check_results(tmp_path, ["test_2016_flickr", "test_2017_flickr"])
+    # a run another reproduce holds is left to it, even with --force: nothing trained, nothing removed
+    with open(tmp_path / "runs" / ".man-seed1.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        busy = run(reproduce_cmd(data, tmp_path, "--force")).stdout
+    assert "skip  man-seed1: another scripts/reproduce.sh is running it now" in busy
+    assert "+ fairseq-train" not in busy and "force: removing" not in busy
+    assert (tmp_path / "runs" / "man-seed1" / ".train.done").is_file()
 
 
 def test_timing_never_removes_a_folder_it_did_not_make(tmp_path):

@@ -20,7 +20,9 @@ config's width and batch and extrapolates one epoch (``RESULTS/<experiment>-timi
 """
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import platform
@@ -160,6 +162,20 @@ def prepare_run_dir(run, fingerprint, force):
     run.mkdir(parents=True, exist_ok=True)
     stamp.write_text(fingerprint + "\n")
     return False
+
+
+@contextlib.contextmanager
+def run_lock(runs_dir, name):
+    """Whether this process owns the (family, seed) run: two scripts/reproduce.sh at once (say one per
+    family, as on a 2-core machine) must not train the same run folder; the baseline is in both."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    with open(runs_dir / f".{name}.lock", "a") as f:  # beside the folder: --force removes the folder
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # the lock goes with the file's close, also when the process dies
 
 
 def train_run(cfg, run, seed, args, fingerprint, force=False):
@@ -414,13 +430,19 @@ def main(argv=None):
                 for fam in families:
                     fp = config_fingerprint(cfgs[fam], args.fairseq_args, seed, args.data)
                     force = args.force and fam in named
-                    if not force and matching_record(records_dir, fam, seed, fp):
-                        log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
-                        continue
-                    run = args.runs_dir / f"{fam}-seed{seed}"
-                    train_run(cfgs[fam], run, seed, args, fp, force)
-                    record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest["test_sets"], args, fp)
-                    log(f"wrote record {write_record(records_dir, record, hyps)}")
+                    with run_lock(args.runs_dir, f"{fam}-seed{seed}") as ours:
+                        if not ours:
+                            log(f"skip  {fam}-seed{seed}: another scripts/reproduce.sh is running it now "
+                                f"(lock {args.runs_dir / f'.{fam}-seed{seed}.lock'}); its record joins the table "
+                                "when it finishes (--table-only)")
+                            continue
+                        if not force and matching_record(records_dir, fam, seed, fp):
+                            log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
+                            continue
+                        run = args.runs_dir / f"{fam}-seed{seed}"
+                        train_run(cfgs[fam], run, seed, args, fp, force)
+                        record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest["test_sets"], args, fp)
+                        log(f"wrote record {write_record(records_dir, record, hyps)}")
         all_cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
