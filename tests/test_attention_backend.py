@@ -466,9 +466,11 @@ def test_flex_incremental_decoding_matches_the_explicit_full_pass(family):
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-9, atol=1e-9)
 
 
-def test_unknown_backend_fails_at_parse():
-    with pytest.raises(SystemExit):
+def test_unknown_backend_fails_at_parse(capsys):
+    with pytest.raises(SystemExit) as exit_info:
         build_fairseq_model("transformer_man_base", TINY_MODEL + ["--attention-backend", "fast"], dict_size=40)
+    assert exit_info.value.code == 2
+    assert "argument --attention-backend: invalid choice: 'fast'" in capsys.readouterr().err
 
 
 def test_cli_backend_reaches_train_and_generate(toy_data_bin, tmp_path):

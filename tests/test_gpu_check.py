@@ -100,5 +100,7 @@ def test_cpu_dry_run_writes_one_report(tmp_path, capsys):
     assert "Multi30k" not in report  # --skip training
     assert (out / "pytest-gpu.log").exists()
     # nothing is overwritten
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         gpu_check.main(["--cpu-dry-run", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert f"--out {out} exists; give a new folder (nothing is overwritten)" in capsys.readouterr().err
