@@ -28,6 +28,7 @@ USER_DIR = str(REPO / "man_fairseq")
 BIN = Path(sys.executable).parent
 
 sys.path.insert(0, str(REPO))
+from man_fairseq.cli.plotting import quiet_logging  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 
 # Same width, heads and depth; MAN halves the FFN to keep the parameter count (SPEC §1).
@@ -105,6 +106,7 @@ def check_user_data(data: Path, src: str, tgt: str):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="folder with your own train/valid/test.{SRC,TGT} text")
     p.add_argument("--src", default="src")

@@ -101,6 +101,9 @@ def figure(records, png):
 
 
 def main(argv=None):
+    from man_fairseq.cli.plotting import quiet_logging
+
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default=str(REPO / "runs" / "man-training-study"))
     p.add_argument("--records", default=str(REPO / "results" / "man-training-study"))

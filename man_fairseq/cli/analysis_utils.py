@@ -27,6 +27,21 @@ def load_checkpoint(path: str, data: str, source_lang: Optional[str] = None, tar
     return models[0].eval(), cfg, task
 
 
+def parse_model_overrides(text: str) -> dict:
+    """``--model-overrides`` as a dict, read as a Python *literal* (never evaluated as code):
+    ``"{'attention_backend': 'flex'}"``. Anything else is refused with a clear error."""
+    import ast
+
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise SystemExit(f"--model-overrides must be a literal dict of option names to values, "
+                         f"e.g. \"{{'attention_backend': 'flex'}}\"; got {text!r}")
+    return value
+
+
 def arch_name(cfg) -> str:
     return getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "model")
 

@@ -14,6 +14,8 @@ man_fairseq.cli.analyze`` works without the installed script.
 import sys
 from typing import List, Optional
 
+from man_fairseq.cli.plotting import quiet_logging
+
 SUBCOMMANDS = {
     "locality": ("man_fairseq.cli.attention_locality", "attention share within |t-s| <= w (MAN Table 5)"),
     "localness": ("man_fairseq.cli.localness_windows", "localness centres / windows (localness Fig. 2-3)"),
@@ -29,6 +31,7 @@ def usage() -> str:
 
 
 def cli_main(argv: Optional[List[str]] = None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     import importlib
 
     argv = sys.argv[1:] if argv is None else list(argv)

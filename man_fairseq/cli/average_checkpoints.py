@@ -15,6 +15,7 @@ import sys
 from typing import List
 
 import torch
+from man_fairseq.cli.plotting import quiet_logging
 
 
 class AverageError(Exception):
@@ -157,6 +158,7 @@ def average_checkpoints(inputs: List[str]):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", required=True, nargs="+",
                    help="checkpoint files, or one directory with --num-*-checkpoints")

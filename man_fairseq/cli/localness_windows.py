@@ -236,8 +236,9 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
 def main(args):
     from fairseq import checkpoint_utils, tasks, utils
 
-    from man_fairseq.cli.analysis_utils import checkpoint_folder, model_labels
+    from man_fairseq.cli.analysis_utils import checkpoint_folder, model_labels, parse_model_overrides
 
+    overrides = parse_model_overrides(args.model_overrides)  # before any work: bad input fails fast
     utils.import_user_module(args)
     use_cuda = torch.cuda.is_available() and not args.cpu
     task = tasks.setup_task(args)
@@ -249,7 +250,7 @@ def main(args):
         out_dir = args.windows_output_dir if len(paths) == 1 else os.path.join(
             args.windows_output_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model")
         models, _ = checkpoint_utils.load_model_ensemble(
-            utils.split_paths(path), arg_overrides=eval(args.model_overrides), task=task
+            utils.split_paths(path), arg_overrides=overrides, task=task
         )
         model = models[0].eval()
         if use_cuda:

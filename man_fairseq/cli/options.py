@@ -22,6 +22,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
 from man_fairseq.plugin_options import option_flag, own_fields, rule_of
+from man_fairseq.cli.plotting import quiet_logging
 
 
 class Option(NamedTuple):
@@ -174,6 +175,7 @@ def markdown() -> str:
 
 
 def cli_main(argv: Optional[List[str]] = None) -> int:
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     parser = argparse.ArgumentParser(
         prog="man-options", description="List the plugin options of an arch or criterion.")
     parser.add_argument("name", nargs="?", help="an --arch of the plugin, or its criterion")

@@ -1,12 +1,15 @@
-"""Shared plotting setup of the analysis commands: a headless matplotlib without log noise.
+"""The one logging setup of every command: no library debug noise, a headless matplotlib.
 
-matplotlib's font manager, Pillow's PNG plugin and fontTools log at DEBUG/INFO level; when a
-command (or fairseq) configures the root logger at a low level, one figure prints about 150 such
-lines. Every command imports pyplot through :func:`pyplot` and sets up logging through
-:func:`setup_logging`, so no command prints them.
+Importing fairseq sets the root logger to DEBUG (``fairseq/models/wav2vec/wav2vec2_classification.py``
+calls ``logging.basicConfig(level=logging.DEBUG)``). matplotlib's font manager, Pillow's PNG plugin
+and fontTools then print about 150 DEBUG lines per figure (2,000 for a loss plot). Every command
+calls :func:`quiet_logging` (recipes, scripts) or :func:`setup_logging` (the analysis commands,
+which log through fairseq's format) first thing in its entry point, and imports pyplot through
+:func:`pyplot`; ``tests/test_quiet.py`` checks every command.
 """
 
 import logging
+import os
 import sys
 
 # loggers of the plotting stack that are noisy below WARNING
@@ -18,12 +21,27 @@ def silence_plotting_loggers():
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def setup_logging(level=logging.INFO):
-    """fairseq's log format on stdout, with the plotting libraries held at WARNING."""
+def _requested_level():
+    """fairseq's own knob: ``LOGLEVEL`` (default INFO)."""
+    return logging.getLevelName(os.environ.get("LOGLEVEL", "INFO").upper())
+
+
+def quiet_logging():
+    """Undo fairseq's import-time DEBUG root level (back to ``LOGLEVEL``, default INFO) and hold
+    the plotting libraries at WARNING. Handlers are left as they are."""
+    level = _requested_level()
+    root = logging.getLogger()
+    if isinstance(level, int) and root.level < level:
+        root.setLevel(level)
+    silence_plotting_loggers()
+
+
+def setup_logging(level=None):
+    """fairseq's log format on stdout at ``LOGLEVEL`` (INFO), plotting libraries held at WARNING."""
     logging.basicConfig(
-        level=level, stream=sys.stdout,
+        level=_requested_level() if level is None else level, stream=sys.stdout,
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
-        force=True,  # fairseq may have configured the root logger at import (at DEBUG level)
+        force=True,  # fairseq configured the root logger at import (at DEBUG level)
     )
     silence_plotting_loggers()
 

@@ -21,6 +21,7 @@ import yaml
 from .config import REPO, validate
 from .launch import USER_DIR, precision_args, visible_gpus
 from . import scoring
+from ..cli.plotting import quiet_logging
 
 
 def read_generate_output(text):
@@ -176,6 +177,7 @@ def to_markdown(result):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(prog="scripts/evaluate.sh",
                                 description="Average the last N checkpoints of RUN, decode, score.")
     p.add_argument("run", help="run directory written by scripts/train.sh (holds config.yaml)")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ..cli.plotting import quiet_logging
 from . import fairseq_log
 from .config import CONFIG_DIR, REPO, load_config
 from .launch import train_args
@@ -244,6 +245,7 @@ def render(env: Dict[str, str], checks: List[Check], note: str = "") -> str:
 
 
 def main(argv=None) -> int:
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="output folder (default gpu-check-<UTC date-time>; must not exist)")

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from .config import REPO, load_config, option_args
+from ..cli.plotting import quiet_logging
 
 USER_DIR = str(REPO / "man_fairseq")
 
@@ -143,6 +144,7 @@ def visible_gpus():
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(
         prog="scripts/train.sh",
         description="Train one recipe config (one paper table row) with fairseq-train.",

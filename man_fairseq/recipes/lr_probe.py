@@ -22,7 +22,9 @@ What differs from the config (and why):
 The verdict: *trains* when the run finishes, every logged gnorm and loss is finite, the mean loss
 of the last logged window is at least ``--min-drop`` below the first window's, and it has not
 climbed back more than 1 above the lowest window (a late blow-up). Otherwise *diverges* (non-finite
-values, a crash with NaN/Inf, or the loss rising) or *stalls* (finite, but not falling).
+values, fairseq stopping on NaN/Inf gradients, or the loss rising) or *stalls* (finite, but not
+falling). Any other failure of fairseq-train (a missing ``--data`` folder, a bad option, a crash) is
+no verdict: it is reported as an error with the end of fairseq's log, exit code 2.
 """
 
 import argparse
@@ -37,9 +39,11 @@ from pathlib import Path
 
 from .config import REPO, load_config
 from .launch import split_fairseq_args, train_args
+from ..cli.plotting import quiet_logging
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
+TAIL_LINES = 15  # lines of fairseq's log shown with an error
 
 
 def binarize(text_prefix, src, tgt, dest):
@@ -106,7 +110,7 @@ def verdict(records, completed, min_drop):
     if nonfinite:
         return "diverges", f"non-finite loss/gnorm at update {int(nonfinite[0]['num_updates'])}"
     if not completed:
-        return "diverges", "training stopped early (see the log: NaN/Inf gradients or a crash)"
+        return "diverges", "fairseq-train stopped on non-finite gradients (FloatingPointError in the log)"
     losses = [r["loss"] for r in records]
     w = min(WINDOW, max(1, len(losses) // 3))
     first = sum(losses[:w]) / w
@@ -121,11 +125,9 @@ def verdict(records, completed, min_drop):
 
 def plot(runs, png, title):
     """One loss curve (and gnorm) per probe run in ``runs`` = [(label, records)]."""
-    import matplotlib
+    from man_fairseq.cli.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax_loss, ax_gnorm) = plt.subplots(1, 2, figsize=(10, 3.6))
     for label, records in runs:
         steps = [r["num_updates"] for r in records]
@@ -145,21 +147,46 @@ def plot(runs, png, title):
     plt.close(fig)
 
 
-def _crashed(lines):
-    """fairseq's own report of non-finite gradients or a traceback in the log."""
-    text = "".join(lines)
-    return "FloatingPointError" in text or "Traceback (most recent call last)" in text
+def _stopped_on_nonfinite(lines):
+    """fairseq's own report of NaN/Inf gradients (or fp16 loss scale underflow): a divergence."""
+    return any("FloatingPointError" in line for line in lines)
+
+
+def training_error(lines, records, rc, time_limited, updates):
+    """Why this fairseq-train run cannot be judged (a failure that is not divergence), or None."""
+    if _stopped_on_nonfinite(lines) or any(not (math.isfinite(r["loss"]) and math.isfinite(r["gnorm"]))
+                                           for r in records):
+        return None  # divergence: the verdict says so
+    crashed = any("Traceback (most recent call last)" in line for line in lines)
+    if time_limited:
+        # stopped by --time-limit (rc is the kill signal's): judge what it logged unless it crashed
+        if crashed:
+            return "fairseq-train crashed"
+    elif rc not in (0, None):
+        return f"fairseq-train failed with exit code {rc}"
+    elif records and records[-1]["num_updates"] < updates:
+        return f"fairseq-train stopped at update {int(records[-1]['num_updates'])} of {updates} without an error"
+    if not records:
+        return "no training record was logged (is --log-interval larger than --updates?)"
+    return None
+
+
+def log_tail(lines, n=TAIL_LINES):
+    """The last ``n`` non-blank lines of a log (where fairseq's error is)."""
+    return "".join([line if line.endswith("\n") else line + "\n" for line in lines if line.strip()][-n:])
 
 
 def finish(args, cfg, out, lines, rc, wall, time_limited, cmd):
-    """Verdict, probe.json and loss.png from the fairseq-train log lines of one probe."""
+    """Verdict, probe.json and loss.png from the fairseq-train log lines of one probe.
+
+    Returns 0 (trains), 1 (diverges or stalls) or 2 (an error: no verdict, nothing plotted).
+    """
     records = parse_log(lines)
-    if time_limited:
-        # stopped by --time-limit: judge the updates it logged, unless fairseq reported a failure
-        completed = bool(records) and not _crashed(lines)
+    error = training_error(lines, records, rc, time_limited, args.updates)
+    if error:
+        label, reason = "error", error
     else:
-        completed = rc == 0 and bool(records) and records[-1]["num_updates"] >= args.updates
-    label, reason = verdict(records, completed, args.min_drop)
+        label, reason = verdict(records, not _stopped_on_nonfinite(lines), args.min_drop)
     peak = float(cfg["train"]["lr"] if args.lr is None else args.lr)
     max_tokens = None if args.paper_batch else args.max_tokens
     result = {
@@ -171,6 +198,10 @@ def finish(args, cfg, out, lines, rc, wall, time_limited, cmd):
         "records": records, "command": cmd,
     }
     (out / "probe.json").write_text(json.dumps(result, indent=2) + "\n")
+    if error:
+        print(f"lr_probe: ERROR - {error}; this is not a verdict on {cfg['name']}. "
+              f"The end of fairseq's log ({out / 'train.log'}):\n{log_tail(lines)}", file=sys.stderr, flush=True)
+        return 2
     try:
         plot([(f"{cfg['name']} {args.norm}-norm: {label}", records)], out / "loss.png",
              f"lr probe: {cfg['arch']}, peak lr {peak:g} after {args.warmup} warm-up updates, "
@@ -248,6 +279,7 @@ def plot_only(args):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(prog="scripts/lr_probe.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", help="configs/<row>.yaml (or a row name)")
     p.add_argument("--norm", choices=["pre", "post", "config"], default="config",

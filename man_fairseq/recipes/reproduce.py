@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..cli.plotting import quiet_logging
 from .config import CONFIG_DIR, REPO, load_config
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
@@ -356,6 +357,7 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(
         prog="scripts/reproduce.sh",
         description="Train every family and the Transformer on Multi30k for several seeds, average, decode, "

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .config import CONFIG_DIR, REPO, all_configs
+from ..cli.plotting import quiet_logging
 
 PAPER_TITLES = {
     "man": "Mask Attention Networks",
@@ -158,6 +159,7 @@ def build_tables(configs, runs, all_configs=None):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     import argparse
 
     p = argparse.ArgumentParser(description="Gather finished runs into Markdown tables like the papers'.")

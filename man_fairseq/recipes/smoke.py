@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .config import REPO, load_config
 from .workdir import created, prepare_out_dir
+from ..cli.plotting import quiet_logging
 
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 DEFAULT_CONFIG = "configs/man/t1-iwslt14-man-small.yaml"
@@ -66,6 +67,7 @@ def step(title, cmd, env):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "runs" / "smoke")
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"recipe config (default {DEFAULT_CONFIG})")

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .launch import split_fairseq_args
+from ..cli.plotting import quiet_logging
 
 # fairseq's own layers: parameter prefix inside a layer -> sublayer name
 FAIRSEQ_SUBLAYERS = {
@@ -136,6 +137,7 @@ def plot(rows, png, title=""):
 
 
 def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     ours, train_argv = split_fairseq_args(argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 usage="%(prog)s --out DIR [--title T] -- FAIRSEQ_TRAIN_ARGS")

@@ -1,0 +1,106 @@
+"""No command prints library debug noise: each one runs the shared quiet setup
+(``man_fairseq/cli/plotting.py``) first thing, and a real plot prints no DEBUG line."""
+
+import importlib
+import importlib.util
+import json
+import logging
+import re
+import sys
+
+import pytest
+
+from conftest import REPO, run_cli
+from man_fairseq.cli.plotting import NOISY_LOGGERS, pyplot, quiet_logging
+
+# every user-facing command: the console scripts of setup.py, the recipes behind scripts/*.sh and
+# data-prep/*.sh, and the Python scripts
+RECIPES = ["evaluate", "gpu_check", "launch", "lr_probe", "reproduce", "results_table", "smoke", "sublayer_grads"]
+# data-prep/_prepare.py runs these without the plugin package: fairseq is never imported, so the root
+# logger keeps Python's default (WARNING), and they draw nothing
+DATA_PREP = ["prepare", "multi30k"]
+COMMANDS = (
+    [f"man_fairseq.cli.{m}:{f}" for m, f in [
+        ("analyze", "cli_main"), ("average_checkpoints", "main"), ("options", "cli_main"),
+        ("localness_windows", "cli_main"), ("diffwin_windows", "cli_main"),
+        ("export_calibration", "cli_main"), ("attention_locality", "cli_main")]]
+    + [f"man_fairseq.recipes.{m}:main" for m in RECIPES]
+    + ["scripts/demo.py:main", "scripts/benchmark.py:main", "scripts/man_training_study.py:main"]
+)
+
+
+def test_the_list_covers_every_command():
+    setup = (REPO / "setup.py").read_text()
+    scripts = {m.group(1).replace(":cli_main", "") for m in re.finditer(r"=(man_fairseq\.cli\.\w+:\w+)", setup)}
+    listed = {c.rsplit(":", 1)[0] for c in COMMANDS} | {f"man_fairseq.recipes.{m}" for m in DATA_PREP}
+    assert {s.split(":")[0] for s in scripts} <= listed
+    wrapped = set()
+    for sh in list((REPO / "scripts").glob("*.sh")) + list((REPO / "data-prep").glob("*.sh")):
+        wrapped |= set(re.findall(r"-m (man_fairseq\.recipes\.\w+)", sh.read_text()))
+    wrapped |= {f"man_fairseq.recipes.{m}" for m in re.findall(r"recipes\.(\w+)", (REPO / "data-prep" / "_prepare.py").read_text())}
+    assert wrapped and wrapped <= listed
+    assert {f"scripts/{p.name}" for p in (REPO / "scripts").glob("*.py") if "def main(" in p.read_text()} <= listed
+
+
+def _entry(command):
+    where, func = command.rsplit(":", 1)
+    if where.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(f"_cmd_{where.replace('/', '_')[:-3]}", REPO / where)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    return getattr(module, func)
+
+
+@pytest.fixture
+def fairseq_logging_state():
+    """The logging state importing fairseq leaves (root at DEBUG), restored afterwards."""
+    root = logging.getLogger()
+    saved = root.level, list(root.handlers), {n: logging.getLogger(n).level for n in NOISY_LOGGERS}
+    root.setLevel(logging.DEBUG)
+    for name in NOISY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET)
+    yield
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    for name, level in saved[2].items():
+        logging.getLogger(name).setLevel(level)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_sets_up_quiet_logging_first(command, fairseq_logging_state, capsys, monkeypatch):
+    monkeypatch.delenv("LOGLEVEL", raising=False)
+    monkeypatch.setattr(sys, "argv", ["cmd", "--help"])
+    main = _entry(command)
+    try:
+        main(["--help"])
+    except SystemExit as e:
+        assert e.code in (0, None), capsys.readouterr()
+    assert logging.getLogger().level == logging.INFO
+    assert all(logging.getLogger(n).level == logging.WARNING for n in NOISY_LOGGERS)
+
+
+def test_a_figure_after_the_quiet_setup_logs_no_debug(fairseq_logging_state, caplog, tmp_path):
+    quiet_logging()
+    with caplog.at_level(logging.DEBUG):
+        plt = pyplot()
+        fig = plt.figure()
+        plt.plot([1, 2, 3], label="x")
+        plt.legend()
+        plt.title("t")
+        fig.savefig(tmp_path / "f.png")
+        plt.close(fig)
+    assert not [r for r in caplog.records if r.levelno < logging.INFO], caplog.text[:2000]
+
+
+def test_lr_probe_plot_prints_no_debug_line(tmp_path):
+    """What a user sees: a fresh process (fairseq imported, root at DEBUG) drawing a probe's curve."""
+    records = [{"num_updates": float(i), "loss": 10.0 - i, "gnorm": 1.0, "lr": 1e-3} for i in range(1, 6)]
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"config": "c", "norm": "pre", "verdict": "trains", "records": records}))
+    png = tmp_path / "curve.png"
+    proc = run_cli([sys.executable, "-m", "man_fairseq.recipes.lr_probe", "--plot", probe, "--png", png],
+                   cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=300)
+    assert png.stat().st_size > 5000
+    assert "DEBUG" not in proc.stdout, proc.stdout[:2000]
