@@ -3,10 +3,13 @@
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+
+from man_fairseq import known_warnings
 
 TRAIN = ["fairseq-train", "--user-dir", USER_DIR, "--arch", "transformer_man_base",
          "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN]
@@ -17,7 +20,8 @@ TRAIN.remove("--no-epoch-checkpoints")  # averaging needs epoch checkpoints
 def trained_run(toy_data_bin, tmp_path_factory):
     """An 'interrupted' run (stopped after 2 epochs) resumed to 4 epochs."""
     save = tmp_path_factory.mktemp("man_run")
-    first = run_cli([*TRAIN, toy_data_bin, "--save-dir", save, "--max-epoch", "2"])
+    first = run_cli([*TRAIN, toy_data_bin, "--save-dir", save, "--max-epoch", "2",
+                     "--tensorboard-logdir", save / "tensorboard"])
     second = run_cli([*TRAIN, toy_data_bin, "--save-dir", save, "--max-epoch", "4"])
     return save, first.stdout, second.stdout
 
@@ -33,6 +37,30 @@ def test_resume_continues_not_restarts(trained_run):
     assert "epoch 001" not in second, "the resumed run started again from epoch 1"
     assert _updates(second)[-1] == 2 * done  # two more epochs of the same size
     assert sorted(p.name for p in save.glob("checkpoint[0-9]*.pt")) == [f"checkpoint{i}.pt" for i in range(1, 5)]
+
+
+def test_tensorboard_logs_and_no_known_noise(trained_run):
+    save, first, second = trained_run
+    for split in ("train", "valid"):
+        events = list((save / "tensorboard" / split).glob("events.out.tfevents.*"))
+        assert events and events[0].stat().st_size > 100, split
+    assert b"loss" in (save / "tensorboard" / "train").glob("events.out.tfevents.*").__next__().read_bytes()
+    for log in (first, second):
+        assert "Please install tensorboardX" not in log
+        for message, _ in known_warnings.KNOWN:  # silenced in the fairseq-train process
+            assert not re.search(message, log), message
+
+
+def test_known_warnings_are_silenced_narrowly():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        known_warnings.silence()
+        warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated. Please use ...", FutureWarning)
+        warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. Use ...", UserWarning)
+        warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated", UserWarning)  # other category
+        warnings.warn("something else is deprecated", FutureWarning)
+    assert [str(w.message) for w in seen] == ["`torch.cuda.amp.autocast(args...)` is deprecated",
+                                              "something else is deprecated"]
 
 
 def test_average_generate_validate_interactive(trained_run, toy_data_bin, toy_raw, tmp_path):

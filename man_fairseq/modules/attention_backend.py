@@ -1,4 +1,4 @@
-"""Which attention kernel the core runs, decided on purpose (issue 13).
+"""Which attention kernel the core runs, decided on purpose.
 
 ``--attention-backend`` takes one of
 

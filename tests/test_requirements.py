@@ -1,0 +1,30 @@
+"""Every package of man-fairseq's own (requirements.txt, after fairseq's runtime list) is used: a
+dependency that nothing imports does not stay."""
+
+import re
+
+from conftest import REPO
+
+# used without an import of ours: what uses it
+NOT_IMPORTED = {"tensorboardX": "fairseq-train --tensorboard-logdir (tests/test_cli_man.py)",
+                "pytest-xdist": "make test (-n)"}
+MODULE = {"subword-nmt": "subword_nmt", "rouge-score": "rouge_score", "pyyaml": "yaml"}
+
+
+def own_requirements():
+    text = (REPO / "requirements.txt").read_text()
+    own = text.split("# man-fairseq's own needs", 1)[1].split("\n", 1)[1]
+    return [re.split(r"[<>=\[ ]", line)[0] for line in own.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_every_own_requirement_is_used():
+    sources = "\n".join(p.read_text() for pattern in ("man_fairseq/**/*.py", "scripts/*.py", "data-prep/*.py",
+                                                      "tests/**/*.py") for p in REPO.glob(pattern)
+                        if p.name != "test_requirements.py")
+    reqs = own_requirements()
+    assert "sacremoses" in reqs and "matplotlib" in reqs  # the section was found
+    for req in reqs:
+        if req in NOT_IMPORTED:
+            continue
+        module = MODULE.get(req, req)
+        assert re.search(rf"^\s*(import|from) {module}\b", sources, flags=re.M), f"{req}: nothing imports {module}"
