@@ -386,6 +386,8 @@ FAMILIES = {
                                                        "--localness-attention-types", "encoder_self,decoder_self"]),
     "diffwin": ("transformer_diffwin_base", []),
     "calibration": ("transformer_calibrated_base", []),
+    "relative_positions": ("transformer_localness_base", ["--relative-positions",
+                                                          "--relative-position-attention-types", "encoder_self"]),
 }
 FLEX_CAPABLE = {"man", "man_static", "localness", "localness_layer"}
 
@@ -421,7 +423,7 @@ def attentions(model):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_backend_option_reaches_every_attention_and_outputs_agree(family):
     lengths = [9, 4, 7]
-    outputs, paths = {}, {}
+    outputs, paths, encoder_paths = {}, {}, {}
     for backend in ("explicit", "sdpa", "flex", "auto"):
         model, task, args = tiny(family, backend)
         assert args.attention_backend == backend
@@ -435,6 +437,7 @@ def test_backend_option_reaches_every_attention_and_outputs_agree(family):
         # fairseq's decoder asks the last layer's cross-attention for its weights (alignment),
         # which only the explicit path returns; every self-attention takes the chosen kernel
         paths[backend] = {m.last_kernel.path for m in mods if m.self_attention}
+        encoder_paths[backend] = {m.last_kernel.path for m in attentions(model.encoder)}
         if backend == "flex" and family in FLEX_CAPABLE:
             assert backends.FLEX_RUNNER.calls > calls
     assert paths["explicit"] == {EXPLICIT}
@@ -442,6 +445,9 @@ def test_backend_option_reaches_every_attention_and_outputs_agree(family):
         assert paths["flex"] == paths["auto"] and SDPA in paths["flex"], paths
     elif family == "calibration":  # plain self-attention (causal + padding) runs in flex
         assert paths["flex"] == {FLEX}, paths
+    elif family == "relative_positions":  # the value embeddings read the probabilities: explicit, whatever
+        assert all(p == {EXPLICIT} for p in encoder_paths.values()), encoder_paths  # the option
+        assert paths["sdpa"] - {EXPLICIT} and paths["flex"] - {EXPLICIT}, paths  # decoder: no relative positions
     else:
         assert EXPLICIT not in paths["sdpa"] | paths["auto"], paths
     if family in FLEX_CAPABLE:

@@ -19,7 +19,7 @@
   of :data:`FLEX_BUCKET` so that variable sentence lengths reuse a few compiled kernels. It is not
   ``auto``'s choice: its GPU speed is not measured yet (docs/benchmarks.md).
   Falls back to ``auto`` (:func:`choose_kernel` says why) where flex cannot run: a bias module
-  without ``flex_mods`` (the differentiable windows' cumulative sums, relative positions), a
+  without ``flex_mods`` (the differentiable windows' cumulative sums), a
   post-softmax transform (calibration, multiplicative windows), returned attention weights,
   attention dropout > 0 (flex has no dropout), and training on CPU (flex has no CPU backward).
 * ``explicit``: ``softmax(q k^T * scale + mask)`` written out, the reference path.
