@@ -54,8 +54,8 @@ class AttentionBackendConfig(FairseqDataclass):
         metadata={"help": "attention kernel: auto (fused SDPA with a fixed kernel policy: memory-efficient "
                   "whenever a mask is present), sdpa (PyTorch's dispatcher, no cuDNN with a float mask), "
                   "flex (FlexAttention for DMAN / localness / static windows / causal / padding; auto for "
-                  "other biases; relative positions, calibration and returned weights always take the "
-                  "explicit path) or explicit (the written-out softmax); see "
+                  "other biases; relative positions, calibrated cross-attention and returned weights always "
+                  "take the explicit path) or explicit (the written-out softmax); see "
                   "man_fairseq/modules/attention_backend.py. At generation: "
                   "--model-overrides \"{'attention_backend': 'flex'}\""},
     )
