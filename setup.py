@@ -19,6 +19,7 @@ setup(
             "man-options=man_fairseq.cli.options:cli_main",
             "man-diffwin-windows=man_fairseq.cli.diffwin_windows:cli_main",
             "man-analyze=man_fairseq.cli.analyze:cli_main",
+            "man-files2rouge=man_fairseq.cli.files2rouge:cli_main",
         ]
     },
 )

@@ -139,6 +139,25 @@ def shared_data():
 
 
 REQUIRE_SHARED_DATA_ENV = "MAN_FAIRSEQ_REQUIRE_SHARED_DATA"
+REQUIRE_ROUGE155_ENV = "MAN_FAIRSEQ_REQUIRE_ROUGE155"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rouge_data_in_tmp(tmp_path_factory):
+    """ROUGE-1.5.5's data folder (built on first use) goes under the session's tmp, not ~/.cache."""
+    os.environ["MAN_FAIRSEQ_ROUGE_DATA"] = str(tmp_path_factory.mktemp("rouge-data"))
+
+
+@pytest.fixture
+def rouge155_perl():
+    """Skips (with what to install) when Perl cannot run ROUGE-1.5.5; with
+    ``MAN_FAIRSEQ_REQUIRE_ROUGE155=1`` (``.ci/run`` sets it and installs Perl's XML::Parser) fails."""
+    from man_fairseq.recipes.rouge155 import Rouge155Unavailable, check_perl
+
+    try:
+        check_perl()
+    except Rouge155Unavailable as e:
+        (pytest.fail if os.environ.get(REQUIRE_ROUGE155_ENV) == "1" else pytest.skip)(str(e))
 _shared_data_skips = []
 
 

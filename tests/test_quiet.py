@@ -23,7 +23,7 @@ COMMANDS = (
     [f"man_fairseq.cli.{m}:{f}" for m, f in [
         ("analyze", "cli_main"), ("average_checkpoints", "main"), ("options", "cli_main"),
         ("localness_windows", "cli_main"), ("diffwin_windows", "cli_main"),
-        ("export_calibration", "cli_main"), ("attention_locality", "cli_main")]]
+        ("export_calibration", "cli_main"), ("attention_locality", "cli_main"), ("files2rouge", "main")]]
     + [f"man_fairseq.recipes.{m}:main" for m in RECIPES]
     + ["scripts/demo.py:main", "scripts/benchmark.py:main", "scripts/man_training_study.py:main"]
 )

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from .scoring import ROUGE_ORDERS
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "configs"
 
@@ -90,6 +92,8 @@ def validate(cfg):
         raise ConfigError(f"{where}: paper must be one of {sorted(PAPERS | {NO_PAPER})}, got {cfg['paper']!r}")
     if cfg["eval"].get("metric") not in METRICS:
         raise ConfigError(f"{where}: eval.metric must be one of {sorted(METRICS)}")
+    if cfg["eval"].get("rouge_order", "hyp-ref") not in ROUGE_ORDERS:
+        raise ConfigError(f"{where}: eval.rouge_order must be one of {sorted(ROUGE_ORDERS)}")
     batch = cfg["batch"]
     for key in ("paper_gpus", "paper_update_freq"):
         if not isinstance(batch.get(key), int) or batch[key] < 1:

@@ -21,6 +21,7 @@ import yaml
 from .config import REPO, validate
 from .launch import USER_DIR, precision_args, visible_gpus
 from . import scoring
+from .rouge155 import Rouge155Unavailable
 from ..cli.plotting import quiet_logging
 
 
@@ -130,7 +131,7 @@ def training_progress(checkpoint):
     return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
 
 
-def score(cfg, hyps, refs, data):
+def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=None):
     metric = cfg["eval"]["metric"]
     tgt = cfg.get("target_lang")
     if metric == "bleu_ci":
@@ -154,7 +155,9 @@ def score(cfg, hyps, refs, data):
         out["sacrebleu_references"] = ref_note
         return out
     if metric == "rouge":
-        return {"metric": metric, "rouge": scoring.rouge(hyps, refs)}
+        order = rouge_order or cfg["eval"].get("rouge_order", "hyp-ref")
+        return {"metric": metric, "rouge_order": order,
+                "rouge": scoring.rouge(hyps, refs, implementation=rouge_implementation, order=order)}
     raise ValueError(metric)
 
 
@@ -187,6 +190,13 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
+                   help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
+                        "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
+                        "documented order); changes ROUGE-L only")
+    p.add_argument("--rouge-implementation", choices=scoring.ROUGE_IMPLEMENTATIONS, default="rouge155",
+                   help="rouge155 (default): ROUGE-1.5.5 as files2rouge runs it, needs Perl's XML::Parser; "
+                        "rouge-score: Google's reimplementation (ROUGE-L as its rougeLsum), not the papers' numbers")
     p.add_argument("--checkpoint", default=None,
                    help="evaluate this checkpoint file instead of averaging (e.g. RUN/checkpoints/checkpoint_last.pt)")
     args = p.parse_args(argv)
@@ -239,7 +249,12 @@ def main(argv=None):
     (eval_dir / f"{subset}.hyp").write_text("\n".join(hyps) + "\n")
     (eval_dir / f"{subset}.ref").write_text("\n".join(refs) + "\n")
 
-    details = score(cfg, hyps, refs, data)
+    try:
+        details = score(cfg, hyps, refs, data, args.rouge_implementation, args.rouge_order)
+    except Rouge155Unavailable as e:
+        sys.exit(f"cannot score ROUGE with ROUGE-1.5.5: {e}\nThe decoded files are in {eval_dir}; after "
+                 "installing, rerun this command (or pass --rouge-implementation rouge-score for "
+                 "numbers that are not ROUGE-1.5.5's).")
     metric = details["metric"]
     if metric == "bleu_wmt":
         detok_hyps, raw_refs = details.pop("_detok_hyps"), details.pop("_raw_refs")

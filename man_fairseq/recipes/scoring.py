@@ -8,17 +8,12 @@ sacreBLEU, and ROUGE-1/2/L F1.
   tensor2tensor's ``get_ende_bleu.sh``): ``s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g`` on hypotheses and
   references, so a hyphenated compound counts as three tokens. Reproduced with the same regex,
   including its non-overlapping behaviour on ``a-b-c`` (Perl and Python agree).
-* ROUGE: ``files2rouge`` (the ROUGE-1.5.5 Perl package the papers used) when it is installed,
-  otherwise Google's ``rouge-score`` reimplementation with Porter stemming. The result records
-  which one produced the numbers: the two differ slightly (ROUGE-1.5.5 drops non-alphanumeric
-  tokens in its own way and reports bootstrap averages).
+* ROUGE: ROUGE-1.5.5 (the Perl package the papers used) exactly as ``files2rouge`` runs it
+  (:mod:`.rouge155`); Google's ``rouge-score`` only when asked for, and the result names which
+  one produced the numbers.
 """
 
 import re
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
@@ -67,49 +62,58 @@ def moses_detokenize(lines, lang):
 
 # --------------------------------------------------------------------------------------- ROUGE
 
-_F2R_LINE = re.compile(r"ROUGE-(1|2|L) Average_F:\s*([0-9.]+)")
+# Which file goes in which of files2rouge's slots (REFERENCE SUMMARY). Summary-level ROUGE-L is
+# not symmetric, so this changes ROUGE-L (ROUGE-N is symmetric); docs/summarization-scoring.md
+# gives the measured difference.
+ROUGE_ORDERS = {
+    # the MAN authors' test scripts and fairseq's BART README: `files2rouge HYPOTHESES REFERENCES`,
+    # so ROUGE's model slot holds the hypotheses; the default, to score as the papers did
+    "hyp-ref": "files2rouge HYPOTHESES REFERENCES (the MAN authors' and BART's call)",
+    # files2rouge's documented order: references as ROUGE's models
+    "ref-hyp": "files2rouge REFERENCES HYPOTHESES (files2rouge's documented order)",
+}
+ROUGE_IMPLEMENTATIONS = ("rouge155", "rouge-score")
 
 
-def parse_files2rouge(output):
-    scores = {}
-    for kind, value in _F2R_LINE.findall(output):
-        scores[f"rouge{kind}"] = round(100 * float(value), 2)
-    if set(scores) != {"rouge1", "rouge2", "rougeL"}:
-        raise RuntimeError(f"could not read ROUGE-1/2/L Average_F from files2rouge output:\n{output[-2000:]}")
-    return scores
+def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos="."):
+    """ROUGE-1/2/L F1 (x100) of one hypothesis against one reference per line.
 
+    ``rouge155``: ROUGE-1.5.5 exactly as files2rouge runs it (:mod:`.rouge155`); raises
+    :class:`~.rouge155.Rouge155Unavailable` naming what to install when Perl cannot run it.
+    ``rouge-score``: Google's reimplementation, only when asked for; its ``rougeL`` is one LCS over
+    the whole line, so the ROUGE-L reported is its ``rougeLsum`` on text split into sentences at
+    ``" " + eos`` (files2rouge's split), the quantity closer to ROUGE-1.5.5's summary-level LCS."""
+    from . import rouge155
 
-def rouge(hyps, refs, prefer_files2rouge=True):
-    """ROUGE-1/2/L F1 (x100) of one hypothesis against one reference per line."""
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
-    exe = shutil.which("files2rouge") if prefer_files2rouge else None
-    if exe:
-        with tempfile.TemporaryDirectory() as tmp:
-            hyp_file, ref_file = Path(tmp) / "hyp.txt", Path(tmp) / "ref.txt"
-            hyp_file.write_text("\n".join(h.strip() for h in hyps) + "\n")
-            ref_file.write_text("\n".join(r.strip() for r in refs) + "\n")
-            proc = subprocess.run([exe, str(ref_file), str(hyp_file)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"files2rouge failed ({proc.returncode}):\n{proc.stdout[-2000:]}")
-            scores = parse_files2rouge(proc.stdout)
-        scores["implementation"] = f"files2rouge ({exe}; ROUGE-1.5.5)"
+    if order not in ROUGE_ORDERS:
+        raise ValueError(f"ROUGE order must be one of {sorted(ROUGE_ORDERS)}, not {order!r}")
+    first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)
+    if implementation == "rouge155":
+        output, ignored = rouge155.run(first, second, eos=eos)
+        scores = rouge155.average_f(output)
+        scores["implementation"] = (f"ROUGE-1.5.5 as files2rouge runs it (-c 95 -r 1000 -n 2 -a -m, "
+                                    f"sentences split at ' {eos}'), {ROUGE_ORDERS[order]}")
         return scores
+    if implementation != "rouge-score":
+        raise ValueError(f"ROUGE implementation must be one of {ROUGE_IMPLEMENTATIONS}, not {implementation!r}")
 
     from importlib.metadata import version as pkg_version
 
     from rouge_score import rouge_scorer
 
-    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
-    for h, r in zip(hyps, refs):
-        s = scorer.score(r.strip(), h.strip())
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeLsum"], use_stemmer=True)
+    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeLsum": 0.0}
+    for model, peer in zip(first, second):  # rouge-score's (target, prediction) = ROUGE's (model, peer)
+        s = scorer.score(rouge155.split_sentences(model.strip(), eos), rouge155.split_sentences(peer.strip(), eos))
         for k in totals:
             totals[k] += s[k].fmeasure
     n = max(1, len(hyps))
     scores = {k: round(100 * v / n, 2) for k, v in totals.items()}
-    version = pkg_version("rouge-score")
-    scores["implementation"] = (f"rouge-score {version} (Python reimplementation, Porter stemmer, "
-                                "mean sentence F1; files2rouge not installed)")
+    scores["rougeL"] = scores.pop("rougeLsum")
+    scores["implementation"] = (
+        f"rouge-score {pkg_version('rouge-score')} (Python reimplementation, Porter stemmer, mean F1; "
+        f"rougeL column = its rougeLsum on sentences split at ' {eos}'), {ROUGE_ORDERS[order]}; "
+        "not ROUGE-1.5.5: not comparable to the papers to the decimal")
     return scores

