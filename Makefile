@@ -20,6 +20,7 @@ $(STAMP): setup.py requirements.txt Makefile
 	$(PY) -c "import fairseq" 2>/dev/null || $(PY) -m pip install --no-deps --no-build-isolation $(FAIRSEQ_PKG)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -c "import torch, fairseq, man_fairseq; print('torch', torch.__version__, 'fairseq', fairseq.__version__)"
+	@perl -MXML::Parser -MDB_File -e 1 2>/dev/null || echo "note: ROUGE-1.5.5 (CNN/DM and Gigaword scores) needs Perl's XML::Parser: apt-get install libxml-parser-perl"
 	touch $(STAMP)
 
 demo: install

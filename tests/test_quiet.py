@@ -25,7 +25,8 @@ COMMANDS = (
         ("localness_windows", "cli_main"), ("diffwin_windows", "cli_main"),
         ("export_calibration", "cli_main"), ("attention_locality", "cli_main"), ("files2rouge", "main")]]
     + [f"man_fairseq.recipes.{m}:main" for m in RECIPES]
-    + ["scripts/demo.py:main", "scripts/benchmark.py:main", "scripts/man_training_study.py:main"]
+    + ["scripts/demo.py:main", "scripts/benchmark.py:main", "scripts/man_training_study.py:main",
+       "scripts/compare_rouge_scorers.py:main"]
 )
 
 

@@ -203,3 +203,21 @@ def test_on_gigaword_one_sentence_both_agree(shared_data):
     fallback = scoring.rouge(hyps, ttl, implementation="rouge-score")
     for key in ("rouge1", "rouge2", "rougeL"):
         assert abs(perl[key] - fallback[key]) < 1, key
+
+
+def test_compare_script_tables_every_scorer(shared_data):
+    """scripts/compare_rouge_scorers.py (docs/summarization-scoring.md's table) on a few documents."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("compare_rouge_scorers", REPO / "scripts/compare_rouge_scorers.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    rows = [line.split(" | ") for line in script.table(shared_data, max_docs=10).splitlines()[2:]]
+    assert len(rows) == 10 and {r[0] for r in rows} == {"| CNN/DM lead-3 (10)", "| Gigaword first 12 words (10)"}
+    for data in range(2):
+        hyp_ref, ref_hyp, empty_db, fallback, whole_line = rows[5 * data:5 * data + 5]
+        assert hyp_ref[2:4] == ref_hyp[2:4]  # ROUGE-N is symmetric
+        assert empty_db[1].endswith("(empty)") and hyp_ref[1].startswith("ROUGE-1.5.5, hyp-ref")
+        assert fallback[2:4] == whole_line[2:4]  # same rouge-score run, only R-L differs

@@ -153,7 +153,7 @@ def build_tables(configs, runs, all_configs=None):
         out.append("")
     out += ["BLEU: IWSLT14 case-insensitive tokenized; WMT14 tokenized with compound splitting "
             "(sacreBLEU column: detokenized, signature in each run's results.json). ROUGE: F1; the "
-            "implementation (files2rouge or rouge-score) is recorded per run. "
+            "implementation (ROUGE-1.5.5 as files2rouge runs it, or rouge-score when asked for) and argument order are recorded per run. "
             "\\* paper number not confirmed against the paper (see the config's notes); – not available."]
     return "\n".join(out) + "\n"
 
