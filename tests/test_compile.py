@@ -135,3 +135,80 @@ def test_decoding_step_compiles_without_graph_break(family_model):
                     assert state[key][name] is None, (backend, key, name)
                 else:
                     torch.testing.assert_close(state[key][name], value, **TOL)
+
+
+# ----------------------------------------------------------------------------------------------
+# flex compilations through a real fairseq-generate
+# ----------------------------------------------------------------------------------------------
+
+def documented_bucket(n):
+    """docs/benchmarks.md: lengths bucketed to 16/32/64, then multiples of 128."""
+    return next((b for b in (16, 32, 64) if n <= b), -(-n // 128) * 128)
+
+
+@pytest.fixture(scope="module")
+def dman_checkpoint(toy_data_bin, tmp_path_factory):
+    from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+
+    save = tmp_path_factory.mktemp("dman_flex")
+    run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_man_base",
+             "--encoder-sublayers", "dman,ffn", "--decoder-sublayers", "dman,cross,ffn", "--share-all-embeddings",
+             *TINY_MODEL, *TINY_TRAIN, "--max-update", "1", "--disable-validation", "--save-dir", save,
+             "--no-save-optimizer-state"])
+    return save / "checkpoint_last.pt"
+
+
+def generate_in_process(data, checkpoint, backend, out_dir):
+    """fairseq-generate's own main in this process (so the forced compilation applies); the
+    hypotheses by sentence id."""
+    from conftest import USER_DIR
+    from fairseq import options
+    from fairseq_cli import generate
+
+    parser = options.get_generation_parser()
+    # batches of 8, 8, 4 sentences of 4..10 tokens, shrinking as sentences finish (greedy search,
+    # at most 20 target tokens): several batch sizes, key lengths 1..21 (buckets 16 and 32)
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--user-dir", USER_DIR, "--path", str(checkpoint), "--gen-subset", "test", "--cpu",
+        "--beam", "1", "--batch-size", "8", "--max-len-a", "0", "--max-len-b", "20",
+        "--results-path", str(out_dir), "--model-overrides", str({"attention_backend": backend})])
+    generate.main(args)
+    lines = (out_dir / "generate-test.txt").read_text().splitlines()
+    return {line.split("\t")[0]: line.split("\t")[2] for line in lines if line.startswith("H-")}
+
+
+def test_flex_compilations_in_fairseq_generate_are_bounded_by_buckets(dman_checkpoint, toy_data_bin, tmp_path,
+                                                                       monkeypatch):
+    """Compiled flex (forced on CPU) in a real generation: graphs grow with the (structure, batch
+    size, length bucket) keys, not with the lengths; the hypotheses are the explicit path's."""
+    from man_fairseq.modules import attention_backend as backends
+
+    runner = backends.FlexRunner()
+    runner.compiling = True  # CPU runs flex eagerly by default; compile it as on CUDA
+    monkeypatch.setattr(backends, "FLEX_RUNNER", runner)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # written under tmp_path only
+    calls = []
+    call = backends.flex_attention_call
+
+    def recording_call(q, k, v, mods, *args):  # the unpadded shapes and the mods' structure
+        structure = tuple(m.__qualname__ for m in mods.score_mods + mods.mask_mods)
+        calls.append((q.size(0), q.size(2), k.size(2), structure))
+        return call(q, k, v, mods, *args)
+
+    monkeypatch.setattr(backends, "flex_attention_call", recording_call)
+    torch._dynamo.reset()
+    before = runner.recompiles()
+    (tmp_path / "flex").mkdir()
+    hyps = generate_in_process(toy_data_bin, dman_checkpoint, "flex", tmp_path / "flex")
+    compiled = runner.recompiles() - before
+    torch._dynamo.reset()
+
+    batch_sizes = {b for b, _, _, _ in calls}
+    lengths = {(t, s) for _, t, s, _ in calls}
+    keys = {(b, documented_bucket(t), documented_bucket(s), structure) for b, t, s, structure in calls}
+    assert len(batch_sizes) >= 2 and len(lengths) >= 20, (batch_sizes, lengths)  # what varies
+    # flex_attention: one static kernel per key (the CPU fallback), plus the first compilation
+    # and the failed dynamic one, which the static compile cannot reuse; create_block_mask: at
+    # most one per key
+    assert 1 <= compiled <= 2 * len(keys) + 2, (compiled, sorted(keys))
+    assert hyps and hyps == generate_in_process(toy_data_bin, dman_checkpoint, "explicit", tmp_path)
