@@ -29,11 +29,13 @@ demo: install
 # -rs prints every skip reason; no bytecode and no .pytest_cache in the tree (tests write only
 # under their tmp_path).
 # One pytest worker per core (pytest-xdist; a test file stays on one worker, so its fixtures are
-# built once), one thread each. TEST_WORKERS=0 runs everything in one process.
+# built once), one thread each. TEST_WORKERS=0 runs everything in one process. Files are handed
+# out in collection order, where conftest.py puts the slowest first (--no-loadscope-reorder: xdist
+# would otherwise order them by number of tests).
 TEST_WORKERS ?= 2
 test: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -p no:cacheprovider \
-		-n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS)
 
 # The recipes end to end on CPU: small de-en data-bin, a few updates of a config, evaluate.sh,
 # results_table.py (man_fairseq/recipes/smoke.py; writes under runs/smoke/).

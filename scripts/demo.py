@@ -87,6 +87,31 @@ def run(cmd, logfile, show=None):
     return "".join(out)
 
 
+def average(argv, logfile):
+    """man-average-checkpoints ARGV in this process, its output in ``logfile`` as ``run`` would
+    keep it: a second interpreter would import torch and fairseq again for a second's work."""
+    import contextlib
+    import traceback
+
+    import man_fairseq  # noqa: F401  (torch and fairseq set up their loggers' streams now, not into the log)
+    from man_fairseq.cli.average_checkpoints import cli_main
+
+    cmd = [str(BIN / "man-average-checkpoints"), *map(str, argv)]
+    with open(logfile, "w") as f:
+        with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            try:
+                cli_main(cmd[1:])
+                code = 0
+            except SystemExit as e:
+                code = e.code
+            except Exception:  # what the command would print before exiting 1
+                traceback.print_exc()
+                code = 1
+    if code:
+        sys.stderr.write("".join(Path(logfile).read_text().splitlines(keepends=True)[-40:]))
+        raise SystemExit(f"demo: command failed (see {logfile}): {' '.join(cmd[:3])} ...")
+
+
 def check_user_data(data: Path, src: str, tgt: str):
     for split in ("train", "valid", "test"):
         paths = [data / f"{split}.{src}", data / f"{split}.{tgt}"]
@@ -181,8 +206,8 @@ def main(argv=None):
             words = words_trained(train_log)
             avg = save / "averaged.pt"
             log(f"{name}: averaging the last {args.average} checkpoints")
-            run([BIN / "man-average-checkpoints", "--inputs", save, "--num-epoch-checkpoints", args.average,
-                 "--output", avg], out / f"average_{run_tag}.log")
+            average(["--inputs", save, "--num-epoch-checkpoints", args.average, "--output", avg],
+                    out / f"average_{run_tag}.log")
             log(f"{name}: fairseq-generate (beam 4) on the test set")
             # max length 1.2 x source + 10 (fairseq's default 200 lets an undertrained model ramble)
             gen = run(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", avg, "--beam", "4",

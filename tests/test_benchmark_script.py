@@ -5,11 +5,15 @@ fairseq's Transformer and transformer_man_base on the same batches, prints the r
 writes it to --output, and skips an unregistered arch with a message instead of failing.
 """
 
+import functools
 import json
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
+
+from conftest import call_entry_point
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "benchmark.py"
@@ -88,10 +92,12 @@ def test_backends_are_groups_with_their_own_baseline(tmp_path):
 
 
 def test_bad_width_and_backend_are_clear_errors():
+    # the script itself, run as __main__ in this process: argument errors need no process of their
+    # own, and each new interpreter would pay the torch/fairseq import
+    script = functools.partial(runpy.run_path, str(SCRIPT), run_name="__main__")
     for args, msg in ((["--width", "huge"], "--width: unknown"), (["--backend", "fast"], "--backend: unknown"),
                       (["--width", "tiny,base"], "run it alone")):
-        proc = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, timeout=120)
+        proc = call_entry_point(script, args, prog=str(SCRIPT))
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
 
 

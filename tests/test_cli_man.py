@@ -1,5 +1,6 @@
 """MAN through the real fairseq CLIs: train, resume, average, generate/validate/interactive."""
 
+import os
 import re
 import subprocess
 import sys
@@ -7,9 +8,10 @@ import warnings
 
 import pytest
 import torch
-from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, run_cli
 
 from man_fairseq import known_warnings
+from man_fairseq.cli.average_checkpoints import cli_main as average_main
 
 TRAIN = ["fairseq-train", "--user-dir", USER_DIR, "--arch", "transformer_man_base",
          "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN]
@@ -83,8 +85,7 @@ def test_average_generate_validate_interactive(trained_run, toy_data_bin, toy_ra
                    "--valid-subset", "valid", "--max-tokens", "1000"])
     assert re.search(r"valid on 'valid' subset \| loss [\d.]+", val.stdout)
 
-    bindir = subprocess.run([sys.executable, "-c", "import sys,os;print(os.path.dirname(sys.executable))"],
-                            capture_output=True, text=True).stdout.strip()
+    bindir = os.path.dirname(sys.executable)
     inter = subprocess.run(
         [f"{bindir}/fairseq-interactive", str(toy_data_bin), "--user-dir", USER_DIR, "--path", str(avg),
          "--beam", "2", "--cpu", "-s", "src", "-t", "tgt"],
@@ -96,15 +97,16 @@ def test_average_generate_validate_interactive(trained_run, toy_data_bin, toy_ra
 
 def test_averaging_errors_are_clear(trained_run, tmp_path):
     save, _, _ = trained_run
-    few = run_cli(["man-average-checkpoints", "--inputs", save, "--num-epoch-checkpoints", "9",
-                   "--output", tmp_path / "x.pt"], check=False)
+    # in this process (test_average_generate_validate_interactive runs the console script itself)
+    few = call_entry_point(average_main, ["--inputs", save, "--num-epoch-checkpoints", "9", "--output",
+                                          tmp_path / "x.pt"], prog="man-average-checkpoints", merge_stderr=True)
     assert few.returncode == 2 and "holds only 4" in few.stdout
     assert not (tmp_path / "x.pt").exists()
 
     truncated = tmp_path / "checkpoint9.pt"
     truncated.write_bytes((save / "checkpoint4.pt").read_bytes()[:5000])
-    bad = run_cli(["man-average-checkpoints", "--inputs", truncated, save / "checkpoint4.pt",
-                   "--output", tmp_path / "y.pt"], check=False)
+    bad = call_entry_point(average_main, ["--inputs", truncated, save / "checkpoint4.pt", "--output",
+                                          tmp_path / "y.pt"], prog="man-average-checkpoints", merge_stderr=True)
     assert bad.returncode == 2 and f"cannot read checkpoint {truncated}" in bad.stdout
     assert not (tmp_path / "y.pt").exists(), "no half-written output"
 

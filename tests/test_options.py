@@ -4,12 +4,10 @@ show them."""
 
 import logging
 import re
-import subprocess
-import sys
 import time
 
 import pytest
-from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, run_cli
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
 from man_fairseq.cli import options as man_options
@@ -205,8 +203,9 @@ def test_man_options_lists_each_arch_with_defaults_and_help():
     printed = {}
     for arch in ("transformer_man_small", "transformer_localness_base", "transformer_diffwin_big",
                  "transformer_calibrated"):
-        proc = subprocess.run([sys.executable, "-m", "man_fairseq.cli.options", arch],
-                              capture_output=True, text=True, timeout=120, cwd=REPO)
+        # `python -m man_fairseq.cli.options ARCH`, in this process: a new interpreter per arch
+        # would pay the torch/fairseq import each time
+        proc = call_entry_point(man_options.cli_main, [arch], prog="man-options")
         assert proc.returncode == 0, proc.stderr[-2000:]
         for row in man_options.arch_options(arch):
             assert f"{row.flag}  (default: {row.default})" in proc.stdout
@@ -219,8 +218,7 @@ def test_man_options_lists_each_arch_with_defaults_and_help():
 
 
 def test_man_options_unknown_name_is_a_clear_error():
-    proc = subprocess.run([sys.executable, "-m", "man_fairseq.cli.options", "transformer_mann"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    proc = call_entry_point(man_options.cli_main, ["transformer_mann"], prog="man-options")
     assert proc.returncode == 2
     assert "unknown arch or criterion 'transformer_mann'" in proc.stderr and "transformer_man_small" in proc.stderr
 

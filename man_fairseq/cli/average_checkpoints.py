@@ -194,9 +194,12 @@ def main(argv=None):
     print(f"wrote averaged checkpoint to {args.output}")
 
 
-def cli_main():
+def cli_main(argv=None):
+    """The console command: main(), with an AverageError as a one-line message and exit status 2.
+    ``argv`` lets tests and scripts/demo.py run it in-process (no second interpreter to import
+    torch and fairseq)."""
     try:
-        main()
+        main(argv)
     except AverageError as e:
         print(f"man-average-checkpoints: error: {e}", file=sys.stderr)
         sys.exit(2)
