@@ -87,6 +87,12 @@ def test_summary_level_rouge_l_depends_on_the_argument_order():
     assert scoring.rouge(one, two, order="ref-hyp")["rougeL"] == 100.0
 
 
+def test_an_empty_hypothesis_scores_zero_in_the_recipes_average():
+    # files2rouge stops at an empty line (test below); the recipes keep it in the average at 0
+    got = scoring.rouge(["the cat sat on the mat .", ""], ["the cat lay on a mat .", "they go home ."])
+    assert (got["rouge1"], got["rougeL"]) == (33.33, 33.33) and "empty line scores 0" in got["implementation"]
+
+
 def test_documents_are_averaged():
     got = scores(rouge155.run(["the cat sat on the mat .", "they went home ."],
                               ["the cat lay on a mat .", "they go home ."])[0])

@@ -149,8 +149,12 @@ def _eval_xml(task_id, peer_root, peer, model_root, model):
 
 
 def write_documents(references, summaries, folder: Path, eos=".", ignore_empty_reference=False,
-                    ignore_empty_summary=False):
-    """The files pyrouge hands to ROUGE for files2rouge; returns (config path, ignored line numbers)."""
+                    ignore_empty_summary=False, empty_scores_zero=False):
+    """The files pyrouge hands to ROUGE for files2rouge; returns (config path, ignored line numbers).
+
+    An empty line stops files2rouge unless it is ignored (left out of the average). With
+    ``empty_scores_zero`` (the evaluation recipes: a model may decode an empty summary) it is
+    written as a document without sentences, which ROUGE-1.5.5 scores 0."""
     if len(references) != len(summaries):
         raise ValueError("Model and System line counts must match, %d != %d" % (len(references), len(summaries)))
     model_dir, system_dir = folder / "model", folder / "system"
@@ -159,7 +163,7 @@ def write_documents(references, summaries, folder: Path, eos=".", ignore_empty_r
     ignored, pairs = [], []
     for i, (ref, summ) in enumerate(zip(references, summaries)):
         ref, summ = ref.strip(), summ.strip()
-        if not ref or not summ:
+        if (not ref or not summ) and not empty_scores_zero:
             empty_ref = not ref
             if (ignore_empty_reference if empty_ref else ignore_empty_summary):
                 ignored.append(i + 1)
@@ -193,7 +197,7 @@ def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=F
 
 def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N,
         no_rouge_l=False, ignore_empty_reference=False, ignore_empty_summary=False, on_prepared=None,
-        verbose=False):
+        verbose=False, empty_scores_zero=False):
     """ROUGE-1.5.5's output for one reference and one summary per line, as files2rouge prints it.
 
     Returns (output text, ignored line numbers). ``references`` fill files2rouge's first
@@ -203,7 +207,7 @@ def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=
     options = ["-e", str(data_dir(release))] + rouge_arguments(rouge_args, rouge_n, no_rouge_l)
     with tempfile.TemporaryDirectory(prefix="man-files2rouge-") as tmp:
         config, ignored = write_documents(list(references), list(summaries), Path(tmp), eos,
-                                          ignore_empty_reference, ignore_empty_summary)
+                                          ignore_empty_reference, ignore_empty_summary, empty_scores_zero)
         if on_prepared:
             on_prepared(ignored)
         cmd = ["perl", str(release / "ROUGE-1.5.5.pl")] + options + (["-m"] if stemming else []) + [str(config)]

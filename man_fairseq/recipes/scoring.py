@@ -91,10 +91,12 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos="."):
         raise ValueError(f"ROUGE order must be one of {sorted(ROUGE_ORDERS)}, not {order!r}")
     first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)
     if implementation == "rouge155":
-        output, ignored = rouge155.run(first, second, eos=eos)
+        # an empty hypothesis scores 0 and stays in the average (files2rouge would stop)
+        output, _ = rouge155.run(first, second, eos=eos, empty_scores_zero=True)
         scores = rouge155.average_f(output)
         scores["implementation"] = (f"ROUGE-1.5.5 as files2rouge runs it (-c 95 -r 1000 -n 2 -a -m, "
-                                    f"sentences split at ' {eos}'), {ROUGE_ORDERS[order]}")
+                                    f"sentences split at ' {eos}'), {ROUGE_ORDERS[order]}; "
+                                    "an empty line scores 0")
         return scores
     if implementation != "rouge-score":
         raise ValueError(f"ROUGE implementation must be one of {ROUGE_IMPLEMENTATIONS}, not {implementation!r}")
