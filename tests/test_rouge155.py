@@ -64,10 +64,7 @@ def test_irregular_form_is_stemmed_through_wordnet(tmp_path, monkeypatch):
     broken = tmp_path / "broken"
     broken.mkdir()
     release = rouge155.release_dir()
-    (broken / "smart_common_words.txt").write_bytes((release / "data" / "smart_common_words.txt").read_bytes())
-    subprocess.run(["perl", "buildExeptionDB.pl", ".", str(release / "data" / "smart_common_words.txt"),
-                    str(broken / "WordNet-2.0.exc.db")], cwd=release / "data" / "WordNet-2.0-Exceptions",
-                   check=True, stdout=subprocess.DEVNULL)
+    rouge155.write_data_dir(broken, release, extension=str(release / "data" / "smart_common_words.txt"))
     assert rouge155.exception_db_entries(broken / "WordNet-2.0.exc.db") == 0
     monkeypatch.setattr(rouge155, "data_dir", lambda release=None: broken)
     assert scores(rouge155.run(ref, hyp)[0])[("1", "F")] == 0.66667

