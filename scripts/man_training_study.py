@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Collect the runs of scripts/man_training_study.sh into small records, a table and a figure.
 
-    python scripts/man_training_study.py [--runs runs/man-training-study] [--order T,M,...]
+    python scripts/man_training_study.py [--study man-training-study] [--order T,M,...]
 
-For every finished run folder: ``results/man-training-study/NAME.json`` (command, validation loss
-per epoch, training loss, and the per-sublayer gradient norms: every update of the first 100, then
-every 5th, rounded to 4 significant digits). Then, from those records alone:
-``results/man-training-study.md`` (validation loss per epoch of every run) and
-``docs/man-training-study.png`` (loss curves; mean gradient norm of every encoder sublayer per run).
+For every finished run folder ``runs/STUDY/NAME``: ``results/STUDY/NAME.json`` (command, validation
+loss per epoch, training loss, and the per-sublayer gradient norms: every update of the first 100,
+then every 5th, rounded to 4 significant digits). Then, from those records alone:
+``results/STUDY.md`` (validation loss per epoch of every run) and ``docs/STUDY.png`` (loss curves;
+mean gradient norm of every encoder sublayer per run). STUDY is ``man-training-study`` (docs/man.md)
+unless given (``STUDY=diffwin-probe scripts/man_training_study.sh ...`` writes ``runs/diffwin-probe``).
 """
 
 import argparse
@@ -105,14 +106,17 @@ def main(argv=None):
 
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", default=str(REPO / "runs" / "man-training-study"))
-    p.add_argument("--records", default=str(REPO / "results" / "man-training-study"))
+    p.add_argument("--study", default="man-training-study",
+                   help="runs/STUDY -> results/STUDY/*.json, results/STUDY.md, docs/STUDY.png")
+    p.add_argument("--title", default="MAN against the Transformer at the same budget (Multi30k, CPU)")
+    p.add_argument("--see", default="docs/man.md", help="the doc that explains the study")
     p.add_argument("--order", default="", help="comma-separated run names for the table and figure, in order "
                    "(default: every record)")
     p.add_argument("--notes", default="", help="JSON {run: what differs}")
-    p.add_argument("--png", default=str(REPO / "docs" / "man-training-study.png"))
     args = p.parse_args(argv)
-    records_dir = Path(args.records)
+    args.runs = REPO / "runs" / args.study
+    records_dir = REPO / "results" / args.study
+    args.png = REPO / "docs" / f"{args.study}.png"
     records_dir.mkdir(parents=True, exist_ok=True)
     for run in sorted(Path(args.runs).glob("*")):
         if (run / "train.log").is_file() and (run / "command.txt").is_file():
@@ -122,9 +126,9 @@ def main(argv=None):
     order = [n for n in args.order.split(",") if n in records] if args.order else sorted(records)
     records = [records[n] for n in order]
     md = table(records, json.loads(args.notes) if args.notes else {})
-    (records_dir.parent / "man-training-study.md").write_text(
-        "# MAN against the Transformer at the same budget (Multi30k, CPU)\n\n"
-        "Written by scripts/man_training_study.py from results/man-training-study/*.json; see docs/man.md.\n\n"
+    (records_dir.parent / f"{args.study}.md").write_text(
+        f"# {args.title}\n\n"
+        f"Written by scripts/man_training_study.py from results/{args.study}/*.json; see {args.see}.\n\n"
         + md + "\n")
     figure(records, args.png)
     print(md)
