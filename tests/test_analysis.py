@@ -231,7 +231,7 @@ def test_diffwin_cli_windows_equal_the_model_tensors(trained, toy_data_bin, toy_
     assert (out / "widths.png").stat().st_size > 0
     lines = [line.split("\t") for line in (out / "windows.tsv").read_text().splitlines()]
     assert lines[0] == ["sample_id", "attention", "layer", "query_position", "expected_left", "expected_right",
-                        "expected_width", "mask_sum"]
+                        "expected_width", "mask_sum", "mask_at_query"]
     tsv = {(int(r[0]), r[1], int(r[2]), int(r[3])): [float(x) for x in r[4:]] for r in lines[1:]}
     summary = {(x["attention"], x["layer"]): x for x in json.loads((out / "windows.json").read_text())["layers"]}
 
@@ -255,8 +255,8 @@ def test_diffwin_cli_windows_equal_the_model_tensors(trained, toy_data_bin, toy_
                 keys = range(phi_l.size(1))
                 naive = [sum(j * phi_l[t, j] for j in keys), sum(j * phi_r[t, j] for j in keys),
                          1 + sum(phi_l[t, i] * phi_r[t, j] * abs(i - j) for i in keys for j in keys),
-                         sum(mask[t, j] for j in keys)]
-                assert tsv[(sid, kind, layer, t)] == pytest.approx([float(x) for x in naive], abs=2e-4)
+                         sum(mask[t, j] for j in keys), mask[t, t] if kind != "cross" else float("nan")]
+                assert tsv[(sid, kind, layer, t)] == pytest.approx([float(x) for x in naive], abs=2e-4, nan_ok=True)
                 widths[(kind, layer)].append(float(naive[2]))
     assert len(tsv) == sum(len(v) for v in widths.values())
     for key, values in widths.items():
@@ -273,7 +273,8 @@ def test_diffwin_cli_windows_equal_the_model_tensors(trained, toy_data_bin, toy_
     rows = [line.split("\t") for line in (tmp_path / "pairs" / "windows.tsv").read_text().splitlines()[1:]]
     assert {int(r[0]) for r in rows} == {0, 1}
     for r in rows:
-        assert [float(x) for x in r[4:]] == pytest.approx(tsv[(int(r[0]), r[1], int(r[2]), int(r[3]))], abs=2e-4)
+        assert [float(x) for x in r[4:]] == pytest.approx(tsv[(int(r[0]), r[1], int(r[2]), int(r[3]))], abs=2e-4,
+                                                         nan_ok=True)
 
 
 def test_localness_cli_head_windows_equal_the_learned_scalars(trained, toy_data_bin, tmp_path):

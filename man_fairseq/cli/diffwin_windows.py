@@ -11,7 +11,10 @@ measures, with key positions ``j`` counted from the first real key:
   formula assumes: the expected number of tokens from one boundary to the other, inclusive;
 * ``mask_sum = Σ_j m[t, j]`` over the real keys: the soft count of keys inside the window (with
   the paper's mask a pointer pair with ``l = r`` counts its key twice; segment masks count every
-  key of a covered segment).
+  key of a covered segment);
+* ``mask_at_query = m[t, t]`` in self-attention: how much the window keeps of the query's own
+  token (a multiplicative window scales that token's attention weight by it); ``nan`` in
+  cross-attention, where no key is the query's own.
 
 Writes to ``--output-dir``:
 
@@ -54,7 +57,7 @@ logger = logging.getLogger("man_fairseq.diffwin_windows")
 KINDS = ("encoder_self", "decoder_self", "cross")
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.(bias_module|post_softmax)$")
 COLUMNS = ["sample_id", "attention", "layer", "query_position", "expected_left", "expected_right",
-           "expected_width", "mask_sum"]
+           "expected_width", "mask_sum", "mask_at_query"]
 
 
 def get_parser():
@@ -104,8 +107,9 @@ def expected_abs_difference(phi_left: Tensor, phi_right: Tensor) -> Tensor:
     return (phi_left * inner).sum(-1)
 
 
-def window_rows(rec: Dict[str, Tensor], query_pad: Tensor, key_pad: Tensor) -> Tensor:
-    """(N, 6) rows ``(batch index, query position, E[l], E[r], E|r-l|+1, Σ m)`` of the real queries.
+def window_rows(rec: Dict[str, Tensor], query_pad: Tensor, key_pad: Tensor, self_attention: bool) -> Tensor:
+    """(N, 7) rows ``(batch index, query position, E[l], E[r], E|r-l|+1, Σ m, m[t, t])`` of the real
+    queries (``m[t, t]`` is nan without ``self_attention``).
 
     ``query_pad`` (B, T), ``key_pad`` (B, S): True at pads. Positions count from the first real token.
     """
@@ -120,7 +124,10 @@ def window_rows(rec: Dict[str, Tensor], query_pad: Tensor, key_pad: Tensor) -> T
     q_first = query_pad.long().argmin(-1)
     q_pos = torch.arange(query_pad.size(1))[None, :] - q_first[:, None]
     b, t = (~query_pad).nonzero(as_tuple=True)
-    return torch.stack([b.double(), q_pos[b, t].double(), left[b, t], right[b, t], width[b, t], mask_sum[b, t]], 1)
+    # self-attention: queries and keys are the same padded sequence, so the query's own key is index t
+    own = mask[b, t, t] if self_attention else torch.full_like(left[b, t], float("nan"))
+    return torch.stack([b.double(), q_pos[b, t].double(), left[b, t], right[b, t], width[b, t], mask_sum[b, t],
+                        own], 1)
 
 
 def save_heatmap(path, per_layer: List[Dict[str, Tensor]], layers: List[int], kind: str, queries: List[str],
@@ -199,7 +206,7 @@ def analyse_checkpoint(path, label, args, use_cuda, model_dir):
                 if rec is None or rec["phi_left"].size(1) != pads[kind][0].size(1):
                     raise RuntimeError(f"{kind} layer {layer}: no window recorded for this batch")
                 records[(kind, layer)] = rec
-                batch_rows = window_rows(rec, *pads[kind])
+                batch_rows = window_rows(rec, *pads[kind], self_attention=kind != "cross")
                 batch_rows = batch_rows[keep[batch_rows[:, 0].long()]]
                 batch_rows[:, 0] = ids.cpu().double()[batch_rows[:, 0].long()]
                 rows[(kind, layer)].append(batch_rows)
@@ -242,7 +249,8 @@ def summary(rows: Dict) -> List[Dict]:
                     "std_width": float(width.std()) if len(r) > 1 else 0.0,
                     "mean_mask_sum": float(r[:, 5].mean()) if len(r) else None,
                     "mean_left_offset": float((r[:, 2] - r[:, 1]).mean()) if len(r) else None,
-                    "mean_right_offset": float((r[:, 3] - r[:, 1]).mean()) if len(r) else None})
+                    "mean_right_offset": float((r[:, 3] - r[:, 1]).mean()) if len(r) else None,
+                    "mean_mask_at_query": float(r[:, 6].mean()) if len(r) and kind != "cross" else None})
     return out
 
 
@@ -251,20 +259,24 @@ def write_model_outputs(rows, out_dir, label, where):
         f.write("\t".join(COLUMNS) + "\n")
         for (kind, layer), r in rows.items():
             for x in r.tolist():
-                f.write(f"{int(x[0])}\t{kind}\t{layer}\t{int(x[1])}\t{x[2]:.4f}\t{x[3]:.4f}\t{x[4]:.4f}\t{x[5]:.4f}\n")
+                f.write(f"{int(x[0])}\t{kind}\t{layer}\t{int(x[1])}\t{x[2]:.4f}\t{x[3]:.4f}\t{x[4]:.4f}\t{x[5]:.4f}"
+                        f"\t{x[6]:.4f}\n")
     table = summary(rows)
     lines = [
         f"Differentiable windows of `{label}` on {where}: per attention and layer (0-based), over every real "
         "query; width = E|r - l| + 1 under φ_L ⊗ φ_R; Σm = soft window mask summed over the real keys; "
-        "offsets = E[l] - t and E[r] - t (positions from the first real token).",
+        "offsets = E[l] - t and E[r] - t (positions from the first real token); m[t,t] = the mask at the query's "
+        "own token (self-attention).",
         "",
-        "| attention | layer | queries | mean width | median width | std width | mean Σm | mean E[l]-t | mean E[r]-t |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| attention | layer | queries | mean width | median width | std width | mean Σm | mean E[l]-t | mean E[r]-t "
+        "| mean m[t,t] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for x in table:
         lines.append(f"| {x['attention']} | {x['layer']} | {x['queries']} | {x['mean_width']:.2f} | "
                      f"{x['median_width']:.2f} | {x['std_width']:.2f} | {x['mean_mask_sum']:.2f} | "
-                     f"{x['mean_left_offset']:+.2f} | {x['mean_right_offset']:+.2f} |")
+                     f"{x['mean_left_offset']:+.2f} | {x['mean_right_offset']:+.2f} | "
+                     + ("–" if x["mean_mask_at_query"] is None else f"{x['mean_mask_at_query']:.2f}") + " |")
     with open(os.path.join(out_dir, "windows.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out_dir, "windows.json"), "w") as f:
