@@ -7,6 +7,8 @@ category, nothing else.
 - fairseq's own ``MultiheadAttention`` (the Transformer baseline) passes a boolean key padding mask
   with a float attention mask; torch converts the boolean one and warns that mixing them is
   deprecated (UserWarning). The result is the same.
+- fairseq's epoch iterator always asks its ``DataLoader`` for ``pin_memory=True``; on a machine
+  without an accelerator torch ignores it and warns once per run (UserWarning). Nothing to pin there.
 """
 
 import warnings
@@ -14,6 +16,7 @@ import warnings
 KNOWN = [
     (r"`torch\.cuda\.amp\.autocast\(args\.\.\.\)` is deprecated", FutureWarning),
     (r"Support for mismatched key_padding_mask and attn_mask is deprecated", UserWarning),
+    (r"'pin_memory' argument is set as true but no accelerator is found", UserWarning),
 ]
 
 

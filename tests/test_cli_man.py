@@ -59,6 +59,7 @@ def test_known_warnings_are_silenced_narrowly():
         known_warnings.silence()
         warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated. Please use ...", FutureWarning)
         warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. Use ...", UserWarning)
+        warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then ...", UserWarning)
         warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated", UserWarning)  # other category
         warnings.warn("something else is deprecated", FutureWarning)
     assert [str(w.message) for w in seen] == ["`torch.cuda.amp.autocast(args...)` is deprecated",
