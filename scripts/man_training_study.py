@@ -114,11 +114,9 @@ def main(argv=None):
                    "(default: every record)")
     p.add_argument("--notes", default="", help="JSON {run: what differs}")
     args = p.parse_args(argv)
-    args.runs = REPO / "runs" / args.study
     records_dir = REPO / "results" / args.study
-    args.png = REPO / "docs" / f"{args.study}.png"
     records_dir.mkdir(parents=True, exist_ok=True)
-    for run in sorted(Path(args.runs).glob("*")):
+    for run in sorted((REPO / "runs" / args.study).glob("*")):
         if (run / "train.log").is_file() and (run / "command.txt").is_file():
             (records_dir / f"{run.name}.json").write_text(json.dumps(collect(run), indent=0) + "\n")
     records = {r.stem: json.loads(r.read_text()) for r in records_dir.glob("*.json")}
@@ -130,7 +128,7 @@ def main(argv=None):
         f"# {args.title}\n\n"
         f"Written by scripts/man_training_study.py from results/{args.study}/*.json; see {args.see}.\n\n"
         + md + "\n")
-    figure(records, args.png)
+    figure(records, REPO / "docs" / f"{args.study}.png")
     print(md)
 
 
