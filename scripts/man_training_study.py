@@ -8,7 +8,8 @@ loss per epoch, training loss, and the per-sublayer gradient norms: every update
 then every 5th, rounded to 4 significant digits). Then, from those records alone:
 ``results/STUDY.md`` (validation loss per epoch of every run) and ``docs/STUDY.png`` (loss curves;
 mean gradient norm of every encoder sublayer per run). STUDY is ``man-training-study`` (docs/man.md)
-unless given (``STUDY=diffwin-probe scripts/man_training_study.sh ...`` writes ``runs/diffwin-probe``).
+unless given (``STUDY=diffwin-probe scripts/man_training_study.sh ...`` writes ``runs/diffwin-probe``);
+``--include OTHER_STUDY/NAME`` shows another study's record first (the baseline a probe is measured against).
 """
 
 import argparse
@@ -113,6 +114,9 @@ def main(argv=None):
     p.add_argument("--order", default="", help="comma-separated run names for the table and figure, in order "
                    "(default: every record)")
     p.add_argument("--notes", default="", help="JSON {run: what differs}")
+    p.add_argument("--include", default="", help="comma-separated OTHER_STUDY/NAME: records of another study "
+                   "shown first in the table and figure, e.g. the Transformer a probe is measured against "
+                   "(read from results/OTHER_STUDY/NAME.json; nothing is copied)")
     args = p.parse_args(argv)
     records_dir = REPO / "results" / args.study
     records_dir.mkdir(parents=True, exist_ok=True)
@@ -120,8 +124,19 @@ def main(argv=None):
         if (run / "train.log").is_file() and (run / "command.txt").is_file():
             (records_dir / f"{run.name}.json").write_text(json.dumps(collect(run), indent=0) + "\n")
     records = {r.stem: json.loads(r.read_text()) for r in records_dir.glob("*.json")}
+    included = []
+    for ref in filter(None, args.include.split(",")):
+        path = REPO / "results" / f"{ref}.json"
+        if not path.is_file():
+            p.error(f"--include {ref}: no record {path}")
+        name = Path(ref).name
+        if name in records:
+            p.error(f"--include {ref}: {args.study} has a run of that name too")
+        records[name] = json.loads(path.read_text())
+        included.append(name)
     # --order picks the runs of the table and figure (every record stays on disk); default: all
-    order = [n for n in args.order.split(",") if n in records] if args.order else sorted(records)
+    order = [n for n in args.order.split(",") if n in records] if args.order else sorted(set(records) - set(included))
+    order = included + [n for n in order if n not in included]
     records = [records[n] for n in order]
     md = table(records, json.loads(args.notes) if args.notes else {})
     (records_dir.parent / f"{args.study}.md").write_text(

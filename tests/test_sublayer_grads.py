@@ -1,12 +1,13 @@
 """The per-sublayer gradient recorder (man_fairseq/recipes/sublayer_grads.py)."""
 
+import importlib.util
 import json
 import math
 import re
 import sys
 
 import pytest
-from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli
+from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli
 
 from man_fairseq.recipes.sublayer_grads import sublayer_groups
 
@@ -47,3 +48,36 @@ def test_records_real_updates_of_fairseq_train(toy_data_bin, tmp_path):
         assert all(math.isfinite(v) for v in row["norms"].values())
     assert rows[0]["norms"] != rows[1]["norms"]  # a fresh gradient per update, not one kept
     assert (out / "sublayer_grads.png").stat().st_size > 10_000
+
+
+def _study_script(monkeypatch, repo):
+    spec = importlib.util.spec_from_file_location("man_training_study", REPO / "scripts" / "man_training_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "REPO", repo)
+    return module
+
+
+def _record(name, valid):
+    return {"name": name, "state": "finished", "train_inner": [{"updates": 250, "loss": valid + 1}],
+            "valid": [{"updates": 127 * (i + 1), "loss": v, "nll_loss": v - 1} for i, v in enumerate([valid + 2, valid])],
+            "sublayer_grads": [{"update": 101, "lr": 1e-3, "norms": {"enc0.san": 0.1, "enc0.ffn": 0.05}}]}
+
+
+def test_study_table_shows_an_included_baseline_first_and_refuses_a_missing_or_clashing_one(monkeypatch, tmp_path):
+    """--include puts another study's record (a probe's baseline) beside the study's own runs, read, not copied."""
+    for study, name, valid in [("probe", "P1", 5.2), ("probe", "P0", 5.3), ("base", "T", 5.1)]:
+        (tmp_path / "results" / study).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "results" / study / f"{name}.json").write_text(json.dumps(_record(name, valid)))
+    (tmp_path / "docs").mkdir()
+    script = _study_script(monkeypatch, tmp_path)
+    script.main(["--study", "probe", "--include", "base/T", "--notes", '{"T": "the baseline"}'])
+    rows = [l for l in (tmp_path / "results" / "probe.md").read_text().splitlines() if l.startswith("| ")][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| T", "| P0", "| P1"]
+    assert "the baseline" in rows[0] and "5.100" in rows[0]
+    assert sorted(p.name for p in (tmp_path / "results" / "probe").iterdir()) == ["P0.json", "P1.json"]
+    assert (tmp_path / "docs" / "probe.png").stat().st_size > 10_000
+    for bad in ["base/nothing", "probe/P0"]:
+        with pytest.raises(SystemExit) as e:
+            script.main(["--study", "probe", "--include", bad])
+        assert e.value.code == 2
