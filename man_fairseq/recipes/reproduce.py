@@ -69,6 +69,11 @@ VALID_RE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_upda
 PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
 # "wall" is cumulative; "train_wall" (also on the line) is per interval: match ", wall=" exactly
 INNER_RE = re.compile(r"epoch (\d+):\s+(\d+) / (\d+) .*?num_updates=(\d+).*?, wall=([0-9.]+)")
+STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| INFO \| "
+EPOCH_RE = re.compile(STAMP + r"(?:fairseq\.trainer \| (begin) training epoch|fairseq_cli\.train \| (end) of epoch) (\d+)",
+                      re.M)
+# the config dump fairseq-train writes first on every start (a resumed run appends to the same log)
+START_RE = re.compile(r"\| fairseq_cli\.train \| \{'_name'", re.M)
 
 
 def valid_curve(train_log):
@@ -85,6 +90,25 @@ def model_params(train_log):
     if not m:
         raise ReproduceError(f"{train_log}: no 'num. model params' line (did fairseq-train start?)")
     return int(m[-1].replace(",", ""))
+
+
+def epoch_seconds(train_log):
+    """(seconds of the epochs the final model went through, fairseq-train starts) from the log.
+
+    Each epoch counts once, from its "begin training epoch N" to its "end of epoch N" (the last
+    attempt that finished it wins), so a run killed and resumed is timed like one that never
+    stopped: the part of an epoch lost to a kill is not counted, nor is start-up. Measured from the
+    log because a killed launcher never gets to write down its own time.
+    """
+    text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
+    begun, seconds = {}, {}
+    for stamp, begin, end, epoch in EPOCH_RE.findall(text):
+        t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+        if begin:
+            begun[int(epoch)] = t
+        elif int(epoch) in begun:
+            seconds[int(epoch)] = t - begun[int(epoch)]
+    return sum(seconds.values()), len(START_RE.findall(text))
 
 
 def seconds_per_update(train_log):
@@ -191,14 +215,7 @@ def train_run(cfg, run, seed, args, fingerprint, force=False):
     argv = [cfg["_path"], "--run-dir", str(run), "--data", str(args.data), "--gpus", "1",
             "--precision", args.precision] + (["--cpu"] if args.device == "cpu" else [])
     argv += ["--", "--seed", str(seed)] + list(args.fairseq_args)
-    t0 = time.time()
     rc = launch.main(argv)
-    elapsed = time.time() - t0
-    timing_file = run / "timing.json"
-    timing = json.loads(timing_file.read_text()) if timing_file.is_file() else {"train_seconds": 0.0, "attempts": 0}
-    timing["train_seconds"] += elapsed  # a resumed run adds its time to the interrupted part's
-    timing["attempts"] += 1
-    timing_file.write_text(json.dumps(timing, indent=1) + "\n")
     if rc != 0:
         raise ReproduceError(f"training {run.name} failed (exit {rc}); log: {run / 'train.log'}. "
                              "Run the same command again to resume it.")
@@ -244,7 +261,7 @@ def evaluate_run(cfg, run, seed, family, test_sets, args, fingerprint):
                            "tokenized_bleu_details": tok_bleu,
                            "generate_command": [str(c) for c in cmd]}
         log(f"      {run.name} {release_name}: sacreBLEU {sacre['bleu']:.2f}, tokenized BLEU {tok_bleu['bleu']:.2f}")
-    timing = json.loads((run / "timing.json").read_text()) if (run / "timing.json").is_file() else {}
+    train_seconds, attempts = epoch_seconds(run / "train.log")
     run_json = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
     curve = valid_curve(run / "train.log")
     record = {"family": family, "seed": seed, "fingerprint": fingerprint,
@@ -253,8 +270,8 @@ def evaluate_run(cfg, run, seed, family, test_sets, args, fingerprint):
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "commit": git_commit(), "device": device_name(args.device),
               "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_at_end": os.getloadavg(),
-              "params": model_params(run / "train.log"), "train_seconds": round(timing.get("train_seconds", 0.0), 1),
-              "train_attempts": timing.get("attempts"), "updates": curve[-1][0] if curve else None,
+              "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
+              "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
               "epochs": len(curve), "averaged_checkpoints": [Path(c).name for c in averaged],
               "valid_curve": curve, "test_sets": results}
     return record, hypotheses

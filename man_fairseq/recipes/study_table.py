@@ -131,7 +131,8 @@ def to_markdown(summary, meta, stale):
               "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Paired bootstrap: "
               f"sacreBLEU's (`{meta['bootstrap_signature']}`), each run against the Transformer of the same "
               "seed on the same test set; p is the probability of the observed difference under no difference. "
-              "Train minutes: wall time of fairseq-train including validation and checkpointing.", "",
+              "Train minutes: wall time of the training epochs from the log, with validation and checkpointing "
+              "(start-up left out; an epoch cut short by a kill and redone counts once).", "",
               f"Validation loss of every run: `{meta['png']}`.", ""]
     if stale:
         lines += ["## Stale records (not in the table)", "",
