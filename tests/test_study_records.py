@@ -94,3 +94,15 @@ def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_paramete
         assert abs(counts[fam] / counts["transformer"] - 1) < 0.02, counts
     for fam in ("localness", "diffwin", "calibration"):  # they keep their extra parameters
         assert counts[fam] > counts["transformer"], counts
+
+
+def test_delta_to_the_transformer_is_over_matched_seeds():
+    from man_fairseq.recipes import study_table
+
+    records = [record("transformer", 1, bleu=30.0), record("transformer", 2, bleu=33.0),
+               record("transformer", 3, bleu=36.0), record("man", 1, bleu=31.0), record("man", 2, bleu=33.5),
+               record("man", 3, bleu=36.5), record("localness", 1, bleu=31.0), record("sman2", 4, bleu=40.0)]
+    summary = study_table.summarize(records, ["transformer", "man", "localness", "sman2"], {}, {})
+    delta = {fam: e["test_sets"]["test"]["delta_sacrebleu_vs_transformer"] for fam, e in summary.items()}
+    # localness has seed 1 only: +1.0 against seed 1 (its 31.0 against the 3-seed mean 33.0 would be -2.0)
+    assert delta == {"transformer": 0.0, "man": pytest.approx(0.67, abs=0.005), "localness": 1.0, "sman2": None}
