@@ -106,3 +106,18 @@ def test_delta_to_the_transformer_is_over_matched_seeds():
     delta = {fam: e["test_sets"]["test"]["delta_sacrebleu_vs_transformer"] for fam, e in summary.items()}
     # localness has seed 1 only: +1.0 against seed 1 (its 31.0 against the 3-seed mean 33.0 would be -2.0)
     assert delta == {"transformer": 0.0, "man": pytest.approx(0.67, abs=0.005), "localness": 1.0, "sman2": None}
+
+
+def test_table_says_which_way_each_significant_seed_went():
+    from man_fairseq.recipes import study_table
+
+    records = [record("transformer", s, bleu=30.0) for s in (1, 2)] + [record("man", 1, bleu=31.0),
+                                                                          record("man", 2, bleu=29.0)]
+    boot = {("man", 1, "test"): {"p_value": 0.01, "system_bleu": 31.0, "baseline_bleu": 30.0},
+            ("man", 2, "test"): {"p_value": 0.02, "system_bleu": 29.0, "baseline_bleu": 30.0}}
+    summary = study_table.summarize(records, ["transformer", "man"], {}, boot)
+    meta = {k: "x" for k in ("title", "date", "records", "configs", "command", "png", "sacrebleu_signature",
+                             "bootstrap_signature")}
+    meta.update(devices=["cpu"], commits=["c"], fairseq_args=[], test_sets={"test": "test_2016_flickr"})
+    (row,) = [l for l in study_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
+    assert "| 0.010 (+), 0.020 (−) | 1 better, 1 worse of 2 |" in row

@@ -110,7 +110,7 @@ def to_markdown(summary, meta, stale):
     for subset, release in meta["test_sets"].items():
         lines += [f"## {release}", "",
                   "| family | params | train min (mean) | sacreBLEU | Δ vs Transformer | tok. BLEU (ci) | "
-                  "paired bootstrap p (per seed) | seeds p<0.05 |",
+                  "paired bootstrap p (per seed, sign of Δ) | seeds p<0.05 |",
                   "|---|---|---|---|---|---|---|---|"]
         for fam, e in summary.items():
             s = e["test_sets"].get(subset)
@@ -121,10 +121,13 @@ def to_markdown(summary, meta, stale):
             if fam == BASELINE:
                 pcol, sig, delta = "baseline", "baseline", "0 (baseline)"
             else:
-                ps = [b["p_value"] if b else None for b in s.get("paired_bootstrap") or []]
-                pcol = ", ".join("–" if p is None else f"{p:.3f}" for p in ps) or "–"
-                known = [p for p in ps if p is not None]
-                sig = f"{sum(p < 0.05 for p in known)}/{len(known)}" if known else "–"
+                # the bootstrap's p is two-sided: the sign says which way each seed went
+                boots = [b for b in s.get("paired_bootstrap") or [] if b]
+                pcol = ", ".join(f"{b['p_value']:.3f} ({'+' if b['system_bleu'] >= b['baseline_bleu'] else '−'})"
+                                 for b in boots) or "–"
+                better = sum(b["p_value"] < 0.05 and b["system_bleu"] >= b["baseline_bleu"] for b in boots)
+                worse = sum(b["p_value"] < 0.05 and b["system_bleu"] < b["baseline_bleu"] for b in boots)
+                sig = f"{better} better, {worse} worse of {len(boots)}" if boots else "–"
             lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
                          f"{_pm(s['bleu_tok_ci'])} | {pcol} | {sig} |")
         lines.append("")
