@@ -622,7 +622,7 @@ def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):
     import http.server
     import threading
 
-    from man_fairseq.recipes.dataprep import PrepError, fetch
+    from man_fairseq.recipes.downloads import fetch
 
     archive, _, _ = iwslt_fixture
     served = tmp_path / "served"

@@ -26,10 +26,12 @@ from pathlib import Path
 
 from .config import REPO
 from .prepare import _check_paths as check_paths
+from .binarize import binarize
 from .dataprep import (
-    PrepError, Steps, apply_bpe_lines, binarize, fetch, learn_bpe, log, read_lines, report_counts,
-    tokenize_lines, write_lines,
+    PrepError, Steps, apply_bpe_lines, learn_bpe, log, read_lines, report_counts, tokenize_lines,
+    write_lines,
 )
+from .downloads import fetch
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # (our split name, the release's file stem)

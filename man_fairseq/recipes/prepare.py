@@ -14,11 +14,12 @@ from pathlib import Path
 
 from .config import REPO
 from .moses import lowercase
+from .binarize import binarize
 from .dataprep import (
-    PrepError, Steps, apply_bpe_lines, binarize, check_counts, clean_pairs, extract, fetch,
-    find_file, is_ours, learn_bpe, log, read_lines, read_seg_lines, report_counts, split_counts,
-    stage_source, tokenize_lines, write_lines,
+    PrepError, Steps, apply_bpe_lines, check_counts, clean_pairs, is_ours, learn_bpe, log,
+    read_lines, read_seg_lines, report_counts, split_counts, tokenize_lines, write_lines,
 )
+from .downloads import extract, fetch, find_file, stage_source
 
 # Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
 # / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata

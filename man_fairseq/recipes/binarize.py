@@ -1,0 +1,88 @@
+"""Binarizing a prepared corpus: fairseq-preprocess into a temporary sibling folder, renamed to
+``--dest`` only when complete (an interrupted run leaves no half-written destination, and its
+leftovers are removed by the next run)."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .dataprep import MARKER, PrepError, claim_folder, is_ours, log
+
+
+def _die_with_parent():
+    """Child side of fairseq-preprocess: get SIGKILL when data-prep dies (Linux), so that a
+    killed run leaves no orphan writing into the folder a rerun cleans up."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("train", "valid", "test"),
+             extra_files=()):
+    """fairseq-preprocess on ``prep_dir/{train,valid,test}.{src,tgt}`` into ``dest_dir``, atomically.
+
+    The data is built in a sibling ``.<dest>.partial-<pid>`` folder and renamed to ``dest_dir``
+    only when complete, so an interrupted run never leaves a half-written destination (which
+    made fairseq-preprocess stop with ``FileExistsError: dict.de.txt`` on the rerun). An
+    existing ``dest_dir`` is replaced only if data-prep made it (or it is empty).
+    ``extra_files`` are copied in next to the binarized data.
+    """
+    dest = Path(dest_dir).absolute()
+    if dest.exists():
+        replaceable = dest.is_dir() and (is_ours(dest) or not any(dest.iterdir()))
+        if not replaceable:
+            raise PrepError(f"--dest {dest} exists, is not empty and was not made by data-prep (no {MARKER}); "
+                            "refusing to replace it. Choose another --dest or remove it yourself.")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    stale_dirs = [*dest.parent.glob(f".{dest.name}.partial-*"), *dest.parent.glob(f".{dest.name}.old-*")]
+    for stale in stale_dirs:
+        pid = stale.name.rsplit("-", 1)[-1]
+        if is_ours(stale) and pid.isdigit() and not _pid_alive(int(pid)):
+            log(f"      removing {stale} (left by an interrupted run)")
+            shutil.rmtree(stale)
+    tmp = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    if tmp.exists() and is_ours(tmp):
+        shutil.rmtree(tmp)  # our own leftover (same pid reused)
+    claim_folder(tmp, "temporary folder")
+    cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt,
+           "--destdir", str(tmp), "--workers", str(workers)]
+    for split in splits:
+        cmd += [f"--{split}pref", str(Path(prep_dir) / split)]
+    if joined:
+        cmd += ["--joined-dictionary"]
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    log("+ " + " ".join(cmd))
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    if proc.returncode != 0:
+        shutil.rmtree(tmp)
+        raise PrepError(f"fairseq-preprocess failed:\n{proc.stdout[-3000:]}")
+    for extra in extra_files:
+        shutil.copy(extra, tmp / Path(extra).name)
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        if not is_ours(dest):  # an empty folder: give it the marker so a leftover is recognised
+            (dest / MARKER).write_text("replaced by data-prep\n")
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old)  # ours or empty, checked above
+    else:
+        os.replace(tmp, dest)
+    return dest
