@@ -651,3 +651,27 @@ def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):
             fetch(f"{base}/de-en.tgz", tmp_path / "dl2" / "de-en.tgz", expected_sha256="0" * 64)
     finally:
         server.shutdown()
+
+
+def test_binarize_adds_extra_test_sets_inside_the_atomic_build_and_a_failure_leaves_nothing(tmp_path):
+    from man_fairseq.recipes.binarize import binarize
+
+    prep = tmp_path / "prep"
+    prep.mkdir()
+    words = ["ein", "hund", "läuft", "a", "dog", "runs", "zwei", "two"]
+    rng = random.Random(0)
+    for split, n in [("train", 40), ("valid", 5), ("test", 5), ("test_2017", 4)]:
+        for lang in ("de", "en"):
+            (prep / f"{split}.{lang}").write_text(
+                "".join(" ".join(rng.choices(words, k=5)) + "\n" for _ in range(n)), encoding="utf-8")
+    dest = binarize(prep, tmp_path / "bin", "de", "en", extra_test_sets=["test_2017"])
+    for name in ("test.de-en.de.bin", "test_2017.de-en.de.bin", "test_2017.de-en.en.idx", "dict.en.txt"):
+        assert (dest / name).is_file(), name
+    assert not list(dest.glob("_*")) and not list(tmp_path.glob(".bin.partial-*"))
+
+    # a test set that cannot be binarized: an error, the finished --dest untouched, no leftovers
+    before = sorted(p.name for p in dest.iterdir())
+    with pytest.raises(PrepError, match="fairseq-preprocess failed for missing"):
+        binarize(prep, dest, "de", "en", extra_test_sets=["missing"])
+    assert sorted(p.name for p in dest.iterdir()) == before
+    assert not list(tmp_path.glob(".bin.partial-*"))

@@ -33,15 +33,29 @@ def _pid_alive(pid):
     return True
 
 
+def _preprocess(cmd, what):
+    """Run fairseq-preprocess (the venv's, first on PATH); it dies with us (see _die_with_parent)."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    log("+ " + " ".join(cmd))
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    if proc.returncode != 0:
+        raise PrepError(f"fairseq-preprocess failed{what}:\n{proc.stdout[-3000:]}")
+
+
 def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("train", "valid", "test"),
-             extra_files=()):
+             extra_files=(), extra_test_sets=()):
     """fairseq-preprocess on ``prep_dir/{train,valid,test}.{src,tgt}`` into ``dest_dir``, atomically.
 
     The data is built in a sibling ``.<dest>.partial-<pid>`` folder and renamed to ``dest_dir``
     only when complete, so an interrupted run never leaves a half-written destination (which
     made fairseq-preprocess stop with ``FileExistsError: dict.de.txt`` on the rerun). An
     existing ``dest_dir`` is replaced only if data-prep made it (or it is empty).
-    ``extra_files`` are copied in next to the binarized data.
+    ``extra_files`` are copied in next to the binarized data. Each of ``extra_test_sets`` (split
+    names in ``prep_dir``) is binarized with the training dictionaries and stored under its own
+    name: fairseq's translation task loads any ``--gen-subset NAME`` from
+    ``NAME.src-tgt.lang.{bin,idx}``.
     """
     dest = Path(dest_dir).absolute()
     if dest.exists():
@@ -66,14 +80,20 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
         cmd += [f"--{split}pref", str(Path(prep_dir) / split)]
     if joined:
         cmd += ["--joined-dictionary"]
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    log("+ " + " ".join(cmd))
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-    if proc.returncode != 0:
+    try:
+        _preprocess(cmd, "")
+        for split in extra_test_sets:
+            one = tmp / f"_{split}"
+            _preprocess(["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--testpref",
+                         str(Path(prep_dir) / split), "--destdir", str(one), "--workers", "1",
+                         "--srcdict", str(tmp / f"dict.{src}.txt"), "--tgtdict", str(tmp / f"dict.{tgt}.txt")],
+                        f" for {split}")
+            for f in one.glob(f"test.{src}-{tgt}.*"):
+                os.replace(f, tmp / f.name.replace("test.", f"{split}.", 1))
+            shutil.rmtree(one)
+    except PrepError:
         shutil.rmtree(tmp)
-        raise PrepError(f"fairseq-preprocess failed:\n{proc.stdout[-3000:]}")
+        raise
     for extra in extra_files:
         shutil.copy(extra, tmp / Path(extra).name)
     if dest.exists():

@@ -18,9 +18,6 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -186,9 +183,8 @@ def prepare_multi30k(args):
     def binarize_step():
         # built next to --dest and renamed into place; a --dest data-prep did not make is refused
         references = [tok / f"{split}.raw.{lang}" for split in test_sets for lang in (src, tgt)]
-        binarize(prep, dest, src, tgt, workers=args.workers, extra_files=[codes, *references])
-        for extra in test_sets[1:]:
-            binarize_extra_test_set(prep, dest, extra, src, tgt)
+        binarize(prep, dest, src, tgt, workers=args.workers, extra_files=[codes, *references],
+                 extra_test_sets=test_sets[1:])
     steps.run("binarize", binarize_step, options={"dest": str(dest)},
               outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code",
                        *[dest / f"{split}.{src}-{tgt}.{src}.bin" for split in test_sets[1:]]])
@@ -207,29 +203,6 @@ def prepare_multi30k(args):
     }
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return counts
-
-
-def binarize_extra_test_set(prep_dir, dest, split, src, tgt):
-    """fairseq-preprocess one more test set with the training dictionaries, stored as ``split``.
-
-    fairseq's translation task loads any ``--gen-subset NAME`` from ``NAME.src-tgt.lang.{bin,idx}``,
-    so the extra test sets keep their release names.
-    """
-    tmp = Path(dest) / f"_{split}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--testpref",
-           str(Path(prep_dir) / split), "--destdir", str(tmp), "--workers", "1",
-           "--srcdict", str(Path(dest) / f"dict.{src}.txt"), "--tgtdict", str(Path(dest) / f"dict.{tgt}.txt")]
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    log("+ " + " ".join(cmd))
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        raise PrepError(f"fairseq-preprocess failed for {split}:\n{proc.stdout[-3000:]}")
-    for f in tmp.glob(f"test.{src}-{tgt}.*"):
-        os.replace(f, Path(dest) / f.name.replace("test.", f"{split}.", 1))
-    shutil.rmtree(tmp)
 
 
 def main(argv=None):
