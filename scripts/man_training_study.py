@@ -135,7 +135,7 @@ def main(argv=None):
         records[name] = json.loads(path.read_text())
         included.append(name)
     # --order picks the runs of the table and figure (every record stays on disk); default: all
-    order = [n for n in args.order.split(",") if n in records] if args.order else sorted(set(records) - set(included))
+    order = [n for n in args.order.split(",") if n in records] if args.order else sorted(records)
     order = included + [n for n in order if n not in included]
     records = [records[n] for n in order]
     md = table(records, json.loads(args.notes) if args.notes else {})

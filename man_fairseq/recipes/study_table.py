@@ -122,11 +122,11 @@ def to_markdown(summary, meta, stale):
                 pcol, sig, delta = "baseline", "baseline", "0 (baseline)"
             else:
                 # the bootstrap's p is two-sided: the sign says which way each seed went
-                boots = [b for b in s.get("paired_bootstrap") or [] if b]
-                pcol = ", ".join(f"{b['p_value']:.3f} ({'+' if b['system_bleu'] >= b['baseline_bleu'] else '−'})"
-                                 for b in boots) or "–"
-                better = sum(b["p_value"] < 0.05 and b["system_bleu"] >= b["baseline_bleu"] for b in boots)
-                worse = sum(b["p_value"] < 0.05 and b["system_bleu"] < b["baseline_bleu"] for b in boots)
+                boots = [(b["p_value"], b["system_bleu"] >= b["baseline_bleu"])
+                         for b in s.get("paired_bootstrap") or [] if b]
+                pcol = ", ".join(f"{p:.3f} ({'+' if up else '−'})" for p, up in boots) or "–"
+                better = sum(p < 0.05 and up for p, up in boots)
+                worse = sum(p < 0.05 and not up for p, up in boots)
                 sig = f"{better} better, {worse} worse of {len(boots)}" if boots else "–"
             lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
                          f"{_pm(s['bleu_tok_ci'])} | {pcol} | {sig} |")
