@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from .dataprep import MARKER, PrepError, claim_folder, is_ours, log
+from .tools import tool_env
 
 
 def _die_with_parent():
@@ -35,8 +36,7 @@ def _pid_alive(pid):
 
 def _preprocess(cmd, what):
     """Run fairseq-preprocess (the venv's, first on PATH); it dies with us (see _die_with_parent)."""
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = tool_env()
     log("+ " + " ".join(cmd))
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
