@@ -297,7 +297,7 @@ def main(argv=None):
                     "score (sacreBLEU + tokenized BLEU), write one record per run, and rebuild the table "
                     "(paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3 (default 3)")
+    p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3; one seed alone: N, with the comma (default 3)")
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
                         "it is the baseline of the significance test)")
