@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import man_fairseq  # noqa: F401  (registers models and criterions)
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli

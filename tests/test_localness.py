@@ -1,11 +1,9 @@
 """Localness (Gaussian bias, SPEC §2) and relative position representations (Shaw et al. 2018)."""
 
 import math
-import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
 from man_fairseq.modules.biased_attention import AttentionContext, BiasedMultiheadAttention

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, TINY_MODEL
 
-from man_fairseq.recipes import reproduce, study_table
+from man_fairseq.recipes import fairseq_log, reproduce, study_table
 from man_fairseq.recipes.study_records import read_records
 from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
 
@@ -205,9 +205,9 @@ def test_mean_std_and_log_parsing(tmp_path):
         "INFO | train_inner | epoch 001:     30 / 118 loss=8.1, num_updates=30, lr=3e-05, train_wall=38, wall=60.0\n"
         "INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 6.9 | ppl 119 | wps 1 | num_updates 118\n"
         "INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.25 | nll_loss 5.9 | ppl 59 | wps 1 | num_updates 236\n")
-    assert reproduce.model_params(log) == 1234567
-    assert reproduce.valid_curve(log) == [(118, 7.5), (236, 6.25)]
-    assert reproduce.seconds_per_update(log) == (2.0, 118)
+    assert fairseq_log.model_params(log) == 1234567
+    assert fairseq_log.valid_curve(log) == [(118, 7.5), (236, 6.25)]
+    assert fairseq_log.seconds_per_update(log) == (2.0, 118)
 
 
 def test_train_seconds_count_each_finished_epoch_once_across_kills(tmp_path):
@@ -223,8 +223,8 @@ def test_train_seconds_count_each_finished_epoch_once_across_kills(tmp_path):
                    + end.format("2026-11-25 03:06:02", 2) + "2026-11-25 03:06:02 | INFO | fairseq_cli.train | "
                    "done training in 362.0 seconds\n")
     # 300 s (epoch 1) + 360 s (epoch 2, second try); neither the lost 2 minutes nor the 4-hour gap
-    assert reproduce.epoch_seconds(log) == (660.0, 2)
-    assert reproduce.epoch_seconds(tmp_path / "missing.log") == (0, 0)
+    assert fairseq_log.epoch_seconds(log) == (660.0, 2)
+    assert fairseq_log.epoch_seconds(tmp_path / "missing.log") == (0, 0)
 
 
 def test_prepare_rejects_nonstandard_sizes_and_missing_files(tmp_path):

@@ -75,7 +75,7 @@ def test_cpu_preset_has_every_family_at_one_width_and_budget():
 
 
 def test_parse_seeds():
-    assert parse_seeds("3") == [1, 2, 3] and parse_seeds("2,3") == [2, 3]
+    assert parse_seeds("3") == [1, 2, 3] and parse_seeds("2,3") == [2, 3] and parse_seeds("3,") == [3]
     for bad in ("0", "2,2", ","):
         with pytest.raises(ValueError):
             parse_seeds(bad)

@@ -10,7 +10,8 @@ from typing import Dict, List
 from man_fairseq.bench.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
                                      TINY_OVERRIDES, baseline_key, case_key)
 from man_fairseq.bench.model import USER_DIR
-from man_fairseq.bench.report import git_commit, render
+from man_fairseq.bench.report import render
+from man_fairseq.provenance import git_commit
 from man_fairseq.bench.workers import log, spawn
 
 

@@ -4,13 +4,11 @@ import datetime
 import os
 import platform
 import statistics
-import subprocess
-from pathlib import Path
 from typing import Optional
 
+from man_fairseq.provenance import cpu_model
 from man_fairseq.bench.cases import BASELINE_ARCH, CALIBRATED_CRITERION, LS_CRITERION, baseline_key, case_key
 
-REPO = Path(__file__).resolve().parent.parent.parent
 PRECISION = {
     "fp32": "fp32",
     "fp16": "fp16 (whole model cast and fp32 master weights with loss scaling, as fairseq-train --fp16)",
@@ -18,30 +16,8 @@ PRECISION = {
 }
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def fmt_ratio(x: Optional[float]) -> str:
     return "—" if x is None else f"{x:.3f}×"
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=10)
-        return out.stdout.strip() + ("+local changes" if dirty.stdout.strip() else "") or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def render(args, widths, runs, results, skipped, defaults_used, threads, iters, warmup, max_tokens,

@@ -43,7 +43,6 @@ Usage::
 
 import argparse
 import json
-import logging
 import os
 import re
 from typing import Dict, List, Optional
@@ -59,8 +58,6 @@ from man_fairseq.cli.calibration_stats import (
     IMPORTANCE, SERIES_NAMES, BinnedJSD, KendallSums, layer_statistics, normalised_rows, source_importance,
 )
 from man_fairseq.cli.plotting import setup_logging
-
-logger = logging.getLogger("man_fairseq.export_calibration")
 
 
 def get_parser():

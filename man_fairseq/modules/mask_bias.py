@@ -1,7 +1,5 @@
 """Mask modules of Mask Attention Networks (SPEC §1), as additive logit biases."""
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

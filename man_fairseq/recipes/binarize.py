@@ -1,6 +1,7 @@
 """Binarizing a prepared corpus: fairseq-preprocess into a temporary sibling folder, renamed to
 ``--dest`` only when complete (an interrupted run leaves no half-written destination, and its
-leftovers are removed by the next run)."""
+leftovers are removed by the next run); :func:`bpe_and_binarize` is the dataset recipes' last
+three steps (learn BPE, apply it, binarize)."""
 
 import os
 import shutil
@@ -8,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .dataprep import MARKER, PrepError, claim_folder, is_ours, log
+from .dataprep import (
+    MARKER, PrepError, apply_bpe_lines, claim_folder, is_ours, learn_bpe, log, read_lines, write_lines,
+)
+from .tools import tool_env
 
 
 def _die_with_parent():
@@ -35,8 +39,7 @@ def _pid_alive(pid):
 
 def _preprocess(cmd, what):
     """Run fairseq-preprocess (the venv's, first on PATH); it dies with us (see _die_with_parent)."""
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = tool_env()
     log("+ " + " ".join(cmd))
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
@@ -106,3 +109,31 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
     else:
         os.replace(tmp, dest)
     return dest
+
+
+def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train", "valid", "test")):
+    """Learn joint BPE on the tokenized train split, apply it to every split, binarize into ``--dest``."""
+    tok_dir, prep = Path(prep_src_dir), steps.work / "prep"
+    prep.mkdir(exist_ok=True)
+    codes = prep / "code"
+
+    def learn():
+        learn_bpe([tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"], codes, merges)
+    steps.run("learn_bpe", learn, options={"merges": merges}, outputs=[codes])
+
+    def apply():
+        for split in splits:
+            for lang in (src, tgt):
+                lines = read_lines(tok_dir / f"{split}.{lang}")
+                write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
+                log(f"      bpe {split}.{lang}: {len(lines)} lines")
+    steps.run("apply_bpe", apply, inputs=[codes], outputs=[prep / f"{s}.{l}" for s in splits for l in (src, tgt)])
+
+    dest = Path(args.dest).absolute()
+
+    def binarize_step():
+        extras = [codes] + sorted(tok_dir.glob("*.raw.*"))  # untokenized references for sacreBLEU
+        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits, extra_files=extras)
+    steps.run("binarize", binarize_step, options={"dest": str(dest)},
+              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code"])
+    return prep

@@ -349,3 +349,18 @@ def read_seg_lines(xml_or_sgm_path):
                 raise PrepError(f"{xml_or_sgm_path}: cannot parse segment line: {line[:200]}")
             out.append(m.group(1))
     return out
+
+
+def check_paths(args):
+    """--work, --dest and --from must not overlap where it could lose data or serve stale data:
+    --dest is replaced as a whole, <work>/orig is emptied before staging, and a --from folder
+    holding --work would change with every run."""
+    work, dest = Path(args.work).absolute().resolve(), Path(args.dest).absolute().resolve()
+    pairs = [("--work", work, "--dest", dest, True)]
+    if args.from_path:
+        src = Path(args.from_path).expanduser().resolve()
+        pairs += [("--from", src, "--dest", dest, True), ("--from", src, "--work", work / "orig", True),
+                  ("--from", src, "--work", work, False)]
+    for name_a, a, name_b, b, both_ways in pairs:
+        if a == b or b.is_relative_to(a) or (both_ways and a.is_relative_to(b)):
+            raise PrepError(f"{name_a} {a} and {name_b} {b} overlap; use separate folders")

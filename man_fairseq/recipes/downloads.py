@@ -10,6 +10,7 @@ import gzip
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tarfile
 import time
@@ -197,3 +198,36 @@ def find_file(roots, name, required=True, parent=None, gz=False):
         raise PrepError(f"cannot find {where}{' (or .gz)' if gz else ''} under {', '.join(map(str, roots))}: "
                         "wrong archive or folder? (see 'Reproducing the papers' in README.md for the expected layout)")
     return None
+
+
+def stage(args, steps, urls, archive_names):
+    """The dataset recipes' first step (a :class:`dataprep.Steps` step): download ``urls`` into
+    ``<work>/downloads`` and extract them, or take ``--from``; returns the folders to search for the raw files."""
+    orig = steps.work / "orig"
+
+    def fresh_orig():
+        # orig/ lives in our --work folder and only ever holds what we extracted: a new source
+        # must not be mixed with the files of the previous one
+        if orig.exists():
+            shutil.rmtree(orig)
+        orig.mkdir(parents=True)
+    if args.from_path:
+        src = Path(args.from_path).expanduser().resolve()
+        if not src.exists():
+            raise PrepError(f"--from {src}: no such file or folder")
+
+        def stage():
+            fresh_orig()
+            stage_source(src, orig, archive_names)
+        steps.run("stage", stage, inputs=[src], options={"from": str(src)}, outputs=[orig])
+        return [orig] if src.is_file() else [src, orig]
+
+    def download():
+        fresh_orig()
+        for url in urls:
+            url, name = url if isinstance(url, tuple) else (url, url.rsplit("/", 1)[-1].split("?")[0])
+            fetch(url, steps.work / "downloads" / name, checksum_file=steps.work / "downloads" / "SHA256SUMS.json")
+            if name.endswith((".tgz", ".tar.gz", ".zip", ".tar")):
+                extract(steps.work / "downloads" / name, orig / name.split(".")[0])
+    steps.run("download", download, options={"urls": [str(u) for u in urls]}, outputs=[orig])
+    return [orig, steps.work / "downloads"]

@@ -10,7 +10,6 @@
 import argparse
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,10 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from .config import REPO, validate
+from .config import validate
 from .launch import USER_DIR, precision_args, visible_gpus
 from . import scoring
 from .rouge155 import Rouge155Unavailable
+from .tools import tool_env
 from ..cli.plotting import quiet_logging
 
 
@@ -62,9 +62,7 @@ def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
 def _run(cmd, log_path, total=None, every_s=10.0):
     """Run fairseq-generate, keep its output in ``log_path``, and print how many sentences are
     decoded every ``every_s`` seconds (a large test set takes minutes)."""
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
+    env = tool_env(PYTHONUNBUFFERED="1")
     print("+ " + " ".join(cmd), flush=True)
     start = last = time.time()
     done, lines = 0, []

@@ -1,4 +1,5 @@
-"""Losses from fairseq-train's simple log, NaN and inf included.
+"""What fairseq-train's simple log says: losses (NaN and inf included), validation points,
+parameters, epoch times and update speed.
 
 fairseq prints ``loss=9.93,`` in the per-update (``train_inner``) lines and ``| loss 9.93 |`` in
 the epoch summaries (``train``, ``valid on 'valid' subset``). A digits-only pattern skips ``nan``
@@ -6,7 +7,9 @@ and ``inf`` silently; ``nll_loss`` does not match (no word boundary) nor does fp
 to: 64``.
 """
 
+import datetime
 import re
+from pathlib import Path
 from typing import List
 
 VALUE = r"(-?(?:\d+(?:\.\d*)?(?:e[-+]?\d+)?|nan|inf))\b"
@@ -26,3 +29,68 @@ def train_inner_losses(text: str) -> List[float]:
 
 def valid_losses(text: str) -> List[float]:
     return [float(v) for v in VALID_RE.findall(text)]
+
+
+class LogError(ValueError):
+    """The log lacks what was asked of it (fairseq-train did not start, or logged too little)."""
+
+
+VALID_POINT_RE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
+PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+# "wall" is cumulative; "train_wall" (also on the line) is per interval: match ", wall=" exactly
+INNER_RE = re.compile(r"epoch (\d+):\s+(\d+) / (\d+) .*?num_updates=(\d+).*?, wall=([0-9.]+)")
+STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| INFO \| "
+EPOCH_RE = re.compile(STAMP + r"(?:fairseq\.trainer \| (begin) training epoch|fairseq_cli\.train \| (end) of epoch) (\d+)",
+                      re.M)
+# the config dump fairseq-train writes first on every start (a resumed run appends to the same log)
+START_RE = re.compile(r"\| fairseq_cli\.train \| \{'_name'", re.M)
+
+
+def valid_curve(train_log):
+    """[(num_updates, valid loss)] from a fairseq-train log (a resumed run appends: last wins)."""
+    points = {}
+    if Path(train_log).is_file():
+        for m in VALID_POINT_RE.finditer(Path(train_log).read_text(errors="replace")):
+            points[int(m.group(2))] = float(m.group(1))
+    return sorted(points.items())
+
+
+def model_params(train_log):
+    m = PARAMS_RE.findall(Path(train_log).read_text(errors="replace")) if Path(train_log).is_file() else []
+    if not m:
+        raise LogError(f"{train_log}: no 'num. model params' line (did fairseq-train start?)")
+    return int(m[-1].replace(",", ""))
+
+
+def epoch_seconds(train_log):
+    """(seconds of the epochs the final model went through, fairseq-train starts) from the log.
+
+    Each epoch counts once, from its "begin training epoch N" to its "end of epoch N" (the last
+    attempt that finished it wins), so a run killed and resumed is timed like one that never
+    stopped: the part of an epoch lost to a kill is not counted, nor is start-up. Measured from the
+    log because a killed launcher never gets to write down its own time.
+    """
+    text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
+    begun, seconds = {}, {}
+    for stamp, begin, end, epoch in EPOCH_RE.findall(text):
+        t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+        if begin:
+            begun[int(epoch)] = t
+        elif int(epoch) in begun:
+            seconds[int(epoch)] = t - begun[int(epoch)]
+    return sum(seconds.values()), len(START_RE.findall(text))
+
+
+def seconds_per_update(train_log):
+    """(seconds per update, updates per epoch) from the progress lines of a simple-format log.
+
+    Measured between the first and the last progress line, so model building, data loading and
+    the first (slow) updates are left out.
+    """
+    rows = [(int(u), float(w), int(size)) for _, _, size, u, w in INNER_RE.findall(Path(train_log).read_text(errors="replace"))]
+    if len(rows) < 2:
+        raise LogError(f"{train_log}: need two progress lines to time updates (lower --log-interval?)")
+    (u0, w0, size), (u1, w1, _) = rows[0], rows[-1]
+    if u1 <= u0:
+        raise LogError(f"{train_log}: progress lines do not advance")
+    return (w1 - w0) / (u1 - u0), size

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..cli.plotting import quiet_logging
+from ..provenance import git_commit
 from . import fairseq_log
 from .config import CONFIG_DIR, REPO, load_config
 from .launch import train_args
@@ -63,9 +64,7 @@ def environment() -> Dict[str, str]:
     import torch
 
     cuda = torch.cuda.is_available()
-    commit = command_output(["git", "rev-parse", "HEAD"]) or "unknown (not a git checkout)"
-    if command_output(["git", "status", "--porcelain", "--untracked-files=no"]):
-        commit += " + local changes"
+    commit = git_commit(full=True)
     env = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit,

@@ -12,7 +12,6 @@ fairseq reads the SLURM_* variables). Multi-process CPU runs (gloo) go through
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from .config import REPO, load_config, option_args
+from .tools import tool_env
 from ..cli.plotting import quiet_logging
 
 USER_DIR = str(REPO / "man_fairseq")
@@ -206,10 +206,8 @@ def main(argv=None):
     if args.dry_run:
         return 0
 
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     # fairseq writes to a pipe here, which Python would block-buffer (tens of seconds of lag)
-    env["PYTHONUNBUFFERED"] = "1"
+    env = tool_env(PYTHONUNBUFFERED="1")
     if shutil.which(cmd[0], path=env["PATH"]) is None:
         sys.exit(f"{cmd[0]} not found on PATH")
     # Keep a log next to the checkpoints while streaming progress to the terminal, line by

@@ -30,7 +30,6 @@ no verdict: it is reported as an error with the end of fairseq's log, exit code 
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import threading
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from .config import REPO, load_config
 from .launch import split_fairseq_args, train_args
+from .tools import tool_env
 from ..cli.plotting import quiet_logging
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
@@ -236,8 +236,7 @@ def run_probe(args):
                       args.device, args.log_interval, args.lr, args.fairseq_extra)
     cmd = ["fairseq-train"] + argv
     print("+ " + " ".join(cmd), flush=True)
-    env = dict(os.environ)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = tool_env()
     start = time.time()
     lines = []
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

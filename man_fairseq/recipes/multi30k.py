@@ -22,11 +22,10 @@ import sys
 from pathlib import Path
 
 from .config import REPO
-from .prepare import _check_paths as check_paths
 from .binarize import binarize
 from .dataprep import (
-    PrepError, Steps, apply_bpe_lines, learn_bpe, log, read_lines, report_counts, tokenize_lines,
-    write_lines,
+    PrepError, Steps, apply_bpe_lines, check_paths, learn_bpe, log, read_lines, report_counts,
+    tokenize_lines, write_lines,
 )
 from .downloads import fetch
 

@@ -8,18 +8,17 @@ resumable).
 
 import argparse
 import hashlib
-import shutil
 import sys
 from pathlib import Path
 
 from .config import REPO
 from .moses import lowercase
-from .binarize import binarize
+from .binarize import bpe_and_binarize
 from .dataprep import (
-    PrepError, Steps, apply_bpe_lines, check_counts, clean_pairs, is_ours, learn_bpe, log,
-    read_lines, read_seg_lines, report_counts, split_counts, tokenize_lines, write_lines,
+    PrepError, Steps, check_counts, check_paths, clean_pairs, is_ours, log, read_lines, read_seg_lines,
+    report_counts, split_counts, tokenize_lines, write_lines,
 )
-from .downloads import extract, fetch, find_file, stage_source
+from .downloads import find_file, stage
 
 # Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
 # / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata
@@ -30,80 +29,6 @@ EXPECTED = {
     "cnndm": {"train": 287227, "valid": 13368, "test": 11490},
     "gigaword": {"train": 3803957, "valid": 189651, "test": 1951},
 }
-
-
-def _stage(args, steps, urls, archive_names):
-    """Download (or take --from) and return the folders to search for the raw files."""
-    orig = steps.work / "orig"
-
-    def fresh_orig():
-        # orig/ lives in our --work folder and only ever holds what we extracted: a new source
-        # must not be mixed with the files of the previous one
-        if orig.exists():
-            shutil.rmtree(orig)
-        orig.mkdir(parents=True)
-    if args.from_path:
-        src = Path(args.from_path).expanduser().resolve()
-        if not src.exists():
-            raise PrepError(f"--from {src}: no such file or folder")
-
-        def stage():
-            fresh_orig()
-            stage_source(src, orig, archive_names)
-        steps.run("stage", stage, inputs=[src], options={"from": str(src)}, outputs=[orig])
-        return [orig] if src.is_file() else [src, orig]
-
-    def download():
-        fresh_orig()
-        for url in urls:
-            url, name = url if isinstance(url, tuple) else (url, url.rsplit("/", 1)[-1].split("?")[0])
-            fetch(url, steps.work / "downloads" / name, checksum_file=steps.work / "downloads" / "SHA256SUMS.json")
-            if name.endswith((".tgz", ".tar.gz", ".zip", ".tar")):
-                extract(steps.work / "downloads" / name, orig / name.split(".")[0])
-    steps.run("download", download, options={"urls": [str(u) for u in urls]}, outputs=[orig])
-    return [orig, steps.work / "downloads"]
-
-
-def _bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train", "valid", "test")):
-    tok_dir, prep = Path(prep_src_dir), steps.work / "prep"
-    prep.mkdir(exist_ok=True)
-    codes = prep / "code"
-
-    def learn():
-        learn_bpe([tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"], codes, merges)
-    steps.run("learn_bpe", learn, options={"merges": merges}, outputs=[codes])
-
-    def apply():
-        for split in splits:
-            for lang in (src, tgt):
-                lines = read_lines(tok_dir / f"{split}.{lang}")
-                write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
-                log(f"      bpe {split}.{lang}: {len(lines)} lines")
-    steps.run("apply_bpe", apply, inputs=[codes], outputs=[prep / f"{s}.{l}" for s in splits for l in (src, tgt)])
-
-    dest = Path(args.dest).absolute()
-
-    def binarize_step():
-        extras = [codes] + sorted(tok_dir.glob("*.raw.*"))  # untokenized references for sacreBLEU
-        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits, extra_files=extras)
-    steps.run("binarize", binarize_step, options={"dest": str(dest)},
-              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code"])
-    return prep
-
-
-def _check_paths(args):
-    """--work, --dest and --from must not overlap where it could lose data or serve stale data:
-    --dest is replaced as a whole, <work>/orig is emptied before staging, and a --from folder
-    holding --work would change with every run."""
-    work, dest = Path(args.work).absolute().resolve(), Path(args.dest).absolute().resolve()
-    pairs = [("--work", work, "--dest", dest, True)]
-    if args.from_path:
-        src = Path(args.from_path).expanduser().resolve()
-        pairs += [("--from", src, "--dest", dest, True), ("--from", src, "--work", work / "orig", True),
-                  ("--from", src, "--work", work, False)]
-    for name_a, a, name_b, b, both_ways in pairs:
-        if a == b or b.is_relative_to(a) or (both_ways and a.is_relative_to(b)):
-            raise PrepError(f"{name_a} {a} and {name_b} {b} overlap; use separate folders")
 
 
 # --------------------------------------------------------------------------------- IWSLT14
@@ -137,7 +62,7 @@ def split_every_nth(src, tgt, n=23):
 def prepare_iwslt14(args):
     src, tgt = "de", "en"
     steps = Steps(args.work)
-    roots = _stage(args, steps, [IWSLT14_URL], ["de-en.tgz"])
+    roots = stage(args, steps, [IWSLT14_URL], ["de-en.tgz"])
     tok = steps.work / "tok"
     tok.mkdir(exist_ok=True)
 
@@ -170,7 +95,7 @@ def prepare_iwslt14(args):
     steps.run("tokenize_test", tokenize_test, outputs=[tok / f"test.{l}" for l in (src, tgt)])
 
     check_counts(split_counts(tok, src, tgt), EXPECTED["iwslt14"], args.allow_nonstandard_splits)
-    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 10000)
+    prep = bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 10000)
     return report_counts(prep, src, tgt)
 
 
@@ -191,7 +116,7 @@ WMT14_ARCHIVES = ["training-parallel-europarl-v7.tgz", "training-parallel-common
 def prepare_wmt14(args):
     src, tgt = "en", "de"
     steps = Steps(args.work)
-    roots = _stage(args, steps, WMT14_URLS, WMT14_ARCHIVES)
+    roots = stage(args, steps, WMT14_URLS, WMT14_ARCHIVES)
     tok = steps.work / "tok"
     tok.mkdir(exist_ok=True)
     moses = dict(aggressive=True, escape=True, normalize=True, workers=args.workers)
@@ -230,7 +155,7 @@ def prepare_wmt14(args):
               outputs=[tok / f"train.{l}" for l in (src, tgt)])
 
     check_counts(split_counts(tok, src, tgt), EXPECTED["wmt14"], args.allow_nonstandard_splits)
-    prep = _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 40000)
+    prep = bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 40000)
     return report_counts(prep, src, tgt)
 
 
@@ -273,7 +198,7 @@ def url_hash(url):
 def prepare_cnndm(args):
     src, tgt = "source", "target"
     steps = Steps(args.work)
-    roots = _stage(args, steps, CNNDM_URLS, ["cnn_stories.tgz", "dailymail_stories.tgz"])
+    roots = stage(args, steps, CNNDM_URLS, ["cnn_stories.tgz", "dailymail_stories.tgz"])
     raw, tok = steps.work / "raw", steps.work / "tok"
     raw.mkdir(exist_ok=True)
     tok.mkdir(exist_ok=True)
@@ -337,7 +262,7 @@ def prepare_cnndm(args):
     steps.run("tokenize", tokenize, options={"max_source_tokens": args.max_source_tokens},
               outputs=[tok / f"{s}.{l}" for s in split_names for l in (src, tgt)])
 
-    _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
+    bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
     return report_counts(tok, src, tgt)
 
 
@@ -359,7 +284,7 @@ GIGAWORD_FILES = {  # (folder the file must be in, article file, title file); tr
 def prepare_gigaword(args):
     src, tgt = "article", "title"
     steps = Steps(args.work)
-    roots = _stage(args, steps, GIGAWORD_URLS, ["summary.tar.gz", "sumdata.tgz"])
+    roots = stage(args, steps, GIGAWORD_URLS, ["summary.tar.gz", "sumdata.tgz"])
     tok = steps.work / "tok"
     tok.mkdir(exist_ok=True)
 
@@ -385,7 +310,7 @@ def prepare_gigaword(args):
     steps.run("normalize", normalize, options={"max_len": args.max_len or 200},
               outputs=[tok / f"{s}.{l}" for s in GIGAWORD_FILES for l in (src, tgt)])
 
-    _bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
+    bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
     return report_counts(tok, src, tgt)
 
 
@@ -424,7 +349,7 @@ def parse_args(argv=None):
 def run(argv=None):
     """Prepare one dataset; returns the binarized folder (PrepError on bad input)."""
     args = parse_args(argv)
-    _check_paths(args)
+    check_paths(args)
     DATASETS[args.dataset][0](args)
     dest = Path(args.dest).absolute()
     if not (dest.is_dir() and is_ours(dest)):

@@ -25,16 +25,15 @@ import datetime
 import fcntl
 import json
 import os
-import platform
-import re
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ..cli.plotting import quiet_logging
+from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
+from .fairseq_log import LogError, epoch_seconds, model_params, seconds_per_update, valid_curve
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
 BASELINE = "transformer"
@@ -63,95 +62,12 @@ def log(msg):
     print(f"[reproduce {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# ------------------------------------------------------------------------------- train log
-
-VALID_RE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
-PARAMS_RE = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
-# "wall" is cumulative; "train_wall" (also on the line) is per interval: match ", wall=" exactly
-INNER_RE = re.compile(r"epoch (\d+):\s+(\d+) / (\d+) .*?num_updates=(\d+).*?, wall=([0-9.]+)")
-STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| INFO \| "
-EPOCH_RE = re.compile(STAMP + r"(?:fairseq\.trainer \| (begin) training epoch|fairseq_cli\.train \| (end) of epoch) (\d+)",
-                      re.M)
-# the config dump fairseq-train writes first on every start (a resumed run appends to the same log)
-START_RE = re.compile(r"\| fairseq_cli\.train \| \{'_name'", re.M)
-
-
-def valid_curve(train_log):
-    """[(num_updates, valid loss)] from a fairseq-train log (a resumed run appends: last wins)."""
-    points = {}
-    if Path(train_log).is_file():
-        for m in VALID_RE.finditer(Path(train_log).read_text(errors="replace")):
-            points[int(m.group(2))] = float(m.group(1))
-    return sorted(points.items())
-
-
-def model_params(train_log):
-    m = PARAMS_RE.findall(Path(train_log).read_text(errors="replace")) if Path(train_log).is_file() else []
-    if not m:
-        raise ReproduceError(f"{train_log}: no 'num. model params' line (did fairseq-train start?)")
-    return int(m[-1].replace(",", ""))
-
-
-def epoch_seconds(train_log):
-    """(seconds of the epochs the final model went through, fairseq-train starts) from the log.
-
-    Each epoch counts once, from its "begin training epoch N" to its "end of epoch N" (the last
-    attempt that finished it wins), so a run killed and resumed is timed like one that never
-    stopped: the part of an epoch lost to a kill is not counted, nor is start-up. Measured from the
-    log because a killed launcher never gets to write down its own time.
-    """
-    text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
-    begun, seconds = {}, {}
-    for stamp, begin, end, epoch in EPOCH_RE.findall(text):
-        t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
-        if begin:
-            begun[int(epoch)] = t
-        elif int(epoch) in begun:
-            seconds[int(epoch)] = t - begun[int(epoch)]
-    return sum(seconds.values()), len(START_RE.findall(text))
-
-
-def seconds_per_update(train_log):
-    """(seconds per update, updates per epoch) from the progress lines of a simple-format log.
-
-    Measured between the first and the last progress line, so model building, data loading and
-    the first (slow) updates are left out.
-    """
-    rows = [(int(u), float(w), int(size)) for _, _, size, u, w in INNER_RE.findall(Path(train_log).read_text(errors="replace"))]
-    if len(rows) < 2:
-        raise ReproduceError(f"{train_log}: need two progress lines to time updates (lower --log-interval?)")
-    (u0, w0, size), (u1, w1, _) = rows[0], rows[-1]
-    if u1 <= u0:
-        raise ReproduceError(f"{train_log}: progress lines do not advance")
-    return (w1 - w0) / (u1 - u0), size
-
-
-# ------------------------------------------------------------------------------------ runs
-
-def git_commit():
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
-    except OSError:
-        return "unknown"
-
-
 def device_name(device):
     if device == "cuda":
         import torch
 
         return f"{torch.cuda.get_device_name(0)} (1 GPU)"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU: {cpu}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    return f"CPU: {cpu_model()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
 
 
 def read_manifest(data):
@@ -381,7 +297,7 @@ def main(argv=None):
                     "score (sacreBLEU + tokenized BLEU), write one record per run, and rebuild the table "
                     "(paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3 (default 3)")
+    p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3; one seed alone: N, with the comma (default 3)")
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
                         "it is the baseline of the significance test)")
@@ -465,7 +381,7 @@ def main(argv=None):
         all_cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except ReproduceError as e:
+    except (ReproduceError, LogError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

@@ -16,13 +16,13 @@ an earlier smoke run wrote there (see :mod:`man_fairseq.recipes.workdir`).
 
 import argparse
 import gzip
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from .config import REPO, load_config
+from .tools import tool_env
 from .workdir import created, prepare_out_dir
 from ..cli.plotting import quiet_logging
 
@@ -78,8 +78,7 @@ def main(argv=None):
 
     cfg = load_config(args.config)
     out = prepare_out_dir(args.out, command="smoke")
-    env = dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1")
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env = tool_env(PYTHON=sys.executable, PYTHONUNBUFFERED="1")
     created(out, "raw")
     source = write_de_en(out / "raw", args.train_size, args.eval_size, args.eval_size, args.corpus)
     print(f"smoke: corpus = {source}", flush=True)
