@@ -111,9 +111,10 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
     return dest
 
 
-def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train", "valid", "test")):
-    """Learn joint BPE on the tokenized train split, apply it to every split, binarize into ``--dest``."""
-    tok_dir, prep = Path(prep_src_dir), steps.work / "prep"
+def learn_and_apply_bpe(steps, tok_dir, src, tgt, merges, splits, workers):
+    """Steps learn_bpe (joint, on the tokenized train split) and apply_bpe (every split) into
+    ``<work>/prep``; returns (prep folder, codes file)."""
+    tok_dir, prep = Path(tok_dir), steps.work / "prep"
     prep.mkdir(exist_ok=True)
     codes = prep / "code"
 
@@ -125,10 +126,16 @@ def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train
         for split in splits:
             for lang in (src, tgt):
                 lines = read_lines(tok_dir / f"{split}.{lang}")
-                write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
-                log(f"      bpe {split}.{lang}: {len(lines)} lines")
+                write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, workers))
+                log(f"      bpe {split}.{lang}: {len(lines):,} lines")
     steps.run("apply_bpe", apply, inputs=[codes], outputs=[prep / f"{s}.{l}" for s in splits for l in (src, tgt)])
+    return prep, codes
 
+
+def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train", "valid", "test")):
+    """Learn joint BPE on the tokenized train split, apply it to every split, binarize into ``--dest``."""
+    tok_dir = Path(prep_src_dir)
+    prep, codes = learn_and_apply_bpe(steps, tok_dir, src, tgt, merges, splits, args.workers)
     dest = Path(args.dest).absolute()
 
     def binarize_step():

@@ -22,10 +22,9 @@ import sys
 from pathlib import Path
 
 from .config import REPO
-from .binarize import binarize
+from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import (
-    PrepError, Steps, apply_bpe_lines, check_paths, learn_bpe, log, read_lines, report_counts,
-    tokenize_lines, write_lines,
+    PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, write_lines,
 )
 from .downloads import fetch
 
@@ -120,8 +119,8 @@ def prepare_multi30k(args):
     check_paths(args)
     steps = Steps(args.work)
     files = stage(args, steps)
-    raw, tok, prep = steps.work / "raw", steps.work / "tok", steps.work / "prep"
-    for d in (raw, tok, prep):
+    raw, tok = steps.work / "raw", steps.work / "tok"
+    for d in (raw, tok):
         d.mkdir(exist_ok=True)
     test_sets = [s for s in files if s not in ("train", "valid")]  # "test" first, then the extras
 
@@ -164,18 +163,7 @@ def prepare_multi30k(args):
                     write_lines(tok / f"{split}.raw.{lang}", lines)  # references for sacreBLEU
     steps.run("tokenize", tokenize, outputs=[tok / f"{split}.{lang}" for split in files for lang in (src, tgt)])
 
-    codes = prep / "code"
-    steps.run("learn_bpe", lambda: learn_bpe([tok / f"train.{src}", tok / f"train.{tgt}"], codes, args.bpe_merges),
-              options={"merges": args.bpe_merges}, outputs=[codes])
-
-    def apply():
-        for split in files:
-            for lang in (src, tgt):
-                lines = read_lines(tok / f"{split}.{lang}")
-                write_lines(prep / f"{split}.{lang}", apply_bpe_lines(lines, codes, args.workers))
-                log(f"      bpe {split}.{lang}: {len(lines):,} lines")
-    steps.run("apply_bpe", apply, inputs=[codes],
-              outputs=[prep / f"{split}.{lang}" for split in files for lang in (src, tgt)])
+    prep, codes = learn_and_apply_bpe(steps, tok, src, tgt, args.bpe_merges, list(files), args.workers)
 
     dest = Path(args.dest).absolute()
 
