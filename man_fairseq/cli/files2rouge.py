@@ -7,8 +7,9 @@ Same arguments, defaults and output lines as ``files2rouge`` (github.com/pltrdy/
 ROUGE-1.5.5 treats REFERENCE as its model summaries and SUMMARY as the system's. Summary-level
 ROUGE-L is not symmetric: the MAN authors and fairseq's BART README pass the hypotheses first
 (``files2rouge HYPOTHESES REFERENCES``); docs/summarization-scoring.md gives the difference.
-One difference from files2rouge as shipped: WordNet's exception database has its 5,930 entries
-(files2rouge's copy has none), so irregular forms ("went") are stemmed ("go").
+By default WordNet's exception database is files2rouge's (empty, so irregular forms such as
+"went" are not stemmed to "go"), and the scores are files2rouge's to the last digit;
+``--exception-db wordnet`` uses its 5,930 entries instead (docs/summarization-scoring.md).
 """
 
 import argparse
@@ -40,6 +41,9 @@ def build_parser():
                    help='End of sentence separator (for multisentence). Default: "."')
     p.add_argument("-m", "--stemming", action="store_true", help="DEPRECATED: stemming is now default behavior")
     p.add_argument("-nm", "--no_stemming", action="store_true", help="Switch off stemming")
+    p.add_argument("--exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
+                   help="WordNet exception database of ROUGE's stemmer: files2rouge (default; empty, as files2rouge "
+                        "ships it, so the scores are files2rouge's) or wordnet (its 5,930 irregular forms: went -> go)")
     p.add_argument("-ir", "--ignore_empty_reference", action="store_true")
     p.add_argument("-is", "--ignore_empty_summary", action="store_true")
     return p
@@ -61,7 +65,7 @@ def main(argv=None):
             rouge_n=args.rouge_n, no_rouge_l=args.no_rouge_l,
             ignore_empty_reference=args.ignore_empty_reference, ignore_empty_summary=args.ignore_empty_summary,
             on_prepared=lambda ignored: print("%d line(s) ignored\nRunning ROUGE..." % len(ignored), flush=True),
-            verbose=args.verbose)
+            verbose=args.verbose, exception_db=args.exception_db)
     except (OSError, ValueError, rouge155.Rouge155Unavailable) as e:
         print(flush=True)  # ends the "Preparing documents..." line
         sys.exit(f"man-files2rouge: error: {e}")

@@ -20,7 +20,7 @@ import yaml
 from .config import validate
 from .launch import USER_DIR, precision_args, visible_gpus
 from . import scoring
-from .rouge155 import Rouge155Unavailable
+from .rouge155 import DEFAULT_EXCEPTION_DB, EXCEPTION_DBS, Rouge155Unavailable
 from .tools import tool_env
 from ..cli.plotting import quiet_logging
 
@@ -129,7 +129,7 @@ def training_progress(checkpoint):
     return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
 
 
-def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=None):
+def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=None, rouge_exception_db=None):
     metric = cfg["eval"]["metric"]
     tgt = cfg.get("target_lang")
     if metric == "bleu_ci":
@@ -155,7 +155,8 @@ def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=No
     if metric == "rouge":
         order = rouge_order or cfg["eval"].get("rouge_order", "hyp-ref")
         return {"metric": metric, "rouge_order": order,
-                "rouge": scoring.rouge(hyps, refs, implementation=rouge_implementation, order=order)}
+                "rouge": scoring.rouge(hyps, refs, implementation=rouge_implementation, order=order,
+                                       exception_db=rouge_exception_db)}
     raise ValueError(metric)
 
 
@@ -195,6 +196,9 @@ def main(argv=None):
     p.add_argument("--rouge-implementation", choices=scoring.ROUGE_IMPLEMENTATIONS, default="rouge155",
                    help="rouge155 (default): ROUGE-1.5.5 as files2rouge runs it, needs Perl's XML::Parser; "
                         "rouge-score: Google's reimplementation (ROUGE-L as its rougeLsum), not the papers' numbers")
+    p.add_argument("--rouge-exception-db", choices=sorted(EXCEPTION_DBS), default=DEFAULT_EXCEPTION_DB,
+                   help="ROUGE-1.5.5's WordNet exception database: files2rouge (default: empty, as files2rouge ships "
+                        "it, so as the papers' numbers) or wordnet (its 5,930 irregular forms; a little higher)")
     p.add_argument("--checkpoint", default=None,
                    help="evaluate this checkpoint file instead of averaging (e.g. RUN/checkpoints/checkpoint_last.pt)")
     args = p.parse_args(argv)
@@ -248,7 +252,7 @@ def main(argv=None):
     (eval_dir / f"{subset}.ref").write_text("\n".join(refs) + "\n")
 
     try:
-        details = score(cfg, hyps, refs, data, args.rouge_implementation, args.rouge_order)
+        details = score(cfg, hyps, refs, data, args.rouge_implementation, args.rouge_order, args.rouge_exception_db)
     except Rouge155Unavailable as e:
         sys.exit(f"cannot score ROUGE with ROUGE-1.5.5: {e}\nThe decoded files are in {eval_dir}; after "
                  "installing, rerun this command (or pass --rouge-implementation rouge-score for "
@@ -266,6 +270,7 @@ def main(argv=None):
     else:
         scores = {k: details["rouge"][k] for k in ("rouge1", "rouge2", "rougeL")}
         details["rouge_implementation"] = details["rouge"]["implementation"]
+        details["rouge_exception_db"] = details["rouge"].get("exception_db")  # rouge155 only
 
     result = {
         "name": cfg["name"], "config": cfg.get("_path", str(run / "config.yaml")),

@@ -8,6 +8,7 @@ resumable).
 
 import argparse
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from .dataprep import (
     report_counts, split_counts, tokenize_lines, write_lines,
 )
 from .downloads import find_file, stage
+from .manifest import write_manifest
 
 # Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
 # / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata
@@ -281,6 +283,9 @@ GIGAWORD_FILES = {  # (folder the file must be in, article file, title file); tr
 }
 
 
+GIGAWORD_TEST_NAME = "Gigaword test (Rush et al. 2015, Giga/)"
+
+
 def prepare_gigaword(args):
     src, tgt = "article", "title"
     steps = Steps(args.work)
@@ -307,11 +312,25 @@ def prepare_gigaword(args):
                 a, t = clean_pairs(a, t, 1, args.max_len or 200, ratio=None, factor_separator=False)
             write_lines(tok / f"{split}.{src}", a)
             write_lines(tok / f"{split}.{tgt}", t)
+        # ROUGE's references (the release's test titles as normalized above; fairseq-generate's
+        # targets would show <unk> for an unseen BPE symbol) and the test articles (lead baselines),
+        # copied next to the binarized data
+        for lang, lines in zip((src, tgt), splits["test"]):
+            write_lines(tok / f"test.raw.{lang}", lines)
+        (tok / "release_counts.json").write_text(json.dumps(counts) + "\n")
     steps.run("normalize", normalize, options={"max_len": args.max_len or 200},
-              outputs=[tok / f"{s}.{l}" for s in GIGAWORD_FILES for l in (src, tgt)])
+              outputs=[tok / f"{s}.{l}" for s in GIGAWORD_FILES for l in (src, tgt)]
+              + [tok / f"test.raw.{l}" for l in (src, tgt)] + [tok / "release_counts.json"])
 
-    bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 32000)
-    return report_counts(tok, src, tgt)
+    merges = args.bpe_merges or 32000
+    bpe_and_binarize(args, steps, tok, src, tgt, merges)
+    counts = report_counts(tok, src, tgt)
+    write_manifest(args.dest, "gigaword", src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
+                   EXPECTED["gigaword"], {"test": GIGAWORD_TEST_NAME}, source=str(args.from_path or GIGAWORD_URLS[0][0]),
+                   bpe_merges=merges, max_len=args.max_len or 200,
+                   tokenizer="none: the release is tokenized, lowercased, digits as '#', rare words as 'UNK' "
+                             "(Rush et al. 2015); whitespace and case normalized only")
+    return counts
 
 
 DATASETS = {

@@ -33,7 +33,11 @@ from pathlib import Path
 from ..cli.plotting import quiet_logging
 from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
-from .fairseq_log import LogError, epoch_seconds, model_params, seconds_per_update, valid_curve
+from . import rouge155
+from .dataprep import PrepError
+from .fairseq_log import LogError, model_params, seconds_per_update
+from .manifest import read_manifest
+from .study_eval import StudyEvalError, evaluate_run
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
 BASELINE = "transformer"
@@ -45,12 +49,19 @@ FAMILY_LABELS = {
     "diffwin": "Diffwin Enc(AW)-Cr(AW,Seg)-Dec(MW)",
     "calibration": "Calibration (anneal)",
 }
-MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
+MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k", "metric": "bleu",
+            "prepare": "data-prep/prepare-multi30k.sh [--from FOLDER]"}
 EXPERIMENTS = {
-    "multi30k": {"configs": CONFIG_DIR / "multi30k", "data": MULTI30K_DATA,
-                 "title": "Multi30k De→En, papers' small width: every family against the Transformer"},
-    "multi30k-cpu": {"configs": CONFIG_DIR / "multi30k-cpu", "data": MULTI30K_DATA,
-                     "title": "Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"},
+    "multi30k": dict(MULTI30K, configs=CONFIG_DIR / "multi30k",
+                     title="Multi30k De→En, papers' small width: every family against the Transformer"),
+    "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu",
+                         title="Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"),
+    "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
+                     "dataset": "gigaword", "metric": "rouge",
+                     "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
+                                "--allow-nonstandard-splits --bpe-merges 8000",
+                     "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
+                              "every family against the Transformer"},
 }
 
 
@@ -70,12 +81,12 @@ def device_name(device):
     return f"CPU: {cpu_model()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
 
 
-def read_manifest(data):
-    manifest = Path(data) / "multi30k.json"
-    if not manifest.is_file():
-        raise ReproduceError(f"{data}: no multi30k.json; prepare the data first: "
-                             f"data-prep/prepare-multi30k.sh [--from FOLDER] --dest {data}")
-    return json.loads(manifest.read_text())
+def scoring_config(cfg, experiment, args):
+    """``cfg`` with the scoring options of the command line that change a score resolved into its
+    ``eval`` (so they are part of the fingerprint): ROUGE's exception database."""
+    if experiment["metric"] != "rouge":
+        return cfg  # the BLEU studies' fingerprints stay as their committed records have them
+    return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
 
 
 def prepare_run_dir(run, fingerprint, force):
@@ -136,61 +147,6 @@ def train_run(cfg, run, seed, args, fingerprint, force=False):
         raise ReproduceError(f"training {run.name} failed (exit {rc}); log: {run / 'train.log'}. "
                              "Run the same command again to resume it.")
     (run / ".train.done").write_text(datetime.datetime.now(datetime.timezone.utc).isoformat() + "\n")
-
-
-def evaluate_run(cfg, run, seed, family, test_sets, args, fingerprint):
-    """Average the last checkpoints, decode every test set, score; returns (record, hypotheses)."""
-    from . import scoring
-    from .evaluate import _run, generate_args, read_generate_output
-    from man_fairseq.cli.average_checkpoints import AverageError, last_n_checkpoints
-    from man_fairseq.cli.average_checkpoints import main as average_main
-
-    ev = cfg["eval"]
-    n_avg = args.avg_last or ev.get("avg_last", 5)
-    by_update = ev.get("avg_by", "epoch") == "update"
-    eval_dir = run / "eval"
-    eval_dir.mkdir(exist_ok=True)
-    ckpt_dir = run / "checkpoints"
-    checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
-    try:
-        averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
-        average_main(["--inputs", str(ckpt_dir), "--num-update-checkpoints" if by_update else
-                      "--num-epoch-checkpoints", str(n_avg), "--output", str(checkpoint)])
-    except AverageError as e:
-        raise ReproduceError(f"{run.name}: cannot average: {e}") from e
-    device = "cpu" if args.device == "cpu" else "gpu"
-    tgt = cfg["target_lang"]
-    results, hypotheses = {}, {}
-    for subset, release_name in test_sets.items():
-        cmd = ["fairseq-generate"] + generate_args(cfg, args.data, checkpoint, subset, device, args.precision,
-                                                   args.batch_size)
-        ids, hyps, refs = read_generate_output(_run(cmd, eval_dir / f"generate-{subset}.txt"))
-        raw_refs = (Path(args.data) / f"{subset}.raw.{tgt}").read_text(encoding="utf-8").splitlines()
-        if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
-            raise ReproduceError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references")
-        detok = scoring.moses_detokenize(hyps, tgt)
-        tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True)
-        sacre = scoring.sacrebleu_detok(detok, raw_refs)
-        hypotheses[subset] = detok
-        results[subset] = {"name": release_name, "n_sentences": len(hyps), "bleu_tok_ci": tok_bleu["bleu"],
-                           "sacrebleu": sacre["bleu"], "sacrebleu_signature": sacre["signature"],
-                           "tokenized_bleu_details": tok_bleu,
-                           "generate_command": [str(c) for c in cmd]}
-        log(f"      {run.name} {release_name}: sacreBLEU {sacre['bleu']:.2f}, tokenized BLEU {tok_bleu['bleu']:.2f}")
-    train_seconds, attempts = epoch_seconds(run / "train.log")
-    run_json = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
-    curve = valid_curve(run / "train.log")
-    record = {"family": family, "seed": seed, "fingerprint": fingerprint,
-              "config": os.path.relpath(cfg["_path"], REPO), "name": cfg["name"], "arch": cfg["arch"],
-              "fairseq_args": list(args.fairseq_args), "train_command": run_json.get("command"),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "commit": git_commit(), "device": device_name(args.device),
-              "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_at_end": os.getloadavg(),
-              "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
-              "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
-              "epochs": len(curve), "averaged_checkpoints": [Path(c).name for c in averaged],
-              "valid_curve": curve, "test_sets": results}
-    return record, hypotheses
 
 
 # ---------------------------------------------------------------------------------- timing
@@ -260,6 +216,11 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
         log(f"stale record {r['family']}-seed{r['seed']} (fingerprint {r.get('fingerprint')}): not in the table")
     if not current:
         raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate")
+    if EXPERIMENTS[experiment]["metric"] == "rouge":
+        from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
+
+        return summarization_table.build(experiment, EXPERIMENTS[experiment], current, stale, records_dir, args,
+                                         manifest, results_dir, FAMILIES, FAMILY_LABELS, log)
     tgt = manifest["target_lang"]
     refs = {subset: (Path(args.data) / f"{subset}.raw.{tgt}").read_text(encoding="utf-8").splitlines()
             for subset in manifest["test_sets"]}
@@ -293,9 +254,9 @@ def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(
         prog="scripts/reproduce.sh",
-        description="Train every family and the Transformer on Multi30k for several seeds, average, decode, "
-                    "score (sacreBLEU + tokenized BLEU), write one record per run, and rebuild the table "
-                    "(paired bootstrap against the Transformer, PNG) from the records.")
+        description="Train every family and the Transformer on Multi30k or Gigaword for several seeds, average, "
+                    "decode, score (sacreBLEU + tokenized BLEU, or ROUGE-1.5.5 as files2rouge), write one record "
+                    "per run, and rebuild the table (paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
     p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3; one seed alone: N, with the comma (default 3)")
     p.add_argument("--families", default=",".join(FAMILIES),
@@ -303,12 +264,16 @@ def main(argv=None):
                         "it is the baseline of the significance test)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when visible, else cpu")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16", help="GPU precision (CPU: fp32)")
-    p.add_argument("--data", default=None, help="binarized data (default data-bin/multi30k.de-en)")
+    p.add_argument("--data", default=None, help="binarized data (default data-bin/multi30k.de-en; gigaword-cpu: "
+                   "data-bin/gigaword-30k)")
     p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
     p.add_argument("--results-dir", default=str(REPO / "results"))
     p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last (epoch checkpoints averaged)")
     p.add_argument("--batch-size", type=int, default=128, help="fairseq-generate sentences per batch")
     p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
+                   help="ROUGE studies: WordNet exception database of ROUGE-1.5.5 (default files2rouge: empty, as "
+                        "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
     p.add_argument("--force", action="store_true",
                    help="retrain and rescore the runs of the --families named (the Transformer only when "
                         "named) even when their record matches today's config")
@@ -340,8 +305,8 @@ def main(argv=None):
     named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
     families = [BASELINE] + [f for f in FAMILIES if f in families and f != BASELINE]
     try:
-        manifest = read_manifest(args.data)
-        cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in families}
+        manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
+        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in families}
         results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates:
             path = results_dir / f"{args.experiment}-timing-{args.device}.json"
@@ -376,12 +341,13 @@ def main(argv=None):
                             continue
                         run = args.runs_dir / f"{fam}-seed{seed}"
                         train_run(cfgs[fam], run, seed, args, fp, force)
-                        record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest["test_sets"], args, fp)
+                        record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
+                                                    device_name(args.device), log)
                         log(f"wrote record {write_record(records_dir, record, hyps)}")
-        all_cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in FAMILIES}
+        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except (ReproduceError, LogError) as e:
+    except (ReproduceError, LogError, PrepError, StudyEvalError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

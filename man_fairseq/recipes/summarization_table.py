@@ -1,0 +1,222 @@
+"""A summarization study's table (``scripts/reproduce.sh gigaword-cpu``), rebuilt from its run
+records alone: ROUGE-1/2/L F1 per family (mean ± sample standard deviation over seeds), the
+difference to the Transformer of the same seed, a paired bootstrap over documents against it, a
+lead baseline and the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
+``<experiment>.png`` (each run's ROUGE as a dot beside the validation loss, zoomed).
+"""
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+from .config import CONFIG_DIR, REPO, load_config
+from .rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
+from .study_records import read_hypotheses
+from .study_table import BASELINE, _params, _pm, mean_std
+
+KEYS = ("rouge1", "rouge2", "rougeL")
+NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
+LEAD_WORDS = {"gigaword": 8}  # the usual lead baseline of headline generation: the first 8 words
+PAPER_ROWS = {"gigaword": ("man/t2-gigaword-transformer", "man/t2-gigaword-man")}
+
+
+def significance(records, records_dir, refs, n_samples):
+    """{(family, seed, subset): {metric: bootstrap}} of every run against the same seed's Transformer."""
+    docs = {}
+
+    def doc_scores(r, subset):
+        key = (r["family"], r["seed"], subset)
+        if key not in docs:
+            t = r["test_sets"][subset]
+            docs[key] = per_document_f(read_hypotheses(records_dir, r, subset), refs[subset],
+                                       t["rouge_order"], t["exception_db"])
+        return docs[key]
+
+    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
+    out = {}
+    for r in records:
+        b = base.get(r["seed"])
+        if r["family"] == BASELINE or b is None:
+            continue
+        for subset in r["test_sets"]:
+            if subset in b["test_sets"] and subset in refs:
+                sd, bd = doc_scores(r, subset), doc_scores(b, subset)
+                out[(r["family"], r["seed"], subset)] = {k: paired_bootstrap(bd[k], sd[k], n_samples) for k in KEYS}
+    return out
+
+
+def summarize(records, families, labels, boot):
+    summary = {}
+    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
+    for fam in families:
+        fr = sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"])
+        if not fr:
+            continue
+        entry = {"label": labels.get(fam, fam), "arch": fr[0]["arch"], "seeds": [r["seed"] for r in fr],
+                 "params": fr[0]["params"], "train_minutes": [round(r["train_seconds"] / 60, 1) for r in fr],
+                 "updates": [r["updates"] for r in fr], "test_sets": {}}
+        for subset in fr[0]["test_sets"]:
+            s = {"name": fr[0]["test_sets"][subset]["name"]}
+            for k in KEYS:
+                values = [r["test_sets"][subset][k] for r in fr]
+                # matched seeds, like the bootstrap
+                diffs = [r["test_sets"][subset][k] - base[r["seed"]]["test_sets"][subset][k]
+                         for r in fr if r["seed"] in base and subset in base[r["seed"]]["test_sets"]]
+                s[k] = values
+                s[f"{k}_mean_std"] = mean_std(values)
+                s[f"delta_{k}"] = round(sum(diffs) / len(diffs), 2) if diffs else None
+            if fam != BASELINE:
+                s["paired_bootstrap"] = [boot.get((fam, r["seed"], subset)) for r in fr]
+            entry["test_sets"][subset] = s
+        summary[fam] = entry
+    return summary
+
+
+def references_table(dataset, data, manifest, exception_db, order):
+    """Rows for the lead baseline (computed here) and the published numbers (from the configs)."""
+    rows = []
+    if dataset in LEAD_WORDS:
+        n = LEAD_WORDS[dataset]
+        for subset, release in manifest["test_sets"].items():
+            src = Path(data) / manifest["sources"][subset]
+            ref = Path(data) / manifest["references"][subset]
+            lead = [lead_words(line, n) for line in src.read_text(encoding="utf-8").splitlines()]
+            from . import scoring
+
+            r = scoring.rouge(lead, ref.read_text(encoding="utf-8").splitlines(), order=order, exception_db=exception_db)
+            rows.append({"what": f"Lead-{n} (first {n} words of the article), {release}", "metric":
+                         "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
+                         **{k: r[k] for k in KEYS}})
+    for row in PAPER_ROWS.get(dataset, ()):
+        cfg = load_config(CONFIG_DIR / f"{row}.yaml")
+        pr = cfg["paper_results"]
+        rows.append({"what": f"published: {cfg['row']} (MAN paper Table {cfg['table']}, full data, d=768, 6+6 layers)",
+                     "metric": "ROUGE-1.5.5 F1 via files2rouge on the full 3.8M-pair training set",
+                     **{k: pr[k] for k in KEYS}})
+    return rows
+
+
+def to_markdown(summary, meta, stale, reference_rows):
+    lines = [f"# {meta['title']}", "",
+             f"- built: {meta['date']} from the run records in `{meta['records']}` (each names its commit, "
+             "device, threads and command)",
+             f"- devices: {'; '.join(meta['devices'])}",
+             f"- commits: {', '.join(meta['commits'])}; configs: `{meta['configs']}`; data: {meta['subset']}",
+             f"- one run: `{meta['command']}`", ""]
+    for subset, release in meta["test_sets"].items():
+        lines += [f"## {release}", "",
+                  "| family | params | train min (mean) | R-1 | R-2 | R-L | Δ R-1 / R-2 / R-L vs Transformer | "
+                  "paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for fam, e in summary.items():
+            s = e["test_sets"].get(subset)
+            if s is None:
+                continue
+            minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
+            if fam == BASELINE:
+                delta, pcol = "0 (baseline)", "baseline"
+            else:
+                delta = " / ".join("–" if s[f"delta_{k}"] is None else f"{s[f'delta_{k}']:+.2f}" for k in KEYS)
+                pcol = "; ".join(
+                    f"seed {seed}: " + " / ".join(f"{b[k]['p_value']:.3f} ({'+' if b[k]['system'] >= b[k]['baseline'] else '−'})"
+                                                  for k in KEYS)
+                    for seed, b in zip(e["seeds"], s.get("paired_bootstrap") or []) if b) or "–"
+            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | "
+                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {delta} | {pcol} |")
+        lines.append("")
+    lines += ["For reference (not comparable runs):", "", "| what | R-1 | R-2 | R-L | how scored |", "|---|---|---|---|---|"]
+    lines += [f"| {r['what']} | {r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['metric']} |"
+              for r in reference_rows]
+    lines += ["", f"ROUGE: {meta['rouge']}. Mean ± sample standard deviation over seeds. Δ: mean over the family's "
+              "seeds of its difference to the Transformer of the same seed. Paired bootstrap over documents: "
+              f"{meta['bootstrap']}; p is the probability of the observed difference under no difference. Train "
+              "minutes: wall time of the training epochs from the log, with validation and checkpointing.", "",
+              f"Each run's scores and validation loss: `{meta['png']}`.", ""]
+    if stale:
+        lines += ["## Stale records (not in the table)", "",
+                  "Their config fingerprint differs from what today's configs give. Rerun them to bring them back.", "",
+                  "| run | fingerprint | commit | date |", "|---|---|---|---|"]
+        lines += [f"| {r['family']}-seed{r['seed']} | `{r.get('fingerprint')}` | `{r.get('commit')}` | {r.get('date')} |"
+                  for r in stale]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(records, families, labels, subset, path, title):
+    """Left: every run's ROUGE-1/2/L as a dot per seed, the Transformer's seeds as a band; right: the
+    validation loss of every run, zoomed on the second half of training where the curves separate."""
+    from man_fairseq.cli.plotting import pyplot
+
+    plt = pyplot()
+    fams = [f for f in families if any(r["family"] == f for r in records)]
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, 4, figsize=(15, 4.6), dpi=110, gridspec_kw={"width_ratios": [1, 1, 1, 1.6]})
+    for ax, k in zip(axes[:3], KEYS):
+        base = [r["test_sets"][subset][k] for r in records if r["family"] == BASELINE and subset in r["test_sets"]]
+        if base:
+            ax.axhspan(min(base), max(base), color="0.85", zorder=0, label="Transformer seeds")
+        for i, fam in enumerate(fams):
+            vals = [r["test_sets"][subset][k] for r in records if r["family"] == fam and subset in r["test_sets"]]
+            ax.scatter([i] * len(vals), vals, color=colors(i % 10), zorder=2)
+        ax.set_xticks(range(len(fams)))
+        ax.set_xticklabels([labels.get(f, f).split(" (")[0] for f in fams], rotation=45, ha="right", fontsize=8)
+        ax.set_title(NAMES[k])
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("ROUGE F1 (each dot one seed)")
+    ax = axes[3]
+    ymax, xmax = [], 0
+    for i, fam in enumerate(fams):
+        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
+            if r["valid_curve"]:
+                x, y = zip(*r["valid_curve"])
+                xmax = max(xmax, x[-1])
+                ymax += [v for u, v in r["valid_curve"] if u >= x[-1] / 2]
+                ax.plot(x, y, ["-", "--", ":"][(r["seed"] - 1) % 3], color=colors(i % 10), marker=".",
+                        label=f"{labels.get(fam, fam).split(' (')[0]} s{r['seed']}")
+    if ymax:  # zoom: the second half of training
+        lo, hi = min(ymax), max(ymax)
+        ax.set_xlim(xmax / 2 * 0.95, xmax * 1.02)
+        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
+    ax.set_xlabel("updates (second half of training)")
+    ax.set_ylabel("validation loss (base 2)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    tmp = Path(str(path) + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
+    refs = {subset: (Path(args.data) / manifest["references"][subset]).read_text(encoding="utf-8").splitlines()
+            for subset in manifest["test_sets"]}
+    log("paired bootstrap over documents against the Transformer of the same seed")
+    boot = significance(current, records_dir, refs, args.bootstrap_samples)
+    summary = summarize(current, families, labels, boot)
+    first = next(iter(current[0]["test_sets"].values()))
+    reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"])
+    png = results_dir / f"{experiment}.png"
+    plot(current, families, labels, next(iter(manifest["test_sets"])), png, exp["title"].split(":")[0])
+    meta = {"title": exp["title"], "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
+            "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in current}),
+            "commits": sorted({r["commit"] for r in current}),
+            "configs": os.path.relpath(exp["configs"], REPO), "fairseq_args": args.fairseq_args,
+            "subset": manifest.get("subset"),
+            "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
+                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
+            "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
+            "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
+                          "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),
+            "png": png.name}
+    (results_dir / f"{experiment}.md").write_text(to_markdown(summary, meta, stale, reference_rows))
+    runs = [dict(r, paired_bootstrap={k[2]: v for k, v in boot.items() if k[:2] == (r["family"], r["seed"])})
+            for r in current]
+    (results_dir / f"{experiment}.json").write_text(json.dumps(
+        {"meta": meta, "summary": summary, "references": reference_rows, "runs": runs,
+         "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
+    log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")
+    return results_dir / f"{experiment}.md"

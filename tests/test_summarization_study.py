@@ -1,0 +1,128 @@
+"""The summarization study (``scripts/reproduce.sh gigaword-cpu``): Gigaword data-prep's record
+and references, ROUGE as files2rouge computes it (its empty exception database by default),
+per-document ROUGE and its paired bootstrap, and the study end to end on a tiny release."""
+
+import gzip
+import json
+import random
+import sys
+
+import numpy as np
+import pytest
+
+from man_fairseq.recipes import rouge155
+from man_fairseq.recipes.rouge_significance import lead_words, paired_bootstrap
+from conftest import REPO, TINY_MODEL
+from test_multi30k import run
+
+
+def test_paired_bootstrap_over_documents():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.2, 0.4, 500)
+    better = base + 0.05
+    shift = rng.normal(0, 0.05, 500)
+    noise = base + shift - shift.mean()  # as good on average, different per document
+    same = paired_bootstrap(base, base)
+    assert same["p_value"] == 1.0  # nothing to test, not "significant"
+    clear = paired_bootstrap(base, better)
+    assert clear["p_value"] < 0.01 and clear["system"] > clear["baseline"]
+    assert paired_bootstrap(better, base)["p_value"] == clear["p_value"]  # two-sided
+    assert paired_bootstrap(base, noise)["p_value"] > 0.05
+    assert paired_bootstrap(base, noise) == paired_bootstrap(base, noise)  # seeded
+    with pytest.raises(ValueError, match="3 baseline and 2 system"):
+        paired_bootstrap([0.1, 0.2, 0.3], [0.1, 0.2])
+
+
+def test_per_document_scores_follow_the_lines(rouge155_perl):
+    # 12 documents: ROUGE numbers them in file-name order (s.0, s.1, s.10, s.11, s.2, ...)
+    refs = [f"alpha{i} beta{i} gamma{i}" for i in range(12)]
+    hyps = [refs[i] if i % 3 == 0 else f"delta{i} epsilon{i}" for i in range(12)]
+    out, _ = rouge155.run(hyps, refs, empty_scores_zero=True, per_document=True)
+    docs = rouge155.document_f(out, 12)
+    assert docs["rouge1"] == [1.0 if i % 3 == 0 else 0.0 for i in range(12)]
+    assert docs["rougeL"] == docs["rouge1"]
+
+
+def test_lead_words():
+    assert lead_words("a  b c d e f g h i j", 8) == "a b c d e f g h" and lead_words("x", 8) == "x"
+
+
+def test_man_files2rouge_prints_files2rouge_numbers_on_gigaword(shared_data, tmp_path, rouge155_perl):
+    """Lead-8 of the standard Gigaword test: genuine files2rouge (pltrdy/files2rouge + pyrouge, measured
+    outside this project) prints ROUGE-1 Average_F 0.21299; with the full WordNet database 0.21384."""
+    giga = shared_data / "gigaword-30k" / "Giga"
+    lead = tmp_path / "lead8.txt"
+    lead.write_text("\n".join(lead_words(a, 8) for a in (giga / "input.txt").read_text().splitlines()) + "\n")
+    default = run(["man-files2rouge", giga / "task1_ref0.txt", lead]).stdout
+    assert "1 ROUGE-1 Average_F: 0.21299 " in default
+    wordnet = run(["man-files2rouge", giga / "task1_ref0.txt", lead, "--exception-db", "wordnet"]).stdout
+    assert "1 ROUGE-1 Average_F: 0.21384 " in wordnet
+
+
+def test_gigaword_30k_layout_and_record(shared_data, tmp_path):
+    dest = tmp_path / "bin"
+    run([REPO / "data-prep" / "prepare-gigaword.sh", "--from", shared_data / "gigaword-30k", "--work", tmp_path / "w",
+         "--dest", dest, "--bpe-merges", "1000", "--allow-nonstandard-splits"])
+    record = json.loads((dest / "gigaword.json").read_text())
+    assert record["counts"] == record["release_counts"] == {"train": 29911, "valid": 1000, "test": 1951}
+    assert record["nonstandard"] and record["subset"].startswith("gigaword-30k:")
+    assert record["options"]["bpe_merges"] == 1000 and record["test_sets"] == {"test": "Gigaword test (Rush et al. 2015, Giga/)"}
+    giga = shared_data / "gigaword-30k" / "Giga"
+    assert (dest / record["references"]["test"]).read_text().splitlines() == [
+        " ".join(t.lower().split()) for t in (giga / "task1_ref0.txt").read_text().splitlines()]
+    assert len((dest / record["sources"]["test"]).read_text().splitlines()) == 1951
+
+
+def tiny_release(root, seed=5):
+    """The sent-summary layout with a learnable toy task: the title is the article's first words."""
+    rng = random.Random(seed)
+    words = [f"w{i}" for i in range(60)]
+
+    def pairs(n):
+        arts = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 14))) for _ in range(n)]
+        return arts, [" ".join(a.split()[:4]) for a in arts]
+    (root / "train").mkdir(parents=True)
+    (root / "Giga").mkdir()
+    for name, n in (("train/train.{}.txt.gz", 300), ("train/valid.{}.filter.txt.gz", 30)):
+        arts, titles = pairs(n)
+        for side, lines in (("article", arts), ("title", titles)):
+            with gzip.open(root / name.format(side), "wt") as f:
+                f.write("\n".join(lines) + "\n")
+    arts, titles = pairs(40)
+    (root / "Giga/input.txt").write_text("\n".join(arts) + "\n")
+    (root / "Giga/task1_ref0.txt").write_text("\n".join(titles) + "\n")
+    return root
+
+
+def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
+    release = tiny_release(tmp_path / "sumdata")
+    data = tmp_path / "bin"
+    run([REPO / "data-prep" / "prepare-gigaword.sh", "--from", release, "--work", tmp_path / "w", "--dest", data,
+         "--bpe-merges", "100", "--allow-nonstandard-splits"])
+    cmd = [sys.executable, "-m", "man_fairseq.recipes.reproduce", "gigaword-cpu", "--seeds", "1,", "--families", "man",
+           "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
+           "--avg-last", "1", "--bootstrap-samples", "100", "--",
+           *TINY_MODEL, "--max-epoch", "1", "--max-tokens", "1500", "--warmup-updates", "4", "--lr", "0.003"]
+    out = run(cmd).stdout
+    results = tmp_path / "results"
+    table = json.loads((results / "gigaword-cpu.json").read_text())
+    man, transformer = table["runs"]
+    for r in (man, transformer):
+        scores = r["test_sets"]["test"]
+        assert scores["n_sentences"] == 40 and scores["exception_db"] == "files2rouge"
+        assert scores["rouge_order"] == "hyp-ref" and "files2rouge" in scores["rouge_implementation"]
+        assert all(0 <= scores[k] <= 100 for k in ("rouge1", "rouge2", "rougeL"))
+        hyps = (results / "gigaword-cpu" / f"{r['family']}-seed1.test.hyp").read_text().splitlines()
+        assert len(hyps) == 40
+    boot = man["paired_bootstrap"]["test"]
+    assert set(boot) == {"rouge1", "rouge2", "rougeL"} and boot["rouge1"]["n_documents"] == 40
+    assert boot["rouge1"]["system"] == pytest.approx(man["test_sets"]["test"]["rouge1"], abs=1.0)
+    md = (results / "gigaword-cpu.md").read_text()
+    assert "| Transformer (small) |" in md and "| MAN (small, DMAN enc.) |" in md and "Lead-8" in md
+    lead = next(r for r in table["references"] if r["what"].startswith("Lead-8"))
+    assert lead["rouge1"] > 50  # the toy titles are the articles' first 4 words
+    assert "ROUGE-1/2/L" in out and (results / "gigaword-cpu.png").stat().st_size > 10_000
+    # another exception database is another scoring: today's records do not match it
+    again = run(cmd[:cmd.index("--")] + ["--rouge-exception-db", "wordnet", "--table-only"] + cmd[cmd.index("--"):],
+                check=False)
+    assert again.returncode == 2 and "stale record man-seed1" in again.stdout
