@@ -37,6 +37,7 @@ from . import rouge155
 from .dataprep import PrepError
 from .fairseq_log import LogError, model_params, seconds_per_update
 from .manifest import read_manifest
+from .study_figure import plot_study
 from .study_eval import StudyEvalError, evaluate_run
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
@@ -228,7 +229,9 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
     boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples)
     summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
     png = results_dir / f"{experiment}-valid-loss.png"
-    study_table.plot_curves(current, FAMILIES, FAMILY_LABELS, png, EXPERIMENTS[experiment]["title"].split(":")[0])
+    panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
+              for subset, release in manifest["test_sets"].items()]
+    plot_study(current, FAMILIES, FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
     first = next(iter(current[0]["test_sets"].values()))
     meta = {"title": EXPERIMENTS[experiment]["title"],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

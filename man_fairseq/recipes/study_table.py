@@ -9,8 +9,6 @@ the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 """
 
 import math
-import os
-from pathlib import Path
 
 from .study_records import read_hypotheses
 
@@ -149,30 +147,3 @@ def to_markdown(summary, meta, stale):
                   for r in stale]
         lines.append("")
     return "\n".join(lines)
-
-
-def plot_curves(records, families, labels, path, title):
-    from man_fairseq.cli.plotting import pyplot
-
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    colors = plt.get_cmap("tab10")
-    styles = ["-", "--", ":", "-."]
-    fams = [f for f in families if any(r["family"] == f for r in records)]
-    for i, fam in enumerate(fams):
-        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
-            if not r["valid_curve"]:
-                continue
-            x, y = zip(*r["valid_curve"])
-            ax.plot(x, y, styles[(r["seed"] - 1) % len(styles)], color=colors(i % 10), marker="." if len(x) < 30 else None,
-                    label=f"{labels.get(fam, fam)} seed {r['seed']}")
-    ax.set_xlabel("updates")
-    ax.set_ylabel("validation loss (label-smoothed CE, base 2)")
-    ax.set_title(f"{title}: validation loss of every run")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)

@@ -2,7 +2,7 @@
 records alone: ROUGE-1/2/L F1 per family (mean ± sample standard deviation over seeds), the
 difference to the Transformer of the same seed, a paired bootstrap over documents against it, a
 lead baseline and the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
-``<experiment>.png`` (each run's ROUGE as a dot beside the validation loss, zoomed).
+``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
 """
 
 import datetime
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .config import CONFIG_DIR, REPO, load_config
 from .rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
+from .study_figure import plot_study
 from .study_records import read_hypotheses
 from .study_table import BASELINE, _params, _pm, mean_std
 
@@ -143,53 +144,6 @@ def to_markdown(summary, meta, stale, reference_rows):
     return "\n".join(lines)
 
 
-def plot(records, families, labels, subset, path, title):
-    """Left: every run's ROUGE-1/2/L as a dot per seed, the Transformer's seeds as a band; right: the
-    validation loss of every run, zoomed on the second half of training where the curves separate."""
-    from man_fairseq.cli.plotting import pyplot
-
-    plt = pyplot()
-    fams = [f for f in families if any(r["family"] == f for r in records)]
-    colors = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, 4, figsize=(15, 4.6), dpi=110, gridspec_kw={"width_ratios": [1, 1, 1, 1.6]})
-    for ax, k in zip(axes[:3], KEYS):
-        base = [r["test_sets"][subset][k] for r in records if r["family"] == BASELINE and subset in r["test_sets"]]
-        if base:
-            ax.axhspan(min(base), max(base), color="0.85", zorder=0, label="Transformer seeds")
-        for i, fam in enumerate(fams):
-            vals = [r["test_sets"][subset][k] for r in records if r["family"] == fam and subset in r["test_sets"]]
-            ax.scatter([i] * len(vals), vals, color=colors(i % 10), zorder=2)
-        ax.set_xticks(range(len(fams)))
-        ax.set_xticklabels([labels.get(f, f).split(" (")[0] for f in fams], rotation=45, ha="right", fontsize=8)
-        ax.set_title(NAMES[k])
-        ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("ROUGE F1 (each dot one seed)")
-    ax = axes[3]
-    ymax, xmax = [], 0
-    for i, fam in enumerate(fams):
-        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
-            if r["valid_curve"]:
-                x, y = zip(*r["valid_curve"])
-                xmax = max(xmax, x[-1])
-                ymax += [v for u, v in r["valid_curve"] if u >= x[-1] / 2]
-                ax.plot(x, y, ["-", "--", ":"][(r["seed"] - 1) % 3], color=colors(i % 10), marker=".",
-                        label=f"{labels.get(fam, fam).split(' (')[0]} s{r['seed']}")
-    if ymax:  # zoom: the second half of training
-        lo, hi = min(ymax), max(ymax)
-        ax.set_xlim(xmax / 2 * 0.95, xmax * 1.02)
-        ax.set_ylim(lo - 0.05 * (hi - lo + 1e-9), hi + 0.05 * (hi - lo + 1e-9))
-    ax.set_xlabel("updates (second half of training)")
-    ax.set_ylabel("validation loss (base 2)")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
 def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
     refs = {subset: (Path(args.data) / manifest["references"][subset]).read_text(encoding="utf-8").splitlines()
             for subset in manifest["test_sets"]}
@@ -199,7 +153,10 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     first = next(iter(current[0]["test_sets"].values()))
     reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"])
     png = results_dir / f"{experiment}.png"
-    plot(current, families, labels, next(iter(manifest["test_sets"])), png, exp["title"].split(":")[0])
+    subset = next(iter(manifest["test_sets"]))
+    panels = [(f"{NAMES[k]}, {manifest['test_sets'][subset]}",
+               lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None) for k in KEYS]
+    plot_study(current, families, labels, panels, png, exp["title"].split(":")[0])
     meta = {"title": exp["title"], "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
             "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in current}),
