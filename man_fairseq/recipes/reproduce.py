@@ -34,6 +34,7 @@ from ..cli.plotting import quiet_logging
 from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
 from .fairseq_log import LogError, epoch_seconds, model_params, seconds_per_update, valid_curve
+from .scoring import ScoreInputError
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
 BASELINE = "transformer"
@@ -261,10 +262,10 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
     if not current:
         raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate")
     tgt = manifest["target_lang"]
-    refs = {subset: (Path(args.data) / f"{subset}.raw.{tgt}").read_text(encoding="utf-8").splitlines()
-            for subset in manifest["test_sets"]}
+    ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
+    refs = {subset: path.read_text(encoding="utf-8").splitlines() for subset, path in ref_files.items()}
     log("paired bootstrap against the Transformer of the same seed")
-    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples)
+    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
     summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
     png = results_dir / f"{experiment}-valid-loss.png"
     study_table.plot_curves(current, FAMILIES, FAMILY_LABELS, png, EXPERIMENTS[experiment]["title"].split(":")[0])
@@ -381,7 +382,7 @@ def main(argv=None):
         all_cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except (ReproduceError, LogError) as e:
+    except (ReproduceError, LogError, ScoreInputError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0
