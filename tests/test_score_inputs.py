@@ -6,7 +6,7 @@ a truncated or shifted reference file and a plausible number."""
 
 import pytest
 
-from man_fairseq.recipes import scoring, study_table
+from man_fairseq.recipes import rouge155, scoring, study_table
 from man_fairseq.recipes import study_records as sr
 
 HYPS = ["the cat sat on the mat", "a dog ran in the park", "it rained all day", "we went home"]
@@ -61,6 +61,12 @@ def test_an_empty_hypothesis_is_a_score_not_an_error():
     assert scoring.tokenized_bleu(["", ""], HYPS[:2])["bleu"] == 0.0
     assert scoring.sacrebleu_detok(HYPS[:2], HYPS[:2])["bleu"] == 100.0
     assert scoring.sacrebleu_detok(iter(HYPS), iter(HYPS))["bleu"] == 100.0  # read once, then scored
+
+
+def test_rouge155_run_refuses_unequal_files_before_perl_runs(monkeypatch):
+    monkeypatch.setattr(rouge155, "release_dir", lambda: pytest.fail("ROUGE started on unequal inputs"))
+    message = _error(rouge155.run, HYPS, HYPS[:3], names=("REFERENCE r.txt", "SUMMARY s.txt"))
+    assert "REFERENCE r.txt has 4 lines but SUMMARY s.txt has 3 lines" in message
 
 
 def test_paired_bootstrap_names_all_three_inputs():
