@@ -6,7 +6,7 @@ a truncated or shifted reference file and a plausible number."""
 
 import pytest
 
-from man_fairseq.recipes import rouge155, scoring, study_table
+from man_fairseq.recipes import results_table, rouge155, scoring, study_table
 from man_fairseq.recipes import study_records as sr
 
 HYPS = ["the cat sat on the mat", "a dog ran in the park", "it rained all day", "we went home"]
@@ -97,3 +97,20 @@ def test_study_table_refuses_a_record_whose_hypotheses_do_not_match_the_referenc
                               "but references data/test.raw.en has 4 lines")
     assert "references data/test.raw.en has 0 lines" in _error(
         study_table.significance, sr.read_records(tmp_path), tmp_path, {"test": []}, 10, {"test": "data/test.raw.en"})
+
+
+# ---------------------------------------------------------------------------- results_table
+
+def test_results_table_refuses_an_unreadable_result_and_flags_one_scored_on_nothing(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "results.json").write_text('{"name": "x", "scores": {"bleu": 3')  # cut short
+    assert results_table.main(["--runs", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ERROR: {tmp_path / 'a' / 'results.json'}: not a readable results file")
+    assert err.count("\n") == 1
+    (tmp_path / "a" / "results.json").write_text('{"name": "x"}')
+    with pytest.raises(results_table.ResultsError, match="holds no scores"):
+        results_table.collect_runs(tmp_path)
+    cfg = {"dataset": "multi30k", "data": "d", "eval": {}}
+    res = {"overrides": [], "run_config": {}, "data": "d", "subset": "test", "n_sentences": 0}
+    assert results_table.deviations(cfg, res) == ["scored on no sentence"]
