@@ -33,6 +33,7 @@ from pathlib import Path
 from ..cli.plotting import quiet_logging
 from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
+from .evaluate import EvaluateError
 from .fairseq_log import LogError, epoch_seconds, model_params, seconds_per_update, valid_curve
 from .scoring import ScoreInputError
 
@@ -382,7 +383,7 @@ def main(argv=None):
         all_cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except (ReproduceError, LogError, ScoreInputError) as e:
+    except (ReproduceError, LogError, EvaluateError, ScoreInputError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0
