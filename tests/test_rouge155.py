@@ -132,25 +132,66 @@ def test_man_files2rouge_prints_what_files2rouge_prints(tmp_path, capsys):
     assert set(got) == {("1", "R"), ("1", "P"), ("1", "F")} and got[("1", "F")] == 0.66667  # (2/3 + 2/3) / 2
 
 
+def _files2rouge(argv, capsys):
+    """(exit status, stdout, stderr) of man-files2rouge ``argv``."""
+    try:
+        code = cli.main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def test_man_files2rouge_errors_like_files2rouge(tmp_path, capsys):
+    # files2rouge's checks and words, as one ERROR line with exit status 2 (files2rouge: a traceback)
     ref, summ = tmp_path / "ref.txt", tmp_path / "summ.txt"
     ref.write_text("a b .\nc d .\n")
     summ.write_text("a b .\n\n")
-    with pytest.raises(SystemExit) as e:
-        cli.main([str(ref), str(summ)])
-    assert str(e.value.code).endswith("Empty summary at line 2. Use `--ignore_empty_summary` to ignore it")
+    code, _, err = _files2rouge([ref, summ], capsys)
+    assert (code, err) == (2, "ERROR: Empty summary at line 2. Use `--ignore_empty_summary` to ignore it\n")
     cli.main([str(ref), str(summ), "-is"])
     assert "1 line(s) ignored" in capsys.readouterr().out
+    code, _, err = _files2rouge([ref, ref, "-m"], capsys)
+    assert code == 2 and "--stemming is deprecated" in err
+    code, _, err = _files2rouge([ref, ref, "-a", "-c 95 -n 1", "-n", "3"], capsys)
+    assert (code, err) == (2, "ERROR: 'rouge_n' should not be set with 'rouge_args'\n")
+
+
+def test_man_files2rouge_refuses_unequal_files_naming_both(tmp_path, capsys):
+    ref, summ = tmp_path / "ref.txt", tmp_path / "summ.txt"
+    ref.write_text("a b .\nc d .\n")
     summ.write_text("a b .\n")
-    with pytest.raises(SystemExit) as e:
-        cli.main([str(ref), str(summ)])
-    assert "line counts must match, 2 != 1" in str(e.value.code)
-    with pytest.raises(SystemExit) as e:
-        cli.main([str(ref), str(ref), "-m"])
-    assert e.value.code == 2 and "--stemming is deprecated" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        cli.main([str(ref), str(ref), "-a", "-c 95 -n 1", "-n", "3"])
-    assert "'rouge_n' should not be set with 'rouge_args'" in str(e.value.code)
+    code, _, err = _files2rouge([ref, summ], capsys)
+    assert (code, err) == (2, f"ERROR: unequal line counts: REFERENCE {ref} has 2 lines but SUMMARY {summ} has "
+                              "1 line (one line per sentence is needed, in the same order)\n")
+    summ.write_text("")
+    ref.write_text("")
+    code, _, err = _files2rouge([ref, summ], capsys)
+    assert (code, err) == (2, f"ERROR: nothing to score: REFERENCE {ref} has 0 lines but SUMMARY {summ} has 0 lines\n")
+
+
+def test_man_files2rouge_options_rouge_rejects_are_one_line(tmp_path, capsys):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b .\nc d .\n")
+    # an unknown option ROUGE only warns about (and would score without, exit status 0)
+    code, out, err = _files2rouge([ref, ref, "-a", "-c 95 -q -a"], capsys)
+    assert (code, err) == (2, "ERROR: ROUGE-1.5.5.pl refused options `-c 95 -q -a`: Unknown option: q\n")
+    assert out == "Preparing documents... 0 line(s) ignored\nRunning ROUGE...\n"  # no score printed
+    # -a replaces files2rouge's options, -a among them: ROUGE then wants a system ID
+    code, _, err = _files2rouge([ref, ref, "-a", "-c 95 -n 1"], capsys)
+    assert code == 2 and err.startswith("ERROR: ROUGE-1.5.5.pl failed (exit code 255) with options `-c 95 -n 1`: ")
+    assert "system ID" in err and err.count("\n") == 1
+
+
+def test_man_files2rouge_checks_the_save_path_before_running_rouge(tmp_path, capsys, monkeypatch):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b .\n")
+    monkeypatch.setattr(rouge155, "run", lambda *a, **k: pytest.fail("ROUGE ran"))
+    for saveto, said in [(tmp_path, "is a folder"), (ref, "is an input file"),
+                         (tmp_path / "no" / "s.txt", f"folder {tmp_path / 'no'} does not exist")]:
+        code, out, err = _files2rouge([ref, ref, "-s", saveto], capsys)
+        assert (code, out) == (2, "") and err.startswith(f"ERROR: -s {saveto}: {said}") and err.count("\n") == 1
+    assert ref.read_text() == "a b .\n"
 
 
 def test_missing_perl_module_is_named_with_what_to_install(tmp_path, monkeypatch):

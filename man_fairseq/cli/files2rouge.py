@@ -9,12 +9,17 @@ ROUGE-L is not symmetric: the MAN authors and fairseq's BART README pass the hyp
 (``files2rouge HYPOTHESES REFERENCES``); docs/summarization-scoring.md gives the difference.
 By default WordNet's exception database is files2rouge's (empty, so irregular forms such as
 "went" are not stemmed to "go"), and the scores are files2rouge's to the last digit;
-``--exception-db wordnet`` uses its 5,930 entries instead (docs/summarization-scoring.md).
+``--exception-db wordnet`` uses its 5,930 entries instead (docs/summarization-scoring.md). One
+difference: an error (files of unequal line counts, options ROUGE rejects, an unusable ``-s``
+path, checked before ROUGE runs) is one ``ERROR: ...`` line on stderr with exit status 2, not a
+traceback.
 """
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 from man_fairseq.cli.plotting import quiet_logging
 from man_fairseq.recipes import rouge155
@@ -49,6 +54,22 @@ def build_parser():
     return p
 
 
+def check_saveto(path, inputs):
+    """Refuse an ``-s`` path the scores cannot be written to, before ROUGE runs (minutes on a
+    large test set): a folder, a missing or read-only folder, or one of the input files."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"-s {path}: is a folder; name the file to save the scores in")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"-s {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"-s {path}: not writable")
+    for name in inputs:
+        if path.exists() and path.resolve() == Path(name).resolve():
+            raise ValueError(f"-s {path}: is an input file; it would be replaced by the scores")
+
+
 def main(argv=None):
     quiet_logging()
     parser = build_parser()
@@ -57,22 +78,33 @@ def main(argv=None):
         parser.error("files2rouge uses stemming by default so --stemming is deprecated. "
                      "You can turn it off with -nm/--no_stemming")
     start = time.time()
+    line_open = []  # "Preparing documents..." printed and its line not ended yet
+
+    def prepared(ignored):
+        line_open.clear()
+        print("%d line(s) ignored\nRunning ROUGE..." % len(ignored), flush=True)
+
     try:
+        if args.saveto:
+            check_saveto(args.saveto, (args.reference, args.summary))
         refs, summaries = read_lines(args.reference), read_lines(args.summary)
         print("Preparing documents...", end=" ", flush=True)
+        line_open.append(True)
         output, ignored = rouge155.run(
             refs, summaries, eos=args.eos, stemming=not args.no_stemming, rouge_args=args.args,
             rouge_n=args.rouge_n, no_rouge_l=args.no_rouge_l,
             ignore_empty_reference=args.ignore_empty_reference, ignore_empty_summary=args.ignore_empty_summary,
-            on_prepared=lambda ignored: print("%d line(s) ignored\nRunning ROUGE..." % len(ignored), flush=True),
-            verbose=args.verbose, exception_db=args.exception_db)
-    except (OSError, ValueError, rouge155.Rouge155Unavailable) as e:
-        print(flush=True)  # ends the "Preparing documents..." line
-        sys.exit(f"man-files2rouge: error: {e}")
-    print(output)
-    if args.saveto:
-        with open(args.saveto, "w") as f:
-            print(output, file=f)
+            on_prepared=prepared, verbose=args.verbose, exception_db=args.exception_db,
+            names=(f"REFERENCE {args.reference}", f"SUMMARY {args.summary}"))
+        print(output)
+        if args.saveto:
+            with open(args.saveto, "w") as f:
+                print(output, file=f)
+    except (OSError, ValueError, rouge155.Rouge155Unavailable, rouge155.Rouge155Failed) as e:
+        if line_open:
+            print(flush=True)  # ends the "Preparing documents..." line
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
     print("Elapsed time: %.3f seconds" % (time.time() - start))
     return 0
 

@@ -35,8 +35,10 @@ from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
 from . import rouge155
 from .dataprep import PrepError
+from .evaluate import EvaluateError
 from .fairseq_log import LogError, model_params, seconds_per_update
 from .manifest import read_manifest
+from .scoring import ScoreInputError
 from .study_figure import plot_study
 from .study_eval import StudyEvalError, evaluate_run
 
@@ -223,10 +225,10 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
         return summarization_table.build(experiment, EXPERIMENTS[experiment], current, stale, records_dir, args,
                                          manifest, results_dir, FAMILIES, FAMILY_LABELS, log)
     tgt = manifest["target_lang"]
-    refs = {subset: (Path(args.data) / f"{subset}.raw.{tgt}").read_text(encoding="utf-8").splitlines()
-            for subset in manifest["test_sets"]}
+    ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
+    refs = {subset: path.read_text(encoding="utf-8").splitlines() for subset, path in ref_files.items()}
     log("paired bootstrap against the Transformer of the same seed")
-    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples)
+    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
     summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
     png = results_dir / f"{experiment}-valid-loss.png"
     panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
@@ -350,7 +352,7 @@ def main(argv=None):
         all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except (ReproduceError, LogError, PrepError, StudyEvalError) as e:
+    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

@@ -2,6 +2,7 @@
 (read from the config: one source of truth) beside ours (read from ``RUN/results.json``)."""
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,11 +22,22 @@ DATASET_NAMES = {"iwslt14": "IWSLT14 De-En", "wmt14": "WMT14 En-De", "cnndm": "C
 STANDARD_TEST_SENTENCES = {"iwslt14": 6750, "wmt14": 3003, "cnndm": 11490, "gigaword": 1951}
 
 
+class ResultsError(ValueError):
+    """A results.json that cannot be tabulated; ``main`` prints it as one ``ERROR:`` line."""
+
+
 def collect_runs(runs_dir):
-    """{run directory: results dict} for every ``runs_dir/*/results.json``."""
+    """{run directory: results dict} for every ``runs_dir/*/results.json`` (evaluate.sh writes it
+    whole, or not at all; a results.previous.json, moved aside by a failed evaluation, is not read)."""
     found = {}
     for path in sorted(Path(runs_dir).glob("*/results.json")):
-        res = json.loads(path.read_text())
+        try:
+            res = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ResultsError(f"{path}: not a readable results file ({e}); rerun scripts/evaluate.sh "
+                               f"{path.parent}") from e
+        if not isinstance(res, dict) or not isinstance(res.get("scores"), dict):
+            raise ResultsError(f"{path}: holds no scores; rerun scripts/evaluate.sh {path.parent}")
         res["_run"] = str(path.parent)
         found[str(path.parent)] = res
     return found
@@ -73,6 +85,8 @@ def deviations(cfg, res):
         how = ("rouge-score" if not implementation.startswith("ROUGE-1.5.5")
                else f"ROUGE-1.5.5 with the {details.get('rouge_exception_db') or 'wordnet'} exception database")
         out.append(f"ROUGE scored with {how}, not as files2rouge")
+    if not res.get("n_sentences"):
+        out.append("scored on no sentence")
     standard_n = STANDARD_TEST_SENTENCES.get(cfg["dataset"])
     if standard_n and res.get("subset") == "test" and res.get("n_sentences") != standard_n:
         out.append(f"{res.get('n_sentences')} test sentences (standard test set: {standard_n:,})")
@@ -179,7 +193,11 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="also write the Markdown here")
     args = p.parse_args(argv)
     configs = all_configs(args.configs)
-    runs = collect_runs(args.runs)
+    try:
+        runs = collect_runs(args.runs)
+    except ResultsError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
     if args.paper:
         configs = [c for c in configs if c["paper"] == args.paper]
         names = {c["name"] for c in configs}

@@ -34,6 +34,8 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
+from .scoring import check_aligned
+
 FILES2ROUGE_DEFAULT_N = 2
 PERL_HELP = ("ROUGE-1.5.5 needs Perl with the XML::Parser and DB_File modules: on Debian/Ubuntu "
              "`apt-get install perl libxml-parser-perl` (DB_File is part of Debian's perl), "
@@ -43,6 +45,10 @@ _AVERAGE_F = re.compile(r"^\S+ ROUGE-(\S+) Average_F: ([0-9.]+)", re.M)
 
 class Rouge155Unavailable(RuntimeError):
     """The Perl side of ROUGE-1.5.5 cannot run here; the message says what to install."""
+
+
+class Rouge155Failed(RuntimeError):
+    """ROUGE-1.5.5.pl failed or refused an option; the message is one line."""
 
 
 def release_dir() -> Path:
@@ -171,14 +177,14 @@ def _eval_xml(task_id, peer_root, peer, model_root, model):
 
 
 def write_documents(references, summaries, folder: Path, eos=".", ignore_empty_reference=False,
-                    ignore_empty_summary=False, empty_scores_zero=False):
+                    ignore_empty_summary=False, empty_scores_zero=False, names=("reference", "summary")):
     """The files pyrouge hands to ROUGE for files2rouge; returns (config path, ignored line numbers).
 
     An empty line stops files2rouge unless it is ignored (left out of the average). With
     ``empty_scores_zero`` (the evaluation recipes: a model may decode an empty summary) it is
-    written as a document without sentences, which ROUGE-1.5.5 scores 0."""
-    if len(references) != len(summaries):
-        raise ValueError("Model and System line counts must match, %d != %d" % (len(references), len(summaries)))
+    written as a document without sentences, which ROUGE-1.5.5 scores 0. ``names``: the two
+    inputs as an error about their line counts names them (e.g. their files)."""
+    check_aligned([(names[0], references), (names[1], summaries)])
     model_dir, system_dir = folder / "model", folder / "system"
     model_dir.mkdir()
     system_dir.mkdir()
@@ -219,28 +225,38 @@ def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=F
 
 def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N,
         no_rouge_l=False, ignore_empty_reference=False, ignore_empty_summary=False, on_prepared=None,
-        verbose=False, empty_scores_zero=False, exception_db=DEFAULT_EXCEPTION_DB, per_document=False):
+        verbose=False, empty_scores_zero=False, names=("reference", "summary"), exception_db=DEFAULT_EXCEPTION_DB,
+        per_document=False):
     """ROUGE-1.5.5's output for one reference and one summary per line, as files2rouge prints it.
 
     Returns (output text, ignored line numbers). ``references`` fill files2rouge's first
-    positional argument (ROUGE's model), ``summaries`` its second (ROUGE's peer).
-    ``on_prepared(ignored)`` is called once the documents are written, before ROUGE runs."""
+    positional argument (ROUGE's model), ``summaries`` its second (ROUGE's peer); ``names`` name
+    them in errors. ``on_prepared(ignored)`` is called once the documents are written, before
+    ROUGE runs. Raises :class:`Rouge155Failed` when ROUGE-1.5.5.pl fails."""
+    references, summaries = list(references), list(summaries)
+    check_aligned([(names[0], references), (names[1], summaries)])  # before Perl and its data are needed
     release = release_dir()
     options = ["-e", str(data_dir(release, exception_db))] + rouge_arguments(rouge_args, rouge_n, no_rouge_l)
     if per_document:
         options.append("-d")  # also each document's scores (ROUGE's "Eval" lines; document_f reads them)
     with tempfile.TemporaryDirectory(prefix="man-files2rouge-") as tmp:
-        config, ignored = write_documents(list(references), list(summaries), Path(tmp), eos,
-                                          ignore_empty_reference, ignore_empty_summary, empty_scores_zero)
+        config, ignored = write_documents(references, summaries, Path(tmp), eos,
+                                          ignore_empty_reference, ignore_empty_summary, empty_scores_zero, names)
         if on_prepared:
             on_prepared(ignored)
         cmd = ["perl", str(release / "ROUGE-1.5.5.pl")] + options + (["-m"] if stemming else []) + [str(config)]
         if verbose:
             print("Running ROUGE with command " + " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        if proc.returncode != 0:
-            raise RuntimeError(f"ROUGE-1.5.5.pl failed with exit code {proc.returncode}:\n"
-                               + proc.stderr.decode("utf-8", "replace")[-2000:])
+        # one line: what ROUGE said (e.g. "Unknown option: q"), without its script's path
+        said = [re.sub(r" at \S+ROUGE-1\.5\.5\.pl line \d+\.$", "", line.strip())
+                for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]
+        # an option getopts does not know is only warned about: ROUGE goes on without it, exit status 0
+        rejected = [line for line in said if line.startswith("Unknown option")]
+        if proc.returncode != 0 or rejected:
+            what = f"failed (exit code {proc.returncode}) with" if proc.returncode else "refused"
+            raise Rouge155Failed(f"ROUGE-1.5.5.pl {what} options `{' '.join(options[2:])}`: "
+                                 + ("; ".join(said[:3]) or "no message")[:500])
     return proc.stdout.decode("utf-8"), ignored
 
 

@@ -11,6 +11,10 @@ sacreBLEU, and ROUGE-1/2/L F1.
 * ROUGE: ROUGE-1.5.5 (the Perl package the papers used) exactly as ``files2rouge`` runs it
   (:mod:`.rouge155`); Google's ``rouge-score`` only when asked for, and the result names which
   one produced the numbers.
+
+Every scorer first calls :func:`check_aligned`: sacreBLEU zips unequal streams without a word
+(4 hypotheses against 2 references score 100.0) and scores blank references 0, so a truncated,
+shifted or empty file would otherwise give a wrong number with exit status 0.
 """
 
 import re
@@ -18,16 +22,50 @@ import re
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
 
 
+class ScoreInputError(ValueError):
+    """Inputs no score can honestly be computed on; the message names each source and its count."""
+
+
+def check_aligned(sources, references=None):
+    """Refuse what a corpus score would silently misread, and return the lines as lists.
+
+    ``sources``: (name, lines) pairs, one line per sentence, each name saying what and which file
+    (``"references data-bin/test.raw.en"``). They must have the same, non-zero number of lines,
+    and the source named ``references`` must not be all blank (a hypothesis may be: a model can
+    decode nothing). Raises :class:`ScoreInputError` naming every source with its count."""
+    sources = [(name, list(lines)) for name, lines in sources]
+
+    def counted():
+        said = [f"{name} has {len(lines):,} line{'' if len(lines) == 1 else 's'}" for name, lines in sources]
+        return " but ".join(said) if len(said) == 2 else ", ".join(said)
+
+    counts = {len(lines) for _, lines in sources}
+    if len(counts) > 1:
+        raise ScoreInputError(f"unequal line counts: {counted()} (one line per sentence is needed, in the same order)")
+    if counts == {0}:
+        raise ScoreInputError(f"nothing to score: {counted()}")
+    for name, lines in sources:
+        if name == references and not any(line.strip() for line in lines):
+            raise ScoreInputError(f"nothing to score against: every line of {name} is blank ({counted()})")
+    return [lines for _, lines in sources]
+
+
 def compound_split(line):
     return COMPOUND_RE.sub(r"\1 ##AT##-##AT## \2", line)
 
 
-def tokenized_bleu(hyps, refs, lowercase=False, compound=False):
-    """Corpus BLEU on already tokenized text; returns a dict with the score and its parts."""
+def _aligned(hyps, refs, names):
+    """(hypotheses, references) as lists, refused by :func:`check_aligned` unless one per sentence."""
+    hyp_name, ref_name = names or ("hypotheses", "references")
+    return check_aligned([(hyp_name, hyps), (ref_name, refs)], references=ref_name)
+
+
+def tokenized_bleu(hyps, refs, lowercase=False, compound=False, names=None):
+    """Corpus BLEU on already tokenized text; returns a dict with the score and its parts.
+    ``names``: (hypotheses, references) as the error names them, e.g. their files."""
     import sacrebleu
 
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    hyps, refs = _aligned(hyps, refs, names)
     prep = (lambda s: compound_split(s.strip())) if compound else (lambda s: s.strip())
     hyps = [prep(h) for h in hyps]
     refs = [prep(r) for r in refs]
@@ -43,12 +81,13 @@ def tokenized_bleu(hyps, refs, lowercase=False, compound=False):
     }
 
 
-def sacrebleu_detok(detok_hyps, raw_refs):
+def sacrebleu_detok(detok_hyps, raw_refs, names=None):
     """Standard detokenized sacreBLEU (13a, case-sensitive) with its signature."""
     import sacrebleu
 
+    detok_hyps, raw_refs = _aligned(detok_hyps, raw_refs, names)
     bleu = sacrebleu.metrics.BLEU()
-    res = bleu.corpus_score(list(detok_hyps), [list(raw_refs)])
+    res = bleu.corpus_score(detok_hyps, [raw_refs])
     return {"bleu": round(res.score, 2), "signature": str(bleu.get_signature()),
             "score_line": str(res)}
 
@@ -75,7 +114,8 @@ ROUGE_ORDERS = {
 ROUGE_IMPLEMENTATIONS = ("rouge155", "rouge-score")
 
 
-def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", exception_db=None, per_document=False):
+def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", names=None, exception_db=None,
+          per_document=False):
     """ROUGE-1/2/L F1 (x100) of one hypothesis against one reference per line.
 
     ``rouge155``: ROUGE-1.5.5 exactly as files2rouge runs it (:mod:`.rouge155`); raises
@@ -89,9 +129,7 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", excep
     from . import rouge155
 
     exception_db = exception_db or rouge155.DEFAULT_EXCEPTION_DB
-
-    if len(hyps) != len(refs):
-        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    hyps, refs = _aligned(hyps, refs, names)
     if order not in ROUGE_ORDERS:
         raise ValueError(f"ROUGE order must be one of {sorted(ROUGE_ORDERS)}, not {order!r}")
     first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)
@@ -121,7 +159,7 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", excep
         s = scorer.score(rouge155.split_sentences(model.strip(), eos), rouge155.split_sentences(peer.strip(), eos))
         for k in totals:
             totals[k] += s[k].fmeasure
-    n = max(1, len(hyps))
+    n = len(hyps)
     scores = {k: round(100 * v / n, 2) for k, v in totals.items()}
     scores["rougeL"] = scores.pop("rougeLsum")
     scores["implementation"] = (

@@ -10,7 +10,8 @@ the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 
 import math
 
-from .study_records import read_hypotheses
+from .scoring import check_aligned
+from .study_records import hypothesis_path, read_hypotheses
 
 BASELINE = "transformer"
 
@@ -32,19 +33,20 @@ def _params(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000):
+def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000,
+                     names=("baseline hypotheses", "system hypotheses", "references")):
     """sacreBLEU's paired bootstrap (Koehn 2004) of ``system`` against ``baseline``: p-value, signature.
 
     Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-bs`` (13a BLEU, 1000 resamples, seed
-    SACREBLEU_SEED, default 12345).
+    SACREBLEU_SEED, default 12345). ``names`` name the three inputs (their files) in errors.
     """
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
-    if not (len(baseline_hyps) == len(system_hyps) == len(refs)):
-        raise ValueError(f"paired bootstrap: {len(baseline_hyps)} / {len(system_hyps)} hypotheses, {len(refs)} references")
-    test = PairedTest([("baseline", list(baseline_hyps)), ("system", list(system_hyps))],
-                      {"BLEU": BLEU()}, references=[list(refs)], test_type="bs", n_samples=n_samples)
+    baseline_hyps, system_hyps, refs = check_aligned(zip(names, (baseline_hyps, system_hyps, refs)),
+                                                     references=names[2])
+    test = PairedTest([("baseline", baseline_hyps), ("system", system_hyps)],
+                      {"BLEU": BLEU()}, references=[refs], test_type="bs", n_samples=n_samples)
     signatures, scores = test()
     (metric,) = [k for k in scores if k != "System"]
     base, system = scores[metric]
@@ -53,9 +55,19 @@ def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000):
             "signature": str(signatures[metric])}
 
 
-def significance(records, records_dir, references, n_samples):
+def significance(records, records_dir, references, n_samples, reference_files=None):
     """{(family, seed, subset): bootstrap} of every non-baseline record against the same seed's
-    Transformer; ``references`` maps a subset to its raw reference lines."""
+    Transformer; ``references`` maps a subset to its raw reference lines, ``reference_files`` to
+    the file they were read from (named in errors). Every record's hypotheses of a subset with
+    references, paired or not, must have one line per reference: the table shows their scores."""
+    ref_names = {subset: f"references {(reference_files or {}).get(subset, f'of {subset}')}" for subset in references}
+    hypotheses, names = {}, {}
+    for r in records:
+        for subset in [s for s in r["test_sets"] if s in references]:
+            key = (r["family"], r["seed"], subset)
+            names[key] = f"hypotheses {hypothesis_path(records_dir, r['family'], r['seed'], subset)}"
+            hypotheses[key], _ = check_aligned([(names[key], read_hypotheses(records_dir, r, subset)),
+                                                (ref_names[subset], references[subset])], references=ref_names[subset])
     base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     out = {}
     for r in records:
@@ -64,9 +76,9 @@ def significance(records, records_dir, references, n_samples):
             continue
         for subset in r["test_sets"]:
             if subset in b["test_sets"] and subset in references:
-                out[(r["family"], r["seed"], subset)] = paired_bootstrap(
-                    read_hypotheses(records_dir, b, subset), read_hypotheses(records_dir, r, subset),
-                    references[subset], n_samples)
+                pair = (BASELINE, b["seed"], subset), (r["family"], r["seed"], subset)
+                out[pair[1]] = paired_bootstrap(hypotheses[pair[0]], hypotheses[pair[1]], references[subset],
+                                                n_samples, (names[pair[0]], names[pair[1]], ref_names[subset]))
     return out
 
 
