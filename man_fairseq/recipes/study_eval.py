@@ -31,21 +31,21 @@ def read_references(data, manifest, subset):
     return path, path.read_text(encoding="utf-8").splitlines()
 
 
-def score_bleu(hyps, refs, raw_refs, tgt):
+def score_bleu(hyps, refs, raw_refs, tgt, names):
     from . import scoring
 
     detok = scoring.moses_detokenize(hyps, tgt)
-    tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True)
-    sacre = scoring.sacrebleu_detok(detok, raw_refs)
+    tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True, names=(names[0], "tokenized references"))
+    sacre = scoring.sacrebleu_detok(detok, raw_refs, names=names)
     scores = {"bleu_tok_ci": tok_bleu["bleu"], "sacrebleu": sacre["bleu"],
               "sacrebleu_signature": sacre["signature"], "tokenized_bleu_details": tok_bleu}
     return scores, detok, f"sacreBLEU {sacre['bleu']:.2f}, tokenized BLEU {tok_bleu['bleu']:.2f}"
 
 
-def score_rouge(hyps, raw_refs, order, exception_db):
+def score_rouge(hyps, raw_refs, order, exception_db, names):
     from . import scoring
 
-    r = scoring.rouge(hyps, raw_refs, order=order, exception_db=exception_db)
+    r = scoring.rouge(hyps, raw_refs, order=order, exception_db=exception_db, names=names)
     scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
     scores.update(rouge_order=order, exception_db=r["exception_db"], rouge_implementation=r["implementation"])
     return scores, hyps, f"ROUGE-1/2/L {r['rouge1']:.2f}/{r['rouge2']:.2f}/{r['rougeL']:.2f}"
@@ -89,11 +89,12 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "
                                  f"in {ref_path}")
+        names = (f"hypotheses of {run.name} {subset}", f"references {ref_path}")
         if metric == "rouge":
             scores, kept, line = score_rouge(hyps, raw_refs, cfg["eval"].get("rouge_order", "hyp-ref"),
-                                             args.rouge_exception_db)
+                                             args.rouge_exception_db, names)
         else:
-            scores, kept, line = score_bleu(hyps, refs, raw_refs, tgt)
+            scores, kept, line = score_bleu(hyps, refs, raw_refs, tgt, names)
         hypotheses[subset] = kept
         results[subset] = {"name": release_name, "n_sentences": len(hyps), **scores,
                            "generate_command": [str(c) for c in cmd]}
