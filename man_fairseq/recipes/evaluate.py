@@ -19,7 +19,7 @@ import yaml
 
 from .config import validate
 from .launch import USER_DIR, precision_args, visible_gpus
-from . import scoring
+from . import scoring, textfile
 from .rouge155 import Rouge155Unavailable
 from .tools import tool_env
 from ..cli.plotting import quiet_logging
@@ -141,7 +141,7 @@ def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=No
         detok = scoring.moses_detokenize(hyps, tgt)
         raw_ref_file = Path(data) / f"{cfg['eval'].get('gen_subset', 'test')}.raw.{tgt}"
         if raw_ref_file.is_file():
-            raw_refs = raw_ref_file.read_text().splitlines()
+            raw_refs = textfile.read_lines(raw_ref_file)  # UTF-8 or an error naming the line
             ref_note = f"raw references {raw_ref_file}"
         else:
             # Without the untokenized references (written by data-prep) fall back to detokenized
@@ -253,6 +253,8 @@ def main(argv=None):
         sys.exit(f"cannot score ROUGE with ROUGE-1.5.5: {e}\nThe decoded files are in {eval_dir}; after "
                  "installing, rerun this command (or pass --rouge-implementation rouge-score for "
                  "numbers that are not ROUGE-1.5.5's).")
+    except textfile.NotUtf8Error as e:
+        sys.exit(f"cannot score: {e}")
     metric = details["metric"]
     if metric == "bleu_wmt":
         detok_hyps, raw_refs = details.pop("_detok_hyps"), details.pop("_raw_refs")
