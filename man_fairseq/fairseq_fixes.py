@@ -12,9 +12,17 @@ A second fix concerns empty inputs: ``fairseq-interactive`` (and ``fairseq-gener
 empty source line to the model as a lone end-of-sentence token and print whatever the decoder
 hallucinates from it (``A2 A2``). An empty source now gets an empty hypothesis (score 0) and a
 warning; the other sentences of the batch are decoded as before.
+
+A third concerns a wrong plugin option found only when the model or criterion is built (an
+index beyond ``--encoder-layers``, the calibration criterion with another ``--arch``): fairseq's
+CLIs would print a 40-line traceback for that user mistake. A
+:class:`~man_fairseq.plugin_options.PluginOptionError` is printed as one line,
+``fairseq-train: error: MESSAGE`` (exit status 1); every other exception keeps its traceback.
 """
 
 import logging
+import os
+import sys
 
 import numpy as np
 import torch
@@ -100,6 +108,25 @@ def inference_step(self, generator, models, sample, prefix_tokens=None, constrai
     return hypos
 
 
+def print_plugin_option_errors(previous):
+    """A ``sys.excepthook`` that prints an uncaught PluginOptionError as one line, like argparse's
+    usage errors, and hands every other exception to ``previous``."""
+    from .plugin_options import PluginOptionError
+
+    def hook(exc_type, exc, tb):
+        if isinstance(exc, PluginOptionError):
+            prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            sys.stderr.write(f"{prog}: error: {exc}\n")
+            sys.stderr.flush()
+            return
+        previous(exc_type, exc, tb)
+
+    hook.prints_plugin_option_errors = True
+    return hook
+
+
 def apply():
     data_utils.batch_by_size = batch_by_size
     TranslationTask.inference_step = inference_step
+    if not getattr(sys.excepthook, "prints_plugin_option_errors", False):  # once per process
+        sys.excepthook = print_plugin_option_errors(sys.excepthook)

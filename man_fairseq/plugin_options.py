@@ -8,12 +8,23 @@ Every option of the four families (and of the calibration criterion) is a field 
 * any other field: ``metadata={"valid": Rule}`` (:class:`Number` for ranges, :class:`Parsed`
   for the comma-separated specs).
 
-:func:`check_options` checks an args object against that declaration; the models call it in
-``build_model`` and the criterion in ``build_criterion``, both of which fairseq-train runs before
-it reads any data. ``man-options ARCH`` (:mod:`man_fairseq.cli.options`) prints the same
-declarations.
+Checked twice, from the same declaration:
+
+* on the command line, by argparse: :func:`add_option_args` gives each option with a declared rule
+  an argparse ``type`` that applies it, so fairseq-train stops with its usual one-line usage error
+  (``fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0``,
+  exit status 2) before anything else runs;
+* when the model or criterion is built, by :func:`check_options`: values argparse never sees (a
+  hydra YAML, ``--model-overrides``) and what depends on other options (layer indices and the
+  depth, the criterion and the arch). These raise :class:`PluginOptionError`, which fairseq's
+  CLIs print as one line (see :mod:`man_fairseq.fairseq_fixes`).
+
+The models call :func:`check_options` in ``build_model`` and the criterion in
+``build_criterion``, both of which fairseq-train runs before it reads any data.
+``man-options ARCH`` (:mod:`man_fairseq.cli.options`) prints the same declarations.
 """
 
+import argparse
 import dataclasses
 import inspect
 import math
@@ -21,13 +32,22 @@ from argparse import Namespace
 from enum import Enum
 from typing import Callable, Iterable, List, Optional, Tuple
 
-from fairseq.dataclass.utils import interpret_dc_type
+from fairseq.dataclass.utils import gen_parser_from_dataclass, interpret_dc_type
+from hydra.errors import CompactHydraException
 
 VALID = "valid"  # the dataclass field metadata key of a Rule
 
 
 def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+class PluginOptionError(ValueError, CompactHydraException):
+    """A plugin option that is wrong, found when the model or criterion is built.
+
+    A user's mistake, not a defect: fairseq's argparse CLIs print only its message
+    (:func:`man_fairseq.fairseq_fixes.print_plugin_option_errors`), and hydra prints a
+    ``CompactHydraException`` as its message alone (fairseq-hydra-train)."""
 
 
 class Rule:
@@ -66,15 +86,18 @@ class Number(Rule):
 
 
 class Choice(Rule):
-    def __init__(self, choices: Iterable[str]):
+    """One of ``choices``; ``why``: the reason the other values are refused (default: unknown)."""
+
+    def __init__(self, choices: Iterable[str], why: str = "unknown value"):
         self.choices = tuple(str(c) for c in choices)
+        self.why = why
         self.text = "one of " + ", ".join(self.choices)
 
     def problem(self, value):
         if isinstance(value, Enum):
             value = value.value
         if value not in self.choices:
-            return f"unknown value; choose one of {list(self.choices)}"
+            return f"{self.why}; choose one of {list(self.choices)}"
         return None
 
 
@@ -128,17 +151,58 @@ def own_fields(config_cls, base=None) -> List[dataclasses.Field]:
 
 
 def check_options(args, config_cls, base=None, where: str = "") -> None:
-    """Raise ValueError naming the option for the first value outside its declared range."""
+    """Raise PluginOptionError naming the option for the first value outside its declared range."""
     for f in own_fields(config_cls, base):
         rule = rule_of(f)
         if rule is None:
             raise TypeError(f"{config_cls.__name__}.{f.name} declares no valid values")
         value = getattr(args, f.name, None)
         if value is None:
-            raise ValueError(f"{where}{option_flag(f.name)} is not set")
+            raise PluginOptionError(f"{where}{option_flag(f.name)} is not set")
         problem = rule.problem(value)
         if problem is not None:
-            raise ValueError(f"{where}{option_flag(f.name)} {value!r}: {problem}")
+            raise PluginOptionError(f"{where}{option_flag(f.name)} {value!r}: {problem}")
+
+
+def argparse_type(flag: str, rule: Rule, convert: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse ``type``: ``convert`` (fairseq's int / float / str), then ``rule``.
+
+    A refused value raises ArgumentTypeError, which argparse prints as
+    ``prog: error: argument FLAG: invalid value 'TEXT': why`` and exits with status 2. A text
+    ``convert`` cannot read keeps argparse's own ``invalid int value: 'TEXT'``.
+    """
+
+    def parse(text):
+        value = convert(text)
+        problem = rule.problem(value)
+        if problem is not None:
+            # the parsers of the comma-separated specs name the option themselves
+            for prefix in (flag + ": ", flag + " "):
+                if problem.startswith(prefix):
+                    problem = problem[len(prefix):]
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: {problem}")
+        return value
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse's "invalid <name> value"
+    parse.rule = rule
+    return parse
+
+
+def add_option_args(parser, config, delete_default: bool = True) -> None:
+    """fairseq's ``gen_parser_from_dataclass`` for ``config``, with each option's declared rule
+    (``metadata={"valid": ...}``) checked by argparse (:func:`argparse_type`).
+
+    Choice enums keep argparse's ``choices`` (``invalid choice: 'x' (choose from ...)``) and
+    true/false options are flags, so only declared rules need a ``type``. ``delete_default``:
+    the models' arch functions fill the defaults; a criterion keeps them on the parser.
+    """
+    gen_parser_from_dataclass(parser, config, delete_default=delete_default)
+    rules = {option_flag(f.name): f.metadata[VALID] for f in own_fields(type(config)) if VALID in f.metadata}
+    # an argument group shares its parser's list of actions
+    for action in parser._actions:
+        flag = action.option_strings[0] if action.option_strings else None
+        if flag in rules and action.type is not None and not hasattr(action.type, "rule"):
+            action.type = argparse_type(flag, rules[flag], action.type)
 
 
 def as_namespace(args):
@@ -193,6 +257,6 @@ def fit_layers(option: str, value, default, num_layers: int, within, log):
             "using %s %s (pass the option explicitly to choose)", option, value, num_layers, option, cut,
         )
         return cut
-    raise ValueError(
+    raise PluginOptionError(
         f"{option} {value}: layers out of range, the model has {num_layers} (0-based indices < {num_layers})"
     )

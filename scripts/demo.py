@@ -29,6 +29,7 @@ BIN = Path(sys.executable).parent
 
 sys.path.insert(0, str(REPO))
 from man_fairseq.cli.plotting import quiet_logging  # noqa: E402
+from man_fairseq.recipes import textfile  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 
 # Same width, heads and depth; MAN halves the FFN to keep the parameter count (SPEC §1).
@@ -118,14 +119,17 @@ def check_user_data(data: Path, src: str, tgt: str):
         for p in paths:
             if not p.is_file():
                 raise SystemExit(f"demo: missing {p} (expected train/valid/test.{{{src},{tgt}}} in {data})")
-        n = [sum(1 for _ in open(p, encoding="utf-8")) for p in paths]
+        try:
+            lines = [textfile.read_lines(p) for p in paths]
+        except textfile.NotUtf8Error as e:
+            raise SystemExit(f"demo: {e}")
+        n = [len(side) for side in lines]
         if n[0] != n[1]:
             raise SystemExit(f"demo: {paths[0]} has {n[0]} lines but {paths[1]} has {n[1]}")
         if n[0] == 0:
             raise SystemExit(f"demo: {paths[0]} is empty")
-        for p in paths:
-            with open(p, encoding="utf-8") as fh:
-                empty = [i + 1 for i, line in enumerate(fh) if not line.strip()]
+        for p, side in zip(paths, lines):
+            empty = [i + 1 for i, line in enumerate(side) if not line.strip()]
             if empty:
                 raise SystemExit(f"demo: {p} has empty lines (first at line {empty[0]}); remove them first")
 

@@ -438,13 +438,18 @@ def test_presets_and_explicit_options_reach_the_modules(build_model):
     assert windows_of(model) == {}
 
 
-def test_bad_options_fail_at_startup(build_model):
-    with pytest.raises(ValueError, match="token masks only"):
-        build_model("--diffwin-decoder-mask", "segment")
-    with pytest.raises(ValueError, match="segment-size"):
-        build_model("--diffwin-segment-size", "0")
-    with pytest.raises(ValueError, match="temperature"):
-        build_model("--diffwin-temperature", "-1")
+def test_bad_options_fail_at_startup(build_model, capsys):
+    # argparse errors (exit status 2) naming the option, before anything is built
+    for extra, message in [
+        (("--diffwin-decoder-mask", "segment"), "argument --diffwin-decoder-mask: invalid value 'segment': "
+                                                "decoder self-attention supports token masks only"),
+        (("--diffwin-segment-size", "0"), "argument --diffwin-segment-size: invalid value '0': must be >= 1"),
+        (("--diffwin-temperature", "-1"), "argument --diffwin-temperature: invalid value '-1': must be > 0"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            build_model(*extra)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
 
 def test_bad_option_choices_are_argparse_errors(build_model, capsys):
     with pytest.raises(SystemExit):  # argparse choices

@@ -10,6 +10,8 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from ..recipes import textfile
+
 logger = logging.getLogger("man_fairseq.analysis")
 
 
@@ -88,17 +90,20 @@ def sentence_pairs_dataset(task, path: str):
 
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
     src, tgt = [], []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if line.count("|||") != 1:
-                raise SystemExit(f"{path}:{number}: expected one 'source ||| target' pair per line")
-            s, t = (x.strip() for x in line.split("|||"))
-            if not s or not t:
-                raise SystemExit(f"{path}:{number}: empty source or target")
-            src.append(src_dict.encode_line(s, add_if_not_exist=False, append_eos=True).long())
-            tgt.append(tgt_dict.encode_line(t, add_if_not_exist=False, append_eos=True).long())
+    try:
+        lines = textfile.read_lines(path)
+    except textfile.NotUtf8Error as e:
+        raise SystemExit(str(e))
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if line.count("|||") != 1:
+            raise SystemExit(f"{path}:{number}: expected one 'source ||| target' pair per line")
+        s, t = (x.strip() for x in line.split("|||"))
+        if not s or not t:
+            raise SystemExit(f"{path}:{number}: empty source or target")
+        src.append(src_dict.encode_line(s, add_if_not_exist=False, append_eos=True).long())
+        tgt.append(tgt_dict.encode_line(t, add_if_not_exist=False, append_eos=True).long())
     if not src:
         raise SystemExit(f"{path}: no sentence pairs")
     cfg = getattr(task, "cfg", None)

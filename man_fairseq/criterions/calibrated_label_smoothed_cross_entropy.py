@@ -42,7 +42,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from omegaconf import II
 from torch import nn
 
-from ..plugin_options import VALID, Number, check_options
+from ..plugin_options import VALID, Number, PluginOptionError, add_option_args, check_options
 from ..modules.calibration import PERTURBED, calibration_mode, calibration_modules
 
 
@@ -93,8 +93,13 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         problem = PERTURBATION_WEIGHT.problem(perturbation_weight)
         if problem:
-            raise ValueError(f"--perturbation-weight {perturbation_weight!r}: {problem}")
+            raise PluginOptionError(f"--perturbation-weight {perturbation_weight!r}: {problem}")
         self.perturbation_weight = perturbation_weight
+
+    @classmethod
+    def add_args(cls, parser):
+        """fairseq's options of the dataclass, with the declared valid values checked by argparse."""
+        add_option_args(parser, CalibratedLabelSmoothedCrossEntropyCriterionConfig(), delete_default=False)
 
     @classmethod
     def build_criterion(cls, cfg, task):
@@ -109,7 +114,7 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
 
             model_cls = ARCH_MODEL_REGISTRY.get(arch)
             if model_cls is None or not issubclass(model_cls, TransformerCalibratedModel):
-                raise ValueError(
+                raise PluginOptionError(
                     f"--criterion calibrated_label_smoothed_cross_entropy needs a calibrated model "
                     f"(--arch transformer_calibrated_small/_base/_big), got --arch {arch}"
                 )
@@ -152,9 +157,9 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
     def forward(self, model, sample, reduce=True):
         inner = unwrap_model(model)
         if not hasattr(inner, "perturbation_parameters"):
-            raise ValueError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
+            raise PluginOptionError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
         if getattr(inner.decoder, "adaptive_softmax", None) is not None:
-            raise ValueError("calibrated_label_smoothed_cross_entropy does not support adaptive softmax")
+            raise PluginOptionError("calibrated_label_smoothed_cross_entropy does not support --adaptive-softmax-cutoff")
         # keep the encoder output of the calibrated pass for the perturbation pass (saves an
         # encoder forward; detached there, so the encoder gets no gradient from it)
         captured = {}

@@ -13,7 +13,6 @@ from enum import Enum
 from typing import Callable, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -27,7 +26,7 @@ from torch import nn
 
 from ..modules.attention_backend import ATTENTION_BACKENDS
 from ..modules.biased_attention import BiasedMultiheadAttention
-from ..plugin_options import parse_layer_spec
+from ..plugin_options import PluginOptionError, add_option_args, parse_layer_spec
 
 # the three places an attention sits in an encoder-decoder Transformer
 ENCODER_SELF, DECODER_SELF, CROSS = "encoder_self", "decoder_self", "cross"
@@ -62,14 +61,15 @@ class AttentionBackendConfig(FairseqDataclass):
 
 
 def add_attention_backend_args(parser) -> None:
-    gen_parser_from_dataclass(parser, AttentionBackendConfig(), delete_default=True)
+    add_option_args(parser, AttentionBackendConfig())
 
 
 def set_attention_backend(model: nn.Module, args) -> nn.Module:
     """Give every :class:`BiasedMultiheadAttention` of ``model`` the ``--attention-backend`` of ``args``."""
     backend = str(getattr(args, "attention_backend", None) or "auto")
     if backend not in ATTENTION_BACKENDS:
-        raise ValueError(f"--attention-backend: unknown {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
+        raise PluginOptionError(
+            f"--attention-backend: unknown {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
     for module in model.modules():
         if isinstance(module, BiasedMultiheadAttention):
             module.attention_backend = backend
@@ -94,8 +94,10 @@ class BiasedDecoderLayer(TransformerDecoderLayerBase):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn)
 
     def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
-        if add_bias_kv or add_zero_attn or cfg.cross_self_attention:
-            raise ValueError("add_bias_kv / add_zero_attn / cross_self_attention are not supported")
+        if cfg.cross_self_attention:
+            raise PluginOptionError("--cross-self-attention is not supported by the plugin's models")
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("add_bias_kv / add_zero_attn are not supported")
         attention = self._build_attention(DECODER_SELF, self.layer_idx, cfg)
         attention.causal_attn_mask = True  # the decoder passes it fairseq's future mask only
         return attention
@@ -187,12 +189,12 @@ def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
     try:
         layers = parse_layer_spec(spec)
     except ValueError as e:
-        raise ValueError(f"{option}: {e}")
+        raise PluginOptionError(f"{option}: {e}")
     if layers is None:
         return tuple(range(num_layers))
     bad = [i for i in layers if not 0 <= i < num_layers]
     if bad:
-        raise ValueError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
+        raise PluginOptionError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
     return layers
 
 

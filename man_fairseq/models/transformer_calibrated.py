@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import List
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
@@ -20,7 +19,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from torch import nn
 
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
-from ..plugin_options import VALID, Number, as_namespace, check_options
+from ..plugin_options import VALID, Number, PluginOptionError, add_option_args, as_namespace, check_options
 from .biased_transformer import CROSS, BiasedTransformerModel, fill_option_defaults
 
 
@@ -53,7 +52,7 @@ class TransformerCalibratedModel(BiasedTransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        gen_parser_from_dataclass(parser, CalibrationConfig(), delete_default=True)
+        add_option_args(parser, CalibrationConfig())
 
     @classmethod
     def build_model(cls, args, task):
@@ -64,9 +63,9 @@ class TransformerCalibratedModel(BiasedTransformerModel):
         if getattr(args, "checkpoint_activations", False):
             # the criterion switches the calibration mode between two passes; a recomputation
             # during backward would run in the wrong mode
-            raise ValueError("transformer_calibrated does not support --checkpoint-activations")
+            raise PluginOptionError("transformer_calibrated does not support --checkpoint-activations")
         if getattr(args, "no_cross_attention", False):
-            raise ValueError("transformer_calibrated needs the encoder-decoder attention")
+            raise PluginOptionError("transformer_calibrated needs the encoder-decoder attention (no --no-cross-attention)")
         return super().build_model(args, task)
 
     @classmethod

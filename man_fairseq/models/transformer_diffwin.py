@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
@@ -22,7 +21,16 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, build_window
-from ..plugin_options import VALID, Number, as_namespace, check_options, fit_layers
+from ..plugin_options import (
+    VALID,
+    Choice,
+    Number,
+    PluginOptionError,
+    add_option_args,
+    as_namespace,
+    check_options,
+    fit_layers,
+)
 from .biased_transformer import CROSS, DECODER_SELF, ENCODER_SELF, BiasedTransformerModel, fill_option_defaults
 
 logger = logging.getLogger(__name__)
@@ -65,7 +73,9 @@ class DiffWinConfig(FairseqDataclass):
     diffwin_decoder_mask: ChoiceEnum(list(MASK_TYPES)) = field(
         default="token",
         metadata={"help": "decoder self-attention supports 'token' only; 'segment' is refused "
-                  "(a segment would reach future tokens)"},
+                  "(a segment would reach future tokens)",
+                  VALID: Choice(["token"], why="decoder self-attention supports token masks only (a segment "
+                                "would let a target token attend to later tokens of its segment)")},
     )
     diffwin_cross_mask: ChoiceEnum(list(MASK_TYPES)) = field(
         default="token", metadata={"help": "token or segment mask in cross-attention"}
@@ -102,7 +112,7 @@ def diffwin_base_architecture(args):
     preset = getattr(args, "diffwin_preset", None)
     preset = str(preset) if preset is not None else DEFAULT_PRESET
     if preset not in DIFFWIN_PRESETS:
-        raise ValueError(f"unknown --diffwin-preset {preset!r}; choose one of {sorted(DIFFWIN_PRESETS)}")
+        raise PluginOptionError(f"unknown --diffwin-preset {preset!r}; choose one of {sorted(DIFFWIN_PRESETS)}")
     args.diffwin_preset = preset
     for name, value in DIFFWIN_PRESETS[preset].items():
         if getattr(args, name, None) is None:
@@ -111,12 +121,7 @@ def diffwin_base_architecture(args):
 
 
 def validate_diffwin_args(args):
-    check_options(args, DiffWinConfig)
-    if args.diffwin_decoder_mask != "token":
-        raise ValueError(
-            "--diffwin-decoder-mask segment: decoder self-attention supports token masks only "
-            "(a segment would let a target token attend to later tokens of its segment)"
-        )
+    check_options(args, DiffWinConfig)  # --diffwin-decoder-mask: token only
     # the stacks that get windows: the layer count must exist in each of them
     depths = [args.encoder_layers] if args.diffwin_encoder != "none" else []
     if args.diffwin_decoder != "none" or args.diffwin_cross != "none":
@@ -135,7 +140,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        gen_parser_from_dataclass(parser, DiffWinConfig(), delete_default=True)
+        add_option_args(parser, DiffWinConfig())
 
     @classmethod
     def build_model(cls, args, task):

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
@@ -24,7 +23,16 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from ..modules.relative_position import RelativePositionMultiheadAttention
-from ..plugin_options import VALID, Number, Parsed, as_namespace, check_options, fit_layers, parse_layer_spec
+from ..plugin_options import (
+    VALID,
+    Number,
+    Parsed,
+    add_option_args,
+    as_namespace,
+    check_options,
+    fit_layers,
+    parse_layer_spec,
+)
 from .biased_transformer import (
     ATTENTION_TYPES,
     DECODER_SELF,
@@ -132,7 +140,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        gen_parser_from_dataclass(parser, LocalnessConfig(), delete_default=True)
+        add_option_args(parser, LocalnessConfig())
 
     @classmethod
     def build_model(cls, args, task):

@@ -7,7 +7,6 @@ wires options to modules.
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -22,7 +21,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
-from ..plugin_options import VALID, Number, Parsed, as_namespace, check_options
+from ..plugin_options import VALID, Number, Parsed, PluginOptionError, add_option_args, as_namespace, check_options
 from .biased_transformer import add_attention_backend_args, fill_option_defaults, set_attention_backend, wrap_layer
 
 
@@ -77,7 +76,7 @@ class TransformerMANModel(TransformerModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)
-        gen_parser_from_dataclass(parser, MANConfig(), delete_default=True)
+        add_option_args(parser, MANConfig())
         add_attention_backend_args(parser)
 
     @classmethod
@@ -86,6 +85,10 @@ class TransformerMANModel(TransformerModel):
         man_base_architecture(args)
         # fail at start-up, before any data is read, on any value outside its declared range
         check_options(args, MANConfig)
+        # fairseq options the MAN layers do not implement: refused rather than ignored
+        for option in ("no_cross_attention", "cross_self_attention"):
+            if getattr(args, option, False):
+                raise PluginOptionError(f"transformer_man does not support --{option.replace('_', '-')}")
         return set_attention_backend(super().build_model(args, task), args)
 
     @classmethod

@@ -19,7 +19,7 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-from . import moses
+from . import moses, textfile
 
 
 class PrepError(RuntimeError):
@@ -154,18 +154,26 @@ def count_lines(path):
         return sum(1 for _ in f)
 
 
-def read_lines(path):
-    """Lines of a text file (``*.gz``: gunzipped), without line ends; a truncated .gz is a PrepError."""
-    path = Path(path)
+def _read(read, path):
+    """``read(path)`` (:mod:`.textfile`) with its errors as PrepErrors naming the file."""
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
-                return [line.rstrip("\n").rstrip("\r") for line in f]
-        with open(path, encoding="utf-8", errors="replace", newline="\n") as f:
-            return [line.rstrip("\n").rstrip("\r") for line in f]
+        return read(path)
+    except textfile.NotUtf8Error as e:
+        raise PrepError(str(e)) from None
     except (EOFError, OSError, gzip.BadGzipFile) as e:
         raise PrepError(f"{path} is truncated or not a valid file ({type(e).__name__}: {e}). "
                         "Replace it with a complete copy.") from e
+
+
+def read_lines(path):
+    """Lines of a UTF-8 text file (``*.gz``: gunzipped), without line ends; text that is not
+    UTF-8 (nothing is replaced) or a truncated .gz is a PrepError naming the file."""
+    return _read(textfile.read_lines, Path(path))
+
+
+def read_text(path):
+    """The whole of a UTF-8 text file, checked as by :func:`read_lines`."""
+    return _read(textfile.read_text, Path(path))
 
 
 def write_lines(path, lines):

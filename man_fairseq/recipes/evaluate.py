@@ -27,7 +27,7 @@ import yaml
 
 from .config import ConfigError, validate
 from .launch import USER_DIR, precision_args, visible_gpus
-from . import result_files, rouge155, scoring
+from . import result_files, rouge155, scoring, textfile
 from .tools import tool_env
 from ..cli.plotting import quiet_logging
 
@@ -155,10 +155,7 @@ def raw_reference_file(data, subset, tgt):
 def read_raw_references(path, subset=None):
     """The lines of ``path``, refused (:class:`~.scoring.ScoreInputError`) when blank or, given the
     binarized ``subset`` as (name, number of sentences), not one per sentence."""
-    try:
-        lines, name = Path(path).read_text(encoding="utf-8").splitlines(), f"references {path}"
-    except UnicodeDecodeError as e:
-        raise EvaluateError(f"references {path}: not UTF-8 text ({e})") from e
+    lines, name = textfile.read_lines(path), f"references {path}"  # UTF-8 or an error naming the line
     sentences = [(subset[0], range(subset[1]))] if subset else []
     scoring.check_aligned(sentences + [(name, lines)], references=name)
     return lines
@@ -269,7 +266,7 @@ def main(argv=None):
                   "evaluation succeeds)", flush=True)
         evaluate(run, args)
     except (EvaluateError, ConfigError, scoring.ScoreInputError, rouge155.Rouge155Unavailable,
-            rouge155.Rouge155Failed, OSError) as e:
+            rouge155.Rouge155Failed, textfile.NotUtf8Error, OSError) as e:
         print("ERROR: " + " ".join(str(e).split()) + (f" (the previous result is in {moved[0]})" if moved else ""),
               file=sys.stderr)
         return 2

@@ -15,7 +15,6 @@ the BPE codes and ``multi30k.json`` (test sets, counts, settings) that scripts/r
 """
 
 import argparse
-import gzip
 import hashlib
 import json
 import sys
@@ -45,19 +44,6 @@ OFFICIAL_SHA256 = {
 }
 DEFAULT_BPE_MERGES = 10000  # joint BPE; ~10k is the usual size for Multi30k and IWSLT-size corpora
 MANIFEST = "multi30k.json"
-
-
-def read_text_file(path):
-    """Lines of a plain or gzip'd UTF-8 file (a truncated .gz is a clear error)."""
-    path = Path(path)
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
-                return [line.rstrip("\n").rstrip("\r") for line in f]
-        return read_lines(path)
-    except (EOFError, OSError, UnicodeDecodeError) as e:
-        raise PrepError(f"{path}: cannot read ({type(e).__name__}: {e}); truncated or not UTF-8 text? "
-                        "Replace it with a complete copy.") from e
 
 
 def find_split_file(folder, stem, lang):
@@ -126,7 +112,7 @@ def prepare_multi30k(args):
 
     def read_raw():
         for split, by_lang in files.items():
-            sides = {lang: read_text_file(path) for lang, path in by_lang.items()}
+            sides = {lang: read_lines(path) for lang, path in by_lang.items()}
             if len(sides[src]) != len(sides[tgt]):
                 raise PrepError(f"{split}: {by_lang[src]} has {len(sides[src])} lines but {by_lang[tgt]} "
                                 f"has {len(sides[tgt])}; the two sides must be line-aligned")

@@ -16,7 +16,7 @@ from .config import REPO
 from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (
-    PrepError, Steps, check_counts, check_paths, clean_pairs, is_ours, log, read_lines, read_seg_lines,
+    PrepError, Steps, check_counts, check_paths, clean_pairs, is_ours, log, read_lines, read_seg_lines, read_text,
     report_counts, split_counts, tokenize_lines, write_lines,
 )
 from .downloads import find_file, stage
@@ -234,7 +234,7 @@ def prepare_cnndm(args):
                 if p is None:
                     missing.append(url)
                     continue
-                a, s = story_to_pair(p.read_text(encoding="utf-8", errors="replace"))
+                a, s = story_to_pair(read_text(p))
                 arts.append(a)
                 sums.append(s)
             if missing:

@@ -41,6 +41,7 @@ from .manifest import read_manifest
 from .scoring import ScoreInputError
 from .study_figure import plot_study
 from .study_eval import StudyEvalError, evaluate_run
+from .textfile import NotUtf8Error, read_lines
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
 BASELINE = "transformer"
@@ -226,7 +227,7 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
                                          manifest, results_dir, FAMILIES, FAMILY_LABELS, log)
     tgt = manifest["target_lang"]
     ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
-    refs = {subset: path.read_text(encoding="utf-8").splitlines() for subset, path in ref_files.items()}
+    refs = {subset: read_lines(path) for subset, path in ref_files.items()}
     log("paired bootstrap against the Transformer of the same seed")
     boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
     summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
@@ -352,7 +353,7 @@ def main(argv=None):
         all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError) as e:
+    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

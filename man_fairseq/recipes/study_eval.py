@@ -16,6 +16,7 @@ from pathlib import Path
 from ..provenance import git_commit
 from .config import REPO
 from .fairseq_log import epoch_seconds, model_params, valid_curve
+from .textfile import read_lines
 
 
 class StudyEvalError(RuntimeError):
@@ -28,7 +29,7 @@ def read_references(data, manifest, subset):
     path = Path(data) / name
     if not path.is_file():
         raise StudyEvalError(f"{path}: missing (the references of {subset}); prepare the data again")
-    return path, path.read_text(encoding="utf-8").splitlines()
+    return path, read_lines(path)
 
 
 def score_bleu(hyps, refs, raw_refs, tgt, names):

@@ -14,6 +14,7 @@ from .config import CONFIG_DIR, REPO, load_config
 from .rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
 from .study_figure import plot_study
 from .study_records import read_hypotheses
+from .textfile import read_lines
 from .study_table import BASELINE, _params, _pm, mean_std
 
 KEYS = ("rouge1", "rouge2", "rougeL")
@@ -82,10 +83,10 @@ def references_table(dataset, data, manifest, exception_db, order):
         for subset, release in manifest["test_sets"].items():
             src = Path(data) / manifest["sources"][subset]
             ref = Path(data) / manifest["references"][subset]
-            lead = [lead_words(line, n) for line in src.read_text(encoding="utf-8").splitlines()]
+            lead = [lead_words(line, n) for line in read_lines(src)]
             from . import scoring
 
-            r = scoring.rouge(lead, ref.read_text(encoding="utf-8").splitlines(), order=order, exception_db=exception_db)
+            r = scoring.rouge(lead, read_lines(ref), order=order, exception_db=exception_db)
             rows.append({"what": f"Lead-{n} (first {n} words of the article), {release}", "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})
@@ -145,7 +146,7 @@ def to_markdown(summary, meta, stale, reference_rows):
 
 
 def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
-    refs = {subset: (Path(args.data) / manifest["references"][subset]).read_text(encoding="utf-8").splitlines()
+    refs = {subset: read_lines(Path(args.data) / manifest["references"][subset])
             for subset in manifest["test_sets"]}
     log("paired bootstrap over documents against the Transformer of the same seed")
     boot = significance(current, records_dir, refs, args.bootstrap_samples)

@@ -1,0 +1,57 @@
+"""The one reader of a user's text (corpora, references, stories): UTF-8, or an error naming the
+file and the first line that is not.
+
+Nothing is replaced: a Latin-1 file read with ``errors="replace"`` turned every accented word
+into U+FFFD, in the data-bin and in the references BLEU is computed on, and the command still
+exited 0. Lines are split at "\\n" only (a "\\r" before it is dropped), the way data-prep writes
+them, so that a line number here is the line number in the file.
+"""
+
+import gzip
+from pathlib import Path
+from typing import List
+
+
+class NotUtf8Error(ValueError):
+    """A user's text file with bytes that are not UTF-8; the message says where."""
+
+    def __init__(self, path, line: int, column: int, bad: bytes):
+        self.path, self.line, self.column = Path(path), line, column
+        shown = " ".join(f"0x{b:02x}" for b in bad)
+        super().__init__(
+            f"{path}: line {line} is not UTF-8 text ({shown} at byte {column} of the line); "
+            "convert the file to UTF-8 first (e.g. iconv -f latin1 -t utf-8, for a Latin-1 file)")
+
+
+def _open(path: Path):
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def read_lines(path) -> List[str]:
+    """Lines of a UTF-8 text file (``*.gz``: gunzipped), without line ends.
+
+    Raises NotUtf8Error at the first line that is not UTF-8; a truncated ``.gz`` raises what
+    gzip raises (EOFError, gzip.BadGzipFile), for the caller to name."""
+    path = Path(path)
+    lines = []
+    with _open(path) as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise NotUtf8Error(path, number, e.start + 1, raw[e.start:e.end]) from None
+            lines.append(line.rstrip("\n").rstrip("\r"))
+    return lines
+
+
+def read_text(path) -> str:
+    """The whole of a UTF-8 text file (``*.gz``: gunzipped); NotUtf8Error as :func:`read_lines`."""
+    path = Path(path)
+    with _open(path) as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        raise NotUtf8Error(path, data.count(b"\n", 0, e.start) + 1, e.start - line_start + 1,
+                           data[e.start:e.end]) from None
