@@ -56,7 +56,8 @@ def test_an_existing_output_is_replaced_only_with_overwrite(tmp_path):
 def test_the_runs_own_checkpoints_are_never_replaced(tmp_path):
     ckpts = _run_dir(tmp_path)
     before = {p.name: p.read_bytes() for p in ckpts.iterdir()}
-    for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint9.pt", "checkpoint_1_50.pt"):
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint9.pt", "checkpoint_1_50.pt",
+                 "checkpoint.best_loss_4.23.pt"):
         for extra in ((), ("--overwrite",)):
             line = _error_line(_average("--inputs", ckpts, "--num-epoch-checkpoints", "2",
                                         "--output", ckpts / name, *extra))

@@ -162,7 +162,7 @@ def average_checkpoints(inputs: List[str]):
 
 
 # the files fairseq-train keeps in a run's --save-dir: an average never replaces one of them
-FAIRSEQ_CHECKPOINT = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|_last)(\.best_.*)?\.pt")
+FAIRSEQ_CHECKPOINT = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|_last)?(\.best_.*)?\.pt")
 
 
 def check_output(output: str, inputs: List[str], overwrite: bool):
