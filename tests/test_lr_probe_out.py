@@ -102,3 +102,27 @@ def test_overwrite_replaces_a_users_files(toy_data_bin, tmp_path):
     (out / "train.log").write_text("my log\n")
     _probe(out, toy_data_bin, "--overwrite")
     assert "my log" not in (out / "train.log").read_text()
+
+
+def test_text_is_binarized_inside_out_and_again_when_it_changes(toy_raw, tmp_path, capsys):
+    text = tmp_path / "text"
+    for side, lang in (("src", "de"), ("tgt", "en")):
+        (tmp_path / f"text.{lang}").write_text((toy_raw / f"train.{side}").read_text())
+    out = tmp_path / "probe"
+    argv = [SMALL, "--norm", "post", "--updates", "2", "--warmup", "1", "--max-tokens", "500", "--log-interval", "1",
+            "--text", str(text), "--out", str(out), "--", *TINY_MODEL, "--seed", "3"]
+
+    def probe():
+        assert lr_probe.main(argv) in (0, 1)
+        return capsys.readouterr().out
+
+    assert "+ fairseq-preprocess" in probe()
+    # nothing is written beside --out (a folder of the user's may be there)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probe", "text.de", "text.en"]
+    assert (out / "data-bin" / "train.de-en.de.bin").is_file()
+    assert "+ fairseq-preprocess" not in probe()  # the same text: binarized once
+    words = (out / "data-bin" / "dict.de.txt").read_text()
+    (tmp_path / "text.de").write_text((tmp_path / "text.de").read_text() + "neuwort " * 5 + "\n")
+    (tmp_path / "text.en").write_text((tmp_path / "text.en").read_text() + "newword " * 5 + "\n")
+    assert "+ fairseq-preprocess" in probe()  # another text: binarized again, not the old binaries
+    assert "neuwort" in (out / "data-bin" / "dict.de.txt").read_text() and "neuwort" not in words

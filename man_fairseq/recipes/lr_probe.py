@@ -35,6 +35,7 @@ checked before anything is binarized or trained.
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import threading
@@ -50,7 +51,7 @@ from ..cli.plotting import quiet_logging
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
 TAIL_LINES = 15  # lines of fairseq's log shown with an error
-OUTPUTS = ("train.log", "probe.json", "loss.png", "checkpoints")  # what a probe writes in --out
+OUTPUTS = ("train.log", "probe.json", "loss.png", "checkpoints", "data-bin")  # what a probe writes in --out
 
 
 class ProbeError(Exception):
@@ -79,17 +80,27 @@ def mark(out, *names):
 
 
 def binarize(text_prefix, src, tgt, dest):
-    """fairseq-preprocess ``text_prefix.{src,tgt}`` as the train split with a joined dictionary."""
+    """fairseq-preprocess ``text_prefix.{src,tgt}`` as the train split with a joined dictionary into
+    ``dest`` (the probe's own folder), reused while it was made from the same text."""
     dest = Path(dest)
-    if (dest / f"train.{src}-{tgt}.{src}.bin").is_file():
+    stamp = dest / ".text"  # which text (and version of it) the binaries are of
+    texts = [Path(f"{text_prefix}.{lang}").resolve() for lang in (src, tgt)]
+    source = "".join(f"{t} {t.stat().st_size} {t.stat().st_mtime_ns}\n" for t in texts)
+    if stamp.is_file() and stamp.read_text() == source and (dest / f"train.{src}-{tgt}.{src}.bin").is_file():
         return dest
-    for lang in (src, tgt):
-        if not Path(f"{text_prefix}.{lang}").is_file():
-            raise ProbeError(f"--text: {text_prefix}.{lang} not found (pass --text PREFIX or --data DATA_BIN)")
+    # the probe's own (see check_out), or replaced with --overwrite
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    elif dest.exists() or dest.is_symlink():
+        dest.unlink()
     cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref",
            str(text_prefix), "--destdir", str(dest), "--joined-dictionary", "--workers", "1"]
     print("+ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise ProbeError(f"fairseq-preprocess failed on --text {text_prefix} (exit {proc.returncode}): "
+                         + (proc.stdout.strip().splitlines() or [""])[-1])
+    stamp.write_text(source)
     return dest
 
 
@@ -262,10 +273,13 @@ def run_probe(args):
         args.warmup = prev.get("warmup_updates", args.warmup)
         return finish(args, cfg, out, log.read_text().splitlines(True), prev.get("exit_code"),
                       prev.get("wall_seconds", 0.0), prev.get("time_limited", True), prev.get("command", []))
-    out.mkdir(parents=True, exist_ok=True)
-    mark(out, "train.log", "checkpoints")
     src, tgt = cfg.get("source_lang") or "de", cfg.get("target_lang") or "en"
-    data = args.data or binarize(args.text, src, tgt, out.parent / f"data-bin-{src}-{tgt}")
+    for lang in () if args.data else (src, tgt):
+        if not Path(f"{args.text}.{lang}").is_file():
+            raise ProbeError(f"--text: {args.text}.{lang} not found (pass --text PREFIX or --data DATA_BIN)")
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out, "train.log", "checkpoints", "data-bin")
+    data = args.data or binarize(args.text, src, tgt, out / "data-bin")
     max_tokens = None if args.paper_batch else args.max_tokens
     argv = probe_args(cfg, data, out / "checkpoints", args.updates, args.warmup, max_tokens,
                       args.device, args.log_interval, args.lr, args.fairseq_extra)
@@ -335,7 +349,8 @@ def main(argv=None):
     p.add_argument("--analyse", action="store_true",
                    help="judge the existing train.log of this probe's output folder again (no training)")
     p.add_argument("--text", default=str(DEFAULT_TEXT),
-                   help="BPE'd parallel text prefix (PREFIX.<src>, PREFIX.<tgt>); binarized once")
+                   help="BPE'd parallel text prefix (PREFIX.<src>, PREFIX.<tgt>); binarized once into "
+                        "--out/data-bin")
     p.add_argument("--data", default=None, help="an existing binarized directory (skips --text)")
     p.add_argument("--out", default=None, help="default: runs/lr-probe/<row>-<norm>")
     p.add_argument("--plot", nargs="+", default=None, metavar="PROBE_JSON",
