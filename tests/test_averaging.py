@@ -58,7 +58,7 @@ def test_update_checkpoints_and_upper_bound(runs, tmp_path):
             torch.testing.assert_close(avg[k], (a[k].float() + b[k].float()) / 2)
 
     log = _average("--inputs", d, "--num-update-checkpoints", "2", "--checkpoint-upper-bound", "2",
-                   "--output", out).stdout
+                   "--output", out, "--overwrite").stdout
     assert "checkpoint_1_2.pt" in log and "checkpoint_1_1.pt" in log and "checkpoint_1_3.pt" not in log
 
     proc = _average("--inputs", d, "--num-update-checkpoints", "3", "--checkpoint-upper-bound", "2",
@@ -90,7 +90,7 @@ def test_fp16_inputs_are_averaged_in_fp32(runs, tmp_path):
             assert avg[k].dtype == torch.float32
             torch.testing.assert_close(avg[k], (v.float() + halves[1][k].float()) / 2)
     # a mix of fp16 and fp32 copies of the same model is the same model
-    _average("--inputs", tmp_path / "checkpoint_1_2.pt", d / "checkpoint_1_3.pt", "--output", out)
+    _average("--inputs", tmp_path / "checkpoint_1_2.pt", d / "checkpoint_1_3.pt", "--output", out, "--overwrite")
 
 
 def test_different_models_are_refused(runs, tmp_path):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from pausing import pause_env, wait_for
 from man_fairseq.recipes import moses
 from man_fairseq.recipes.dataprep import MARKER, PrepError
 
@@ -211,34 +212,35 @@ def test_kill_during_binarization_then_rerun(tmp_path):
     """Killing data-prep while fairseq-preprocess writes leaves no destination folder, and the
     rerun (which used to stop with FileExistsError: dict.de.txt) completes."""
     archive = tmp_path / "de-en.tgz"
-    make_iwslt_archive(archive, extra_pairs=2000)  # enough lines that binarizing takes a moment
+    make_iwslt_archive(archive)
     work, dest = tmp_path / "work", tmp_path / "bin"
     args = ["--from", archive, "--work", work, "--dest", dest, "--bpe-merges", MERGES]
     run_prep("prepare-iwslt14.sh", *args)
     (work / ".binarize.done").unlink()
     shutil_rmtree(dest)
+    # fairseq-preprocess stops where it has written the dictionaries and logs the first split it
+    # binarizes (pausing.py): data-prep is killed there, not at a moment caught by polling
+    hook, reached, _ = pause_env(tmp_path, "fairseq-preprocess", "] Dictionary: ", pythonpath="")
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
-           "OMP_NUM_THREADS": "1"}
-    killed_with_dict, attempts = False, 0
-    for attempts in range(1, 6):  # fairseq-preprocess writes dict.de.txt, then binarizes for a fraction of a second
-        proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args),
-                                 "--allow-nonstandard-splits"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 240
-        while proc.poll() is None and time.time() < deadline:
-            partial = list(tmp_path.glob(".bin.partial-*"))
-            if partial and (partial[0] / "dict.de.txt").is_file():
-                os.kill(proc.pid, signal.SIGKILL)  # the python process (the .sh execs it)
-                killed_with_dict = True
-                break
-            time.sleep(0.001)
-        proc.wait()
-        if killed_with_dict:
-            break
-        shutil_rmtree(dest)
-        (work / ".binarize.done").unlink()
-    assert killed_with_dict, f"could not catch fairseq-preprocess between dict and binaries ({attempts} tries)"
-    print(f"killed on try {attempts}")
+           "OMP_NUM_THREADS": "1", **hook}
+    proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args), "--allow-nonstandard-splits"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        wait_for(reached, proc)
+        (partial,) = tmp_path.glob(".bin.partial-*")
+        assert (partial / "dict.de.txt").is_file() and (partial / "dict.en.txt").is_file()
+        assert not list(partial.glob("*.bin"))  # between the dictionaries and the binaries
+        os.kill(proc.pid, signal.SIGKILL)  # the python process (the .sh execs it)
+        proc.wait(timeout=60)
+        preprocess = int(reached.read_text())
+        deadline = time.monotonic() + 60  # fairseq-preprocess dies with it (no orphan writing on)
+        while os.path.exists(f"/proc/{preprocess}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{preprocess}"), "fairseq-preprocess outlived data-prep"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
     assert not dest.exists()  # nothing half-written under the final name
     assert list(tmp_path.glob(".bin.partial-*"))  # the partial folder is where the kill left it
     stale_old = tmp_path / ".bin.old-999999999"  # a kill between the two renames (no such pid)

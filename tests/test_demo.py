@@ -23,11 +23,19 @@ def test_demo_runs_the_whole_pipeline(tmp_path):
     table = (out / "results.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
     assert [r.split("|")[2].strip() for r in rows] == ["`transformer`", "`transformer_man_base`"]
-    for row in rows:
-        params = float(row.split("|")[3].replace(",", ""))
-        (bleu, bleu_sd), (wps, wps_sd) = (
-            (float(x.replace(",", "")) for x in c.split(" ± ")) for c in row.split("|")[4:6])
-        assert params > 1e5 and 0 <= bleu <= 100 and wps > 0 and bleu_sd >= 0 and wps_sd >= 0
+    for row, tag in zip(rows, ("transformer", "man")):
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        # parameters: fairseq-train's own count; BLEU: mean ± sample std over the seeds of sacreBLEU
+        # (tokenize none) on each seed's fairseq-generate output, read here on its own
+        counts = {re.search(r"num\. shared model params: ([\d,]+)", (out / f"train_{tag}_seed{s}.log").read_text())
+                  .group(1) for s in (3, 4)}
+        assert counts == {cells[2]}
+        bleus = [_generate_bleu(out / f"generate_{tag}_seed{s}.log") for s in (3, 4)]
+        mean = sum(bleus) / len(bleus)
+        std = (sum((b - mean) ** 2 for b in bleus) / (len(bleus) - 1)) ** 0.5  # sample std
+        assert cells[3] == f"{mean:.2f} ± {std:.2f}", (cells, bleus)
+        wps, wps_sd = (float(x.replace(",", "")) for x in cells[4].split(" ± "))
+        assert wps > 0 and wps_sd >= 0  # wall-clock speed: no value to compare with
     assert "**synthetic**" in table and "seeds 3..4" in table
     assert re.search(r"train \| epoch 002 \| loss", proc.stdout), "epochs are shown as they finish"
     for seed in (3, 4):
@@ -36,6 +44,18 @@ def test_demo_runs_the_whole_pipeline(tmp_path):
     # everything the demo wrote is in its marker, so the next run can remove it (and only it)
     listed = set((out / demo.MARKER).read_text().split())
     assert {p.name for p in out.iterdir()} - {demo.MARKER} <= listed
+
+
+def _generate_bleu(log):
+    """sacreBLEU (tokenize none) of the top hypotheses against the targets in a fairseq-generate log."""
+    import sacrebleu
+
+    text = log.read_text()
+    hyps = dict(re.findall(r"^H-(\d+)\t[^\t]*\t(.*)$", text, re.M))
+    refs = dict(re.findall(r"^T-(\d+)\t(.*)$", text, re.M))
+    assert hyps and set(hyps) == set(refs)
+    ids = sorted(hyps, key=int)
+    return sacrebleu.corpus_bleu([hyps[i] for i in ids], [[refs[i] for i in ids]], tokenize="none").score
 
 
 def _write(folder, split, src_lines, tgt_lines):

@@ -24,14 +24,6 @@ TRAIN_LOG = """\
 OVERFLOW = "2026-11-23 22:13:00 | INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, setting loss scale to: 64.0\n"
 # the same run had its training loss turned NaN (fp16 overflow reaching the loss); validation finite
 NAN_LOG = TRAIN_LOG.replace("loss=6.978", "loss=nan").replace("| loss 6.991 |", "| loss nan |")
-OLD_LOSS_RE = r"\| loss ([\d.]+)"  # the pattern test_gpu_cli.py used
-
-
-def old_train_check(stdout):
-    import re
-
-    losses = [float(x) for x in re.findall(OLD_LOSS_RE, stdout)]
-    return bool(losses and all(x == x and x < 1e4 for x in losses))
 
 
 def test_loss_parser_reads_every_loss_and_catches_nan():
@@ -42,8 +34,12 @@ def test_loss_parser_reads_every_loss_and_catches_nan():
         checks.assert_finite_training(NAN_LOG)
     with pytest.raises(AssertionError, match="no loss"):
         checks.assert_finite_training("nothing trained\n")
-    # the old pattern skipped the NaN and was satisfied by the finite validation loss
-    assert old_train_check(NAN_LOG)
+    # the NaN of the per-update line alone (validation and epoch summary finite) is caught too:
+    # the pattern test_gpu_cli.py once used read only the "| loss X |" summaries and missed it
+    inner_nan = TRAIN_LOG.replace("loss=6.978", "loss=nan")
+    assert [math.isnan(x) for x in checks.train_losses(inner_nan)] == [True, False, False]
+    with pytest.raises(AssertionError, match="non-finite"):
+        checks.assert_finite_training(inner_nan)
 
 
 GEN_REF = "S-0\tw1 w2\nH-0\t-0.51\tw5 w6\nH-1\t-0.70\tw7\nH-2\t-1.25\tw8 w9 w9\n"

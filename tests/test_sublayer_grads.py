@@ -32,10 +32,14 @@ def test_groups_name_every_sublayer_of_man_and_transformer():
 
 
 def test_records_real_updates_of_fairseq_train(toy_data_bin, tmp_path):
-    out = tmp_path / "grads"
+    out, cwd = tmp_path / "grads", tmp_path / "cwd"
+    cwd.mkdir()
     log = run_cli([sys.executable, "-m", "man_fairseq.recipes.sublayer_grads", "--out", out, "--",
                    toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_man_small", *TINY_MODEL, *TINY_TRAIN,
-                   "--max-update", "4", "--no-save", "--disable-validation", "--log-interval", "1"]).stdout
+                   "--max-update", "4", "--no-save", "--disable-validation", "--log-interval", "1",
+                   # fairseq makes --save-dir (default ./checkpoints) even with --no-save: keep it in tmp_path
+                   "--save-dir", tmp_path / "checkpoints"], cwd=cwd, env={"PYTHONPATH": str(REPO)}).stdout
+    assert list(cwd.iterdir()) == []  # nothing written where the command was started
     rows = json.loads((out / "sublayer_grads.json").read_text())["updates"]
     assert [r["update"] for r in rows] == [1, 2, 3, 4]
     # the groups partition the gradient fairseq stepped with: together they are its logged gnorm
@@ -64,7 +68,8 @@ def _record(name, valid):
             "sublayer_grads": [{"update": 101, "lr": 1e-3, "norms": {"enc0.san": 0.1, "enc0.ffn": 0.05}}]}
 
 
-def test_study_table_shows_an_included_baseline_first_and_refuses_a_missing_or_clashing_one(monkeypatch, tmp_path):
+def test_study_table_shows_an_included_baseline_first_and_refuses_a_missing_or_clashing_one(monkeypatch, tmp_path,
+                                                                                          capsys):
     """--include puts another study's record (a probe's baseline) beside the study's own runs, read, not copied."""
     for study, name, valid in [("probe", "P1", 5.2), ("probe", "P0", 5.3), ("base", "T", 5.1)]:
         (tmp_path / "results" / study).mkdir(parents=True, exist_ok=True)
@@ -77,7 +82,9 @@ def test_study_table_shows_an_included_baseline_first_and_refuses_a_missing_or_c
     assert "the baseline" in rows[0] and "5.100" in rows[0]
     assert sorted(p.name for p in (tmp_path / "results" / "probe").iterdir()) == ["P0.json", "P1.json"]
     assert (tmp_path / "docs" / "probe.png").stat().st_size > 10_000
-    for bad in ["base/nothing", "probe/P0"]:
+    capsys.readouterr()
+    for bad, why in [("base/nothing", f"no record {tmp_path / 'results' / 'base' / 'nothing.json'}"),
+                     ("probe/P0", "probe has a run of that name too")]:
         with pytest.raises(SystemExit) as e:
             script.main(["--study", "probe", "--include", bad])
-        assert e.value.code == 2
+        assert e.value.code == 2 and f"error: --include {bad}: {why}" in capsys.readouterr().err

@@ -4,13 +4,16 @@ entry points that work without an activated venv, and empty lines in fairseq-int
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import REPO, TINY_MODEL, USER_DIR, run_cli
+from pausing import pause_env
 
 from man_fairseq.recipes.config import load_config
 from man_fairseq.recipes.results_table import build_tables, deviations
@@ -40,18 +43,29 @@ def stopped_run(toy_data_bin, tmp_path_factory):
     cfg_path = tmp / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     run = tmp / "run"
+    # fairseq-train stops after its first train_inner line until the test has read train.log
+    # (pausing.py): the check below sees the run mid-training, not at whatever moment it got to
+    hook, _, release = pause_env(tmp, "fairseq-train", "| train_inner |")
     proc = subprocess.Popen(["bash", REPO / "scripts" / "train.sh", cfg_path, "--cpu", "--run-dir", run,
-                             "--", "--max-update", "12"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+                             "--", "--max-update", "12"], start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(**hook))
+    watchdog = threading.Timer(600, os.killpg, (proc.pid, signal.SIGKILL))  # a hung run fails, not hangs
+    watchdog.start()
     seen_live = None
     lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if seen_live is None and "| train_inner |" in line:
-            # the line is on the terminal: it must already be in train.log, while training goes on
-            log = (run / "train.log").read_text()
-            seen_live = (line in log, "done training" in log)
-    assert proc.wait() == 0, "".join(lines[-40:])
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if seen_live is None and "| train_inner |" in line:
+                # the line is on the terminal: it must already be in train.log, while training goes on
+                log = (run / "train.log").read_text()
+                seen_live = (line in log, "done training" in log)
+                release.touch()
+        rc = proc.wait()
+    finally:
+        watchdog.cancel()
+        release.touch()
+    assert rc == 0, "".join(lines[-40:])
     return run, seen_live, "".join(lines)
 
 

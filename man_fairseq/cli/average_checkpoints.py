@@ -5,6 +5,9 @@ command (same flags), installed as ``man-average-checkpoints`` and runnable as
 ``python -m man_fairseq.cli.average_checkpoints``.
 
     man-average-checkpoints --inputs checkpoints/run --num-epoch-checkpoints 5 --output avg.pt
+
+``--output`` must be a new file (``--overwrite`` replaces an existing one); it is checked before
+any checkpoint is read, and never a checkpoint fairseq keeps beside the inputs.
 """
 
 import argparse
@@ -12,6 +15,7 @@ import collections
 import os
 import re
 import sys
+import tempfile
 from typing import List
 
 import torch
@@ -157,12 +161,56 @@ def average_checkpoints(inputs: List[str]):
     return new_state
 
 
+# the files fairseq-train keeps in a run's --save-dir: an average never replaces one of them
+FAIRSEQ_CHECKPOINT = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|_last)?(\.best_.*)?\.pt")
+
+
+def check_output(output: str, inputs: List[str], overwrite: bool):
+    """Refuse an ``--output`` that cannot or may not be written, before any work: a folder, one of
+    the inputs, a fairseq checkpoint in an input's folder, an existing file without ``overwrite``,
+    or a path whose folder cannot be created."""
+    path = os.path.realpath(output)
+    if os.path.isdir(path):
+        raise AverageError(f"--output {output} is a folder; give the file to write, e.g. "
+                           f"{os.path.join(output, 'averaged.pt')}")
+    if any(path == os.path.realpath(f) for f in inputs):
+        raise AverageError(f"--output {output} is one of the inputs; write the average to a new file")
+    input_dirs = {os.path.dirname(os.path.realpath(f)) for f in inputs}
+    if FAIRSEQ_CHECKPOINT.fullmatch(os.path.basename(path)) and os.path.dirname(path) in input_dirs:
+        raise AverageError(f"--output {output} is a checkpoint name of the run being averaged (fairseq-train "
+                           "resumes from and keeps these files); write the average to another name")
+    if os.path.lexists(output) and not overwrite:
+        raise AverageError(f"--output {output} exists; pass --overwrite to replace it, or choose a new file")
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):  # the folders that would be made: the first existing one decides
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise AverageError(f"--output {output}: cannot write in {parent}")
+
+
+def write_atomic(state, output: str):
+    """torch.save to a temporary file of its own beside ``output``, renamed over it when complete:
+    no half-written output, and no fixed ``.tmp`` name that could be someone else's file."""
+    folder = os.path.dirname(os.path.abspath(output))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(output)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", required=True, nargs="+",
                    help="checkpoint files, or one directory with --num-*-checkpoints")
-    p.add_argument("--output", required=True, help="where to write the averaged checkpoint")
+    p.add_argument("--output", required=True, help="where to write the averaged checkpoint (a new file)")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--num-epoch-checkpoints", type=int, help="average the last N checkpointE.pt")
     g.add_argument("--num-update-checkpoints", type=int, help="average the last N checkpoint_E_U.pt")
@@ -170,38 +218,39 @@ def main(argv=None):
                    help="ignore checkpoints after this epoch / update")
     args = p.parse_args(argv)
 
-    num = args.num_epoch_checkpoints or args.num_update_checkpoints
-    if num is not None:
+    by_update = args.num_update_checkpoints is not None
+    num = args.num_update_checkpoints if by_update else args.num_epoch_checkpoints
+    if num is not None:  # 0 is a number too, not "no number given"
+        flag = "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints"
         if num < 1:
-            raise AverageError("the number of checkpoints must be >= 1")
+            raise AverageError(f"{flag} {num}: the number of checkpoints must be >= 1")
         if len(args.inputs) != 1:
-            raise AverageError("--num-*-checkpoints takes exactly one --inputs directory")
-        inputs = last_n_checkpoints(args.inputs[0], num, args.num_update_checkpoints is not None,
-                                    args.checkpoint_upper_bound)
+            raise AverageError(f"{flag} takes exactly one --inputs directory")
+        inputs = last_n_checkpoints(args.inputs[0], num, by_update, args.checkpoint_upper_bound)
     else:
         inputs = args.inputs
+        folders = [f for f in inputs if os.path.isdir(f)]
+        if folders:
+            raise AverageError(f"--inputs {folders[0]} is a folder: pass --num-epoch-checkpoints N or "
+                               "--num-update-checkpoints N to pick its last N checkpoints, or name the files")
         missing = [f for f in inputs if not os.path.isfile(f)]
         if missing:
             raise AverageError(f"checkpoint file(s) not found: {', '.join(missing)}")
-    if any(os.path.abspath(args.output) == os.path.abspath(f) for f in inputs):
-        raise AverageError(f"--output {args.output} is one of the inputs; write the average to a new file")
+    check_output(args.output, inputs, args.overwrite)
     print("averaging:\n  " + "\n  ".join(inputs), flush=True)
     state = average_checkpoints(inputs)
-    tmp = args.output + ".tmp"
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    torch.save(state, tmp)
-    os.replace(tmp, args.output)  # never leave a half-written output behind
+    write_atomic(state, args.output)
     print(f"wrote averaged checkpoint to {args.output}")
 
 
 def cli_main(argv=None):
-    """The console command: main(), with an AverageError as a one-line message and exit status 2.
+    """The console command: main(), with an AverageError as one line ``ERROR: ...`` and exit status 2.
     ``argv`` lets tests and scripts/demo.py run it in-process (no second interpreter to import
     torch and fairseq)."""
     try:
         main(argv)
     except AverageError as e:
-        print(f"man-average-checkpoints: error: {e}", file=sys.stderr)
+        print(f"ERROR: {e}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -317,7 +317,7 @@ def evaluate(run, args):
         checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
         avg_argv = ["--inputs", str(ckpt_dir),
                     "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
-                    "--output", str(checkpoint)]
+                    "--output", str(checkpoint), "--overwrite"]  # eval/ is ours: a rerun replaces it
         print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
         try:
             average_main(avg_argv)  # in-process: saves a second fairseq start-up

@@ -25,11 +25,17 @@ climbed back more than 1 above the lowest window (a late blow-up). Otherwise *di
 values, fairseq stopping on NaN/Inf gradients, or the loss rising) or *stalls* (finite, but not
 falling). Any other failure of fairseq-train (a missing ``--data`` folder, a bad option, a crash) is
 no verdict: it is reported as an error with the end of fairseq's log, exit code 2.
+
+The output folder (``--out``) may be a user's: the probe writes only its own entries there
+(:data:`OUTPUTS`, recorded in the folder's :data:`~man_fairseq.recipes.workdir.MARKER`) and
+replaces one it did not write, or an existing ``--png``, only with ``--overwrite``. Both are
+checked before anything is binarized or trained.
 """
 
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import threading
@@ -39,25 +45,62 @@ from pathlib import Path
 from .config import REPO, load_config
 from .launch import split_fairseq_args, train_args
 from .tools import tool_env
+from .workdir import MARKER, created
 from ..cli.plotting import quiet_logging
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
 TAIL_LINES = 15  # lines of fairseq's log shown with an error
+OUTPUTS = ("train.log", "probe.json", "loss.png", "checkpoints", "data-bin")  # what a probe writes in --out
+
+
+class ProbeError(Exception):
+    """A user's mistake (a path, an option): one line ``ERROR: ...``, exit status 2."""
+
+
+def check_out(out, overwrite, analyse=False):
+    """Refuse, before any work, an ``--out`` that is not a folder or that holds entries a probe
+    would write but did not (no mention in its marker), unless ``overwrite``. ``analyse`` reads
+    train.log and rewrites only probe.json and loss.png."""
+    if out.exists() and not out.is_dir():
+        raise ProbeError(f"--out {out} exists and is not a folder")
+    marker = out / MARKER
+    ours = set(marker.read_text().split()) if marker.is_file() else set()
+    written = ("probe.json", "loss.png") if analyse else OUTPUTS
+    clash = [name for name in written if (out / name).exists() and name not in ours]
+    if clash and not overwrite:
+        raise ProbeError(f"--out {out} holds {', '.join(clash)}, not written there by an lr probe; "
+                         "choose another folder or pass --overwrite to replace them")
+
+
+def mark(out, *names):
+    """Record in ``out``'s marker that the probe writes these entries (before writing them)."""
+    (out / MARKER).touch()
+    created(out, *names)
 
 
 def binarize(text_prefix, src, tgt, dest):
-    """fairseq-preprocess ``text_prefix.{src,tgt}`` as the train split with a joined dictionary."""
+    """fairseq-preprocess ``text_prefix.{src,tgt}`` as the train split with a joined dictionary into
+    ``dest`` (the probe's own folder), reused while it was made from the same text."""
     dest = Path(dest)
-    if (dest / f"train.{src}-{tgt}.{src}.bin").is_file():
+    stamp = dest / ".text"  # which text (and version of it) the binaries are of
+    texts = [Path(f"{text_prefix}.{lang}").resolve() for lang in (src, tgt)]
+    source = "".join(f"{t} {t.stat().st_size} {t.stat().st_mtime_ns}\n" for t in texts)
+    if stamp.is_file() and stamp.read_text() == source and (dest / f"train.{src}-{tgt}.{src}.bin").is_file():
         return dest
-    for lang in (src, tgt):
-        if not Path(f"{text_prefix}.{lang}").is_file():
-            raise SystemExit(f"lr_probe: text {text_prefix}.{lang} not found (pass --text PREFIX)")
+    # the probe's own (see check_out), or replaced with --overwrite
+    if dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    elif dest.exists() or dest.is_symlink():
+        dest.unlink()
     cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref",
            str(text_prefix), "--destdir", str(dest), "--joined-dictionary", "--workers", "1"]
     print("+ " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise ProbeError(f"fairseq-preprocess failed on --text {text_prefix} (exit {proc.returncode}): "
+                         + (proc.stdout.strip().splitlines() or [""])[-1])
+    stamp.write_text(source)
     return dest
 
 
@@ -197,6 +240,7 @@ def finish(args, cfg, out, lines, rc, wall, time_limited, cmd):
         "exit_code": rc, "verdict": label, "reason": reason, "wall_seconds": round(wall, 1),
         "records": records, "command": cmd,
     }
+    mark(out, "probe.json", "loss.png")
     (out / "probe.json").write_text(json.dumps(result, indent=2) + "\n")
     if error:
         print(f"lr_probe: ERROR - {error}; this is not a verdict on {cfg['name']}. "
@@ -217,20 +261,25 @@ def finish(args, cfg, out, lines, rc, wall, time_limited, cmd):
 def run_probe(args):
     cfg = probe_config(load_config(args.config), args.norm)
     out = Path(args.out or REPO / "runs" / "lr-probe" / f"{cfg['name']}-{args.norm}").resolve()
+    check_out(out, args.overwrite, args.analyse)
     if args.analyse:
         # judge an earlier probe's log again (e.g. one stopped by hand on a slow machine)
         log = out / "train.log"
         if not log.is_file():
-            raise SystemExit(f"lr_probe: no {log} to analyse")
+            raise ProbeError(f"--analyse: no {log} to analyse")
         prev = json.loads((out / "probe.json").read_text()) if (out / "probe.json").is_file() else {}
         # the earlier run's settings; a log without probe.json was stopped by hand: judge what it logged
         args.updates = prev.get("updates", args.updates)
         args.warmup = prev.get("warmup_updates", args.warmup)
         return finish(args, cfg, out, log.read_text().splitlines(True), prev.get("exit_code"),
                       prev.get("wall_seconds", 0.0), prev.get("time_limited", True), prev.get("command", []))
-    out.mkdir(parents=True, exist_ok=True)
     src, tgt = cfg.get("source_lang") or "de", cfg.get("target_lang") or "en"
-    data = args.data or binarize(args.text, src, tgt, out.parent / f"data-bin-{src}-{tgt}")
+    for lang in () if args.data else (src, tgt):
+        if not Path(f"{args.text}.{lang}").is_file():
+            raise ProbeError(f"--text: {args.text}.{lang} not found (pass --text PREFIX or --data DATA_BIN)")
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out, "train.log", "checkpoints", "data-bin")
+    data = args.data or binarize(args.text, src, tgt, out / "data-bin")
     max_tokens = None if args.paper_batch else args.max_tokens
     argv = probe_args(cfg, data, out / "checkpoints", args.updates, args.warmup, max_tokens,
                       args.device, args.log_interval, args.lr, args.fairseq_extra)
@@ -268,6 +317,8 @@ def run_probe(args):
 
 
 def plot_only(args):
+    if Path(args.png).exists() and not args.overwrite:
+        raise ProbeError(f"--png {args.png} exists; pass --overwrite to replace it, or choose a new file")
     runs = []
     for path in args.plot:
         res = json.loads(Path(path).read_text())
@@ -298,22 +349,27 @@ def main(argv=None):
     p.add_argument("--analyse", action="store_true",
                    help="judge the existing train.log of this probe's output folder again (no training)")
     p.add_argument("--text", default=str(DEFAULT_TEXT),
-                   help="BPE'd parallel text prefix (PREFIX.<src>, PREFIX.<tgt>); binarized once")
+                   help="BPE'd parallel text prefix (PREFIX.<src>, PREFIX.<tgt>); binarized once into "
+                        "--out/data-bin")
     p.add_argument("--data", default=None, help="an existing binarized directory (skips --text)")
     p.add_argument("--out", default=None, help="default: runs/lr-probe/<row>-<norm>")
     p.add_argument("--plot", nargs="+", default=None, metavar="PROBE_JSON",
                    help="only draw the curves of finished probes (probe.json files) into --png")
     p.add_argument("--png", default="lr-probe.png")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files in --out that a probe did not write there, or an existing --png")
     p.add_argument("--title", default="lr probe")
     p.epilog = "Options after '--' go to fairseq-train last (e.g. a smaller model for a smoke test)."
     argv, fairseq_extra = split_fairseq_args(argv)
     args = p.parse_args(argv)
     args.fairseq_extra = fairseq_extra
-    if args.plot:
-        return plot_only(args)
-    if not args.config:
+    if not args.plot and not args.config:
         p.error("a config is required (or --plot)")
-    return run_probe(args)
+    try:
+        return plot_only(args) if args.plot else run_probe(args)
+    except ProbeError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

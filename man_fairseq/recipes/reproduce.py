@@ -39,8 +39,9 @@ from .evaluate import EvaluateError
 from .fairseq_log import LogError, model_params, seconds_per_update
 from .manifest import read_manifest
 from .scoring import ScoreInputError
-from .study_figure import plot_study
 from .study_eval import StudyEvalError, evaluate_run
+from .study_figure import plot_study
+from .study_records import RecordError, option_flags, record_fingerprint
 from .textfile import NotUtf8Error, read_lines
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
@@ -58,10 +59,11 @@ MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k",
 EXPERIMENTS = {
     "multi30k": dict(MULTI30K, configs=CONFIG_DIR / "multi30k",
                      title="Multi30k De→En, papers' small width: every family against the Transformer"),
-    "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu",
+    # "device": the default --device of a CPU study (its records were made there)
+    "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu", device="cpu",
                          title="Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"),
     "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
-                     "dataset": "gigaword", "metric": "rouge",
+                     "dataset": "gigaword", "metric": "rouge", "device": "cpu",
                      "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
                                 "--allow-nonstandard-splits --bpe-merges 8000",
                      "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
@@ -209,17 +211,18 @@ def parse_seeds(spec):
 def build_table(experiment, cfgs, args, manifest, results_dir):
     """Rebuild ``RESULTS/<experiment>.md/.json/-valid-loss.png`` from the records alone."""
     from . import study_table
-    from .study_records import config_fingerprint, partition, read_records
+    from .study_records import partition, read_records
 
     records_dir = results_dir / experiment
     records = read_records(records_dir)
-    expected = {(r["family"], r["seed"]): config_fingerprint(cfgs[r["family"]], args.fairseq_args, r["seed"], args.data)
+    expected = {(r["family"], r["seed"]): record_fingerprint(cfgs[r["family"]], args, r["seed"])
                 for r in records if r["family"] in cfgs}
     current, stale = partition(records, expected)
     for r in stale:
         log(f"stale record {r['family']}-seed{r['seed']} (fingerprint {r.get('fingerprint')}): not in the table")
     if not current:
-        raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate")
+        raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate" + (
+            f" ({len(stale)} stale: pass the options they were made with)" if stale else ""))
     if EXPERIMENTS[experiment]["metric"] == "rouge":
         from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
 
@@ -243,6 +246,7 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
             "commits": sorted({r["commit"] for r in current}),
             "configs": os.path.relpath(EXPERIMENTS[experiment]["configs"], REPO), "fairseq_args": args.fairseq_args,
             "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
+                       + option_flags(args, EXPERIMENTS[experiment].get("device"))
                        + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
             "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
             "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name}
@@ -268,7 +272,8 @@ def main(argv=None):
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
                         "it is the baseline of the significance test)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when visible, else cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cpu for multi30k-cpu (its records were made there), else cuda when visible")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16", help="GPU precision (CPU: fp32)")
     p.add_argument("--data", default=None, help="binarized data (default data-bin/multi30k.de-en; gigaword-cpu: "
                    "data-bin/gigaword-30k)")
@@ -296,10 +301,14 @@ def main(argv=None):
     args.data = Path(args.data or exp["data"]).resolve()
     args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
     results_dir = Path(args.results_dir).resolve()
+    args.device = args.device or exp.get("device")
     if args.device is None:
         from .launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
+    for flag, value in (("--avg-last", args.avg_last), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
     try:
         args.seeds = parse_seeds(args.seeds)
     except ValueError as e:
@@ -329,12 +338,12 @@ def main(argv=None):
             time_families(families, cfgs, args, on_family=write)
             return 0
         if not args.table_only:
-            from .study_records import config_fingerprint, matching_record, write_record
+            from .study_records import matching_record, write_record
 
             records_dir = results_dir / args.experiment
             for seed in args.seeds:
                 for fam in families:
-                    fp = config_fingerprint(cfgs[fam], args.fairseq_args, seed, args.data)
+                    fp = record_fingerprint(cfgs[fam], args, seed)
                     force = args.force and fam in named
                     with run_lock(args.runs_dir, f"{fam}-seed{seed}") as ours:
                         if not ours:
@@ -346,14 +355,15 @@ def main(argv=None):
                             log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
                             continue
                         run = args.runs_dir / f"{fam}-seed{seed}"
-                        train_run(cfgs[fam], run, seed, args, fp, force)
+                        train_run(cfgs[fam], run, seed, args, record_fingerprint(cfgs[fam], args, seed, True), force)
                         record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
                                                     device_name(args.device), log)
                         log(f"wrote record {write_record(records_dir, record, hyps)}")
         all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in FAMILIES}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
-    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error) as e:
+    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
+            RecordError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

@@ -67,8 +67,9 @@ def average_checkpoints(cfg, run, avg_last):
     checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
     try:
         averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
+        # eval/ is this run folder's own: each rescoring replaces its average
         average_main(["--inputs", str(ckpt_dir), "--num-update-checkpoints" if by_update else
-                      "--num-epoch-checkpoints", str(n_avg), "--output", str(checkpoint)])
+                      "--num-epoch-checkpoints", str(n_avg), "--output", str(checkpoint), "--overwrite"])
     except AverageError as e:
         raise StudyEvalError(f"{run.name}: cannot average: {e}") from e
     return checkpoint, averaged

@@ -9,8 +9,9 @@ the table (:mod:`study_table`) is rebuilt from them alone.
 
 The **fingerprint** is a hash of everything that decides what a run trains and how it is scored:
 the resolved config (architecture, model, training and evaluation options), the extra fairseq
-options, the seed and the data's dictionaries. A record whose fingerprint differs from what
-today's config gives is *stale*: it is never mixed into the table and never stops a retrain.
+options, the seed, the data's dictionaries and the options of ``scripts/reproduce.sh`` that change
+a score (:func:`run_options`). A record whose fingerprint differs from what today's config and
+options give is *stale*: it is never mixed into the table and never stops a retrain.
 """
 
 import hashlib
@@ -21,23 +22,71 @@ from pathlib import Path
 RECORD_VERSION = 1
 # the config keys that decide training and scoring (not name, notes, paths)
 FINGERPRINT_KEYS = ("arch", "task", "source_lang", "target_lang", "model", "train", "batch", "eval")
+# The options of scripts/reproduce.sh that change a score without being in the config, at the values
+# every record before they were fingerprinted was made with (avg_last: the config's eval.avg_last,
+# itself fingerprinted; precision: fp32, what CPU training and decoding use whatever --precision
+# says). A fingerprint carries only the options that differ from these, so such a record keeps the
+# hash it was written with and any other value gives another fingerprint.
+DEFAULT_RUN_OPTIONS = {"batch_size": 128, "device": "cpu", "precision": "fp32"}
+# options that change the scores but not the training: a trained run is rescored, not retrained
+SCORING_OPTIONS = ("avg_last", "batch_size")
+# what the table reads of a record (study_table.py) and of each of its test sets
+RECORD_FIELDS = ("family", "seed", "fingerprint", "arch", "params", "train_seconds", "updates", "valid_curve",
+                 "test_sets")
+TEST_SET_FIELDS = ("name", "n_sentences", "sacrebleu", "bleu_tok_ci", "sacrebleu_signature")
 
 
 class RecordError(ValueError):
     pass
 
 
-def config_fingerprint(cfg, fairseq_args, seed, data=None):
+def run_options(cfg, avg_last=None, batch_size=128, device="cpu", precision="fp16"):
+    """The resolved options of scripts/reproduce.sh that decide a run's scores: the epoch checkpoints
+    averaged (``--avg-last``, default the config's), fairseq-generate's ``--batch-size``, the
+    ``--device`` and the precision it really runs in (fp32 on CPU)."""
+    return {"avg_last": int(avg_last or (cfg.get("eval") or {}).get("avg_last", 5)), "batch_size": int(batch_size),
+            "device": device, "precision": "fp32" if device == "cpu" else precision}
+
+
+def training_options(options):
+    """The part of :func:`run_options` that changes what is trained (the run folder's fingerprint)."""
+    return {k: v for k, v in options.items() if k not in SCORING_OPTIONS}
+
+
+def config_fingerprint(cfg, fairseq_args, seed, data=None, options=None):
     """sha256 (16 hex digits) of the config's training/scoring content, the extra options, the
-    seed and, when ``data`` is given, the data-bin's dictionaries."""
+    seed, when ``data`` is given the data-bin's dictionaries, and those of ``options``
+    (:func:`run_options`) that differ from :data:`DEFAULT_RUN_OPTIONS`."""
     content = {k: cfg.get(k) for k in FINGERPRINT_KEYS}
     content["fairseq_args"] = [str(a) for a in fairseq_args]
     content["seed"] = int(seed)
+    defaults = dict(DEFAULT_RUN_OPTIONS, avg_last=(cfg.get("eval") or {}).get("avg_last", 5))
+    changed = {k: v for k, v in (options or {}).items() if k not in defaults or v != defaults[k]}
+    if changed:  # absent at the defaults: the hash of every record made before this key existed
+        content["run_options"] = changed
     if data is not None:
         content["dictionaries"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                                    for p in sorted(Path(data).glob("dict.*.txt"))}
     blob = json.dumps(content, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def record_fingerprint(cfg, args, seed, training=False):
+    """The fingerprint of the (config, seed) run under scripts/reproduce.sh's ``args``: of its record,
+    or with ``training`` of its run folder (without the options that change scores only: a run
+    trained alike is rescored, not retrained)."""
+    options = run_options(cfg, args.avg_last, args.batch_size, args.device, args.precision)
+    return config_fingerprint(cfg, args.fairseq_args, seed, args.data,
+                              training_options(options) if training else options)
+
+
+def option_flags(args, default_device=None):
+    """scripts/reproduce.sh's flags in ``args`` that change a score, where not at their default."""
+    flags = [f"--avg-last {args.avg_last}"] if args.avg_last else []
+    flags += [f"--batch-size {args.batch_size}"] if args.batch_size != DEFAULT_RUN_OPTIONS["batch_size"] else []
+    flags += [f"--device {args.device}"] if args.device != (default_device or "cpu") else []
+    flags += [f"--precision {args.precision}"] if args.device != "cpu" else []
+    return "".join(" " + f for f in flags)
 
 
 def run_id(family, seed):
@@ -79,13 +128,27 @@ def write_record(records_dir, record, hypotheses):
 
 
 def read_record(path):
+    """The record in ``path``; RecordError naming the file and what is wrong with it."""
     path = Path(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise RecordError(f"{path}: not a readable record ({e})") from e
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"{path}: not a readable record ({e}); truncated? restore it (git checkout) "
+                          "or remove it and rerun that run") from e
     if not isinstance(record, dict) or record.get("version") != RECORD_VERSION:
         raise RecordError(f"{path}: not a version-{RECORD_VERSION} run record")
+    missing = [k for k in RECORD_FIELDS if k not in record]
+    if missing:
+        raise RecordError(f"{path}: the record lacks {', '.join(missing)}")
+    if not isinstance(record["seed"], int) or not isinstance(record["test_sets"], dict):
+        raise RecordError(f"{path}: seed {record['seed']!r} or test_sets is not what a record holds")
+    if path.name != f"{run_id(record['family'], record['seed'])}.json":
+        raise RecordError(f"{path}: holds the record of {run_id(record['family'], record['seed'])}, "
+                          "not of the run its name says")
+    for subset, result in record["test_sets"].items():
+        missing = [k for k in TEST_SET_FIELDS if not isinstance(result, dict) or k not in result]
+        if missing:
+            raise RecordError(f"{path}: test set {subset} lacks {', '.join(missing)}")
     return record
 
 
@@ -99,11 +162,20 @@ def read_records(records_dir):
 
 
 def read_hypotheses(records_dir, record, subset):
+    """The hypotheses of ``record`` on ``subset``, as many as the record scored."""
     path = hypothesis_path(records_dir, record["family"], record["seed"], subset)
+    json_path = record_path(records_dir, record["family"], record["seed"])
     if not path.is_file():
-        raise RecordError(f"{path}: missing (the record {record_path(records_dir, record['family'], record['seed'])} "
-                          "refers to it)")
-    return path.read_text(encoding="utf-8").splitlines()
+        raise RecordError(f"{path}: missing (the record {json_path} refers to it)")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{path}: not readable ({e})") from e
+    n = record["test_sets"][subset]["n_sentences"]
+    if len(lines) != n:
+        raise RecordError(f"{path}: {len(lines)} hypotheses, but its record {json_path} scored {n} sentences "
+                          "(cut short?); restore it (git checkout) or rerun that run")
+    return lines
 
 
 def matching_record(records_dir, family, seed, fingerprint):

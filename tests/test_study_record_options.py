@@ -1,0 +1,171 @@
+"""scripts/reproduce.sh's scoring options in a record's fingerprint (the committed records, made with
+the defaults, still match; another --avg-last, --batch-size, --device or --precision does not), and
+broken records or hypothesis files named in one line, exit status 2."""
+
+import json
+import shutil
+import subprocess
+import sys
+import types
+
+import pytest
+from conftest import REPO, child_env
+
+from man_fairseq.recipes import reproduce
+from man_fairseq.recipes import study_records as sr
+from man_fairseq.recipes.config import CONFIG_DIR, load_config
+
+CPU_CONFIGS = CONFIG_DIR / "multi30k-cpu"
+
+
+def _args(data=None, **options):
+    """scripts/reproduce.sh's arguments as main() resolves them (its defaults unless given)."""
+    base = {"avg_last": None, "batch_size": 128, "device": "cpu", "precision": "fp16", "fairseq_args": [],
+            "data": data}
+    return types.SimpleNamespace(**dict(base, **options))
+
+
+@pytest.mark.parametrize("family", reproduce.FAMILIES)
+def test_the_defaults_keep_the_fingerprint_records_were_made_with(family, tmp_path):
+    cfg = load_config(CPU_CONFIGS / f"{family}.yaml")
+    (tmp_path / "dict.de.txt").write_text("a 1\n")
+    for data in (None, tmp_path):
+        before = sr.config_fingerprint(cfg, [], 2, data)  # the hash of every record made so far
+        assert sr.record_fingerprint(cfg, _args(data), 2) == before
+        # the same values spelt out: the config's avg_last, fp32 (what CPU runs in)
+        assert sr.record_fingerprint(cfg, _args(data, avg_last=cfg["eval"]["avg_last"], precision="fp32"), 2) == before
+        assert sr.record_fingerprint(cfg, _args(data), 2, training=True) == before
+
+
+def test_every_option_that_changes_a_score_changes_the_fingerprint():
+    cfg = load_config(CPU_CONFIGS / "man.yaml")
+    assert cfg["eval"]["avg_last"] == 5
+    variants = {"default": {}, "avg 1": {"avg_last": 1}, "avg 3": {"avg_last": 3}, "batch 64": {"batch_size": 64},
+                "cuda fp16": {"device": "cuda"}, "cuda fp32": {"device": "cuda", "precision": "fp32"},
+                "cuda bf16": {"device": "cuda", "precision": "bf16"}}
+    fps = {name: sr.record_fingerprint(cfg, _args(**o), 1) for name, o in variants.items()}
+    assert len(set(fps.values())) == len(fps), fps
+    # a config whose own avg_last is 3: --avg-last 3 is its default, --avg-last 5 is not
+    cfg3 = dict(cfg, eval=dict(cfg["eval"], avg_last=3))
+    assert sr.record_fingerprint(cfg3, _args(avg_last=3), 1) == sr.config_fingerprint(cfg3, [], 1)
+    assert sr.record_fingerprint(cfg3, _args(avg_last=5), 1) != sr.config_fingerprint(cfg3, [], 1)
+
+
+def test_a_run_folder_is_rescored_not_retrained_for_a_scoring_option():
+    """The run folder's fingerprint (training) leaves out what changes only the scoring."""
+    cfg = load_config(CPU_CONFIGS / "man.yaml")
+    trained = sr.record_fingerprint(cfg, _args(), 1, training=True)
+    for scoring in ({"avg_last": 3}, {"batch_size": 64}):
+        assert sr.record_fingerprint(cfg, _args(**scoring), 1, training=True) == trained
+        assert sr.record_fingerprint(cfg, _args(**scoring), 1) != sr.record_fingerprint(cfg, _args(), 1)
+    assert sr.record_fingerprint(cfg, _args(device="cuda"), 1, training=True) != trained
+
+
+def _reproduce(*argv):
+    proc = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.reproduce", *map(str, argv)], cwd=REPO,
+                          env=child_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=600)
+    return proc
+
+
+def _without_date(md):
+    return [line for line in md.splitlines() if not line.startswith("- built: ")]
+
+
+def test_committed_records_still_make_their_table_and_another_avg_last_does_not(shared_data, tmp_path):
+    """scripts/reproduce.sh multi30k-cpu --table-only on the real data and a copy of results/."""
+    if not (shared_data / "multi30k").is_dir():
+        pytest.skip(f"{shared_data / 'multi30k'} is not present")
+    data = tmp_path / "data-bin"
+    prep = subprocess.run([str(REPO / "data-prep" / "prepare-multi30k.sh"), "--from", str(shared_data / "multi30k"),
+                           "--work", str(tmp_path / "work"), "--dest", str(data)], cwd=REPO,
+                          env=child_env({"PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}),
+                          capture_output=True, text=True, timeout=900)
+    assert prep.returncode == 0, prep.stdout[-3000:] + prep.stderr[-3000:]
+    results = tmp_path / "results"
+    shutil.copytree(REPO / "results", results)
+    committed = (REPO / "results" / "multi30k-cpu.md").read_text()
+    n_records = len(list((REPO / "results" / "multi30k-cpu").glob("*-seed*.json")))
+    assert n_records >= 2
+
+    proc = _reproduce("multi30k-cpu", "--table-only", "--data", data, "--results-dir", results)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "stale record" not in proc.stdout
+    assert len(json.loads((results / "multi30k-cpu.json").read_text())["runs"]) == n_records
+    assert _without_date((results / "multi30k-cpu.md").read_text()) == _without_date(committed)
+
+    proc = _reproduce("multi30k-cpu", "--table-only", "--data", data, "--results-dir", results, "--avg-last", "3")
+    assert proc.returncode == 2
+    assert proc.stdout.count("stale record") == n_records
+    assert proc.stderr.strip().startswith("ERROR: no current run record") and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ broken records and hypotheses
+
+def _record(family, seed, fp, n=3):
+    return {"family": family, "seed": seed, "fingerprint": fp, "arch": "a", "params": 1000, "train_seconds": 60.0,
+            "updates": 10, "valid_curve": [[5, 7.0], [10, 6.0]], "device": "CPU", "commit": "abc",
+            "test_sets": {"test": {"name": "test_2016_flickr", "n_sentences": n, "sacrebleu": 30.0,
+                                   "bleu_tok_ci": 31.0, "sacrebleu_signature": "nrefs:1|case:mixed"}}}
+
+
+@pytest.fixture
+def study(tmp_path):
+    """A data folder (manifest, dictionaries, references) and current records of two families."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "multi30k.json").write_text(json.dumps({"test_sets": {"test": "test_2016_flickr"}, "target_lang": "en"}))
+    (data / "dict.de.txt").write_text("a 1\n")
+    (data / "test.raw.en").write_text("a b c\nd e\nf\n")
+    records = tmp_path / "results" / "multi30k-cpu"
+    for family in ("transformer", "man"):
+        fp = sr.record_fingerprint(load_config(CPU_CONFIGS / f"{family}.yaml"), _args(data), 1)
+        sr.write_record(records, _record(family, 1, fp), {"test": ["a b c", "d e", "f"]})
+    return data, tmp_path / "results"
+
+
+def _table(data, results, capsys):
+    rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(data), "--results-dir", str(results),
+                         "--bootstrap-samples", "10"])
+    return rc, capsys.readouterr().err.strip()
+
+
+def _refused(rc, err):
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("ERROR: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_a_current_study_makes_its_table(study, capsys):
+    data, results = study
+    rc, err = _table(data, results, capsys)
+    assert rc == 0, err
+    assert len(json.loads((results / "multi30k-cpu.json").read_text())["runs"]) == 2
+
+
+def test_a_truncated_record_is_named(study, capsys):
+    data, results = study
+    path = results / "multi30k-cpu" / "man-seed1.json"
+    path.write_text(path.read_text()[:100])
+    line = _refused(*_table(data, results, capsys))
+    assert f"{path}: not a readable record" in line
+
+
+def test_a_record_without_family_is_named(study, capsys):
+    data, results = study
+    path = results / "multi30k-cpu" / "man-seed1.json"
+    record = json.loads(path.read_text())
+    del record["family"]
+    path.write_text(json.dumps(record))
+    assert f"{path}: the record lacks family" in _refused(*_table(data, results, capsys))
+    record = dict(record, family="transformer")  # another run's record under this name
+    path.write_text(json.dumps(record))
+    assert f"{path}: holds the record of transformer-seed1" in _refused(*_table(data, results, capsys))
+
+
+def test_hypotheses_cut_short_are_named(study, capsys):
+    data, results = study
+    hyp = results / "multi30k-cpu" / "man-seed1.test.hyp"
+    hyp.write_text("a b c\nd e\n")
+    line = _refused(*_table(data, results, capsys))
+    assert f"{hyp}: 2 hypotheses, but its record" in line and "scored 3 sentences" in line
