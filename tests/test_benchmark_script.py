@@ -102,6 +102,14 @@ def test_bad_width_and_backend_are_clear_errors():
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
 
 
+def test_bad_model_args_are_clear_errors():
+    script = functools.partial(runpy.run_path, str(SCRIPT), run_name="__main__")
+    for value, msg in (("--encoder-layers '3", "--model-args: No closing quotation"),
+                       ("encoder-layers 3", "--model-args: expected fairseq options starting with --")):
+        proc = call_entry_point(script, ["--model-args", value], prog=str(SCRIPT))
+        assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
+
+
 def test_backend_names_agree_with_the_core():
     from man_fairseq.bench.cases import ATTENTION_BACKENDS as BENCH_BACKENDS
     from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS

@@ -526,6 +526,15 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(build_mod
             inc = model.decoder(tgt[rows, : step + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
             full = model.decoder(tgt[rows, : step + 1], encoder_out=model.encoder(src[rows], lengths[rows]))[0][:, -1]
             torch.testing.assert_close(inc, full, rtol=1e-9, atol=1e-9)
+    # the cached key projections stay one contiguous (B, P, S, d) block through the reorders, the
+    # layout a step's product reads without copying the cache
+    windows = [m for m in model.decoder.modules() if isinstance(m, WindowPointers)]
+    assert windows
+    for window in windows:
+        keys = window._get_input_buffer(state)["prev_key_proj"]
+        assert keys.is_contiguous()
+        assert keys.shape[:2] == (rows.numel(), window.num_products) and keys.size(3) == window.embed_dim
+        assert keys.size(2) in (tgt.size(1), src.size(1))
 
 
 # ---------------------------------------------------------------- CLI end to end

@@ -3,6 +3,7 @@
 import argparse
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -71,10 +72,20 @@ def main(argv=None, description="", epilog=""):
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="time base of the rates: wall clock, or the CPU time of the benchmark process "
                         "(for a shared, loaded CPU machine; use it with --threads 1; CPU only)")
+    p.add_argument("--model-args", default="",
+                   help="extra fairseq model options for every model, baseline included, as one string "
+                        "(e.g. the Multi30k CPU width: \"--encoder-embed-dim 256 --decoder-embed-dim 256 "
+                        "--encoder-layers 3 --decoder-layers 3\")")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", default=None, help="also write the Markdown report to this file")
     p.add_argument("--json", default=None, help="also write the raw per-model measurements as JSON")
     args = p.parse_args(argv)
+    try:
+        model_args = shlex.split(args.model_args)
+    except ValueError as e:
+        p.error(f"--model-args: {e}")
+    if model_args and not model_args[0].startswith("--"):
+        p.error(f"--model-args: expected fairseq options starting with --, got {model_args[0]!r}")
 
     widths = [w.strip() for w in args.width.split(",") if w.strip()]
     bad = [w for w in widths if w not in BASELINE_ARCH]
@@ -164,7 +175,7 @@ def main(argv=None, description="", epilog=""):
 
     def model_spec(key, label, arch, width, extra, criterion):
         return {"key": key, "label": label, "arch": arch, "criterion": criterion,
-                "extra_args": (TINY_OVERRIDES if width == "tiny" else []) + extra}
+                "extra_args": (TINY_OVERRIDES if width == "tiny" else []) + model_args + extra}
 
     # one group per (width, backend): the baseline of that width and the cases compared with it
     groups: Dict[tuple, List[dict]] = {}

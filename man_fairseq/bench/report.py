@@ -44,6 +44,8 @@ def render(args, widths, runs, results, skipped, defaults_used, threads, iters, 
                  f"timed iterations; fairseq Adam; label-smoothed CE 0.1 (calibration: its own criterion). "
                  f"All models of a width run in one process and take turns on every batch, so load changes "
                  f"on the machine hit them alike")
+    if getattr(args, "model_args", ""):
+        lines.append(f"- model options for every model, baseline included: `{args.model_args}`")
     mem_method = ("peak RSS (VmHWM, reset through /proc/self/clear_refs after the model is built) minus the RSS "
                   "just before the first update, i.e. gradients + Adam state + activations + allocator slack"
                   if args.device == "cpu" else

@@ -8,6 +8,35 @@ from . import attention_backend as backends
 from .biased_attention import AttentionContext
 
 
+class _LogSigmoidOfSum(torch.autograd.Function):
+    """``logsigmoid(hw + dist + head)``, the (B,H,T,S) DMAN bias, keeping only the small terms.
+
+    Autograd on the plain expression saves the (B,H,T,S) logits and, on CPU, logsigmoid's
+    (B,H,T,S) buffer for the backward pass: two full-size tensors per DMAN sublayer held from
+    the forward to the backward pass. Here the logits are recomputed in the backward pass and
+    the gradient ``grad * sigmoid(-x)`` is reduced to the terms' shapes at once.
+    """
+
+    @staticmethod
+    def forward(ctx, hw: Tensor, dist: Tensor, head: Tensor) -> Tensor:
+        ctx.save_for_backward(hw, dist, head)
+        x = hw + dist  # (B, 1, T, S)
+        x = x + head  # (B, H, T, S)
+        return F.logsigmoid(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        hw, dist, head = ctx.saved_tensors
+        # d logsigmoid(x) / dx = sigmoid(-x), in place on the recomputed -x
+        g = (hw + dist).neg_()
+        g = (g - head).sigmoid_().mul_(grad)  # (B, H, T, S)
+        g_heads = g.sum(1, keepdim=True)  # (B, 1, T, S): shared by hw and dist
+        grad_hw = g_heads.sum(-1, keepdim=True) if ctx.needs_input_grad[0] else None
+        grad_dist = g_heads.sum((0, 1)) if ctx.needs_input_grad[1] else None
+        grad_head = g.sum((0, 2, 3), keepdim=True) if ctx.needs_input_grad[2] else None
+        return grad_hw, grad_dist, grad_head
+
+
 class DynamicMaskBias(nn.Module):
     """DMAN mask ``M[t,s] = sigmoid(h_t·w + P[t-s] + U[head])`` applied as ``logsigmoid``.
 
@@ -33,17 +62,22 @@ class DynamicMaskBias(nn.Module):
         nn.init.normal_(self.distance_bias)
         nn.init.normal_(self.head_bias)
 
-    def logits(self, ctx: AttentionContext) -> Tensor:
-        """The pre-sigmoid mask logits, (B, H, T, S)."""
+    def terms(self, ctx: AttentionContext):
+        """The three terms of the logits: ``h_t·w`` (B,1,T,1), ``P[t-s]`` (T,S), ``U`` (1,H,1,1)."""
         hw = torch.matmul(ctx.query, self.query_weight.t().to(ctx.query.dtype))  # (T, B, 1)
         hw = hw.permute(1, 2, 0).unsqueeze(-1)  # (B, 1, T, 1)
         rel = ctx.query_positions()[:, None] - ctx.key_positions()[None, :]
         rel = rel.clamp(-self.max_relative_distance, self.max_relative_distance)
         dist = self.distance_bias[rel + self.max_relative_distance]  # (T, S)
-        return hw + dist + self.head_bias.view(1, -1, 1, 1)
+        return hw, dist, self.head_bias.view(1, -1, 1, 1)
+
+    def logits(self, ctx: AttentionContext) -> Tensor:
+        """The pre-sigmoid mask logits, (B, H, T, S)."""
+        hw, dist, head = self.terms(ctx)
+        return hw + dist + head
 
     def forward(self, ctx: AttentionContext) -> Tensor:
-        return F.logsigmoid(self.logits(ctx))
+        return _LogSigmoidOfSum.apply(*self.terms(ctx))
 
     def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
         """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""
