@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 FAIRSEQ_PKG ?= fairseq-fixed==0.12.3.1
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test smoke bench gpu-check clean-venv
+.PHONY: install install-offline wheelhouse demo test smoke bench gpu-check clean-venv
 
 install: $(STAMP)
 
@@ -20,6 +20,25 @@ $(STAMP): setup.py requirements.txt Makefile
 	$(PY) -c "import fairseq" 2>/dev/null || $(PY) -m pip install --no-deps --no-build-isolation $(FAIRSEQ_PKG)
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -c "import torch, fairseq, man_fairseq; print('torch', torch.__version__, 'fairseq', fairseq.__version__)"
+	@perl -MXML::Parser -MDB_File -e 1 2>/dev/null || echo "note: ROUGE-1.5.5 (CNN/DM and Gigaword scores) needs Perl's XML::Parser: apt-get install libxml-parser-perl"
+	touch $(STAMP)
+
+# Offline install, for a GPU node with its own torch and no package registry (README, "Offline
+# install"; docs/offline-install.md). `make wheelhouse` (where pip reaches PyPI) puts into
+# WHEELHOUSE every requirement beside torch as wheels for WHEELHOUSE_PYTHON, the fairseq fork's
+# sdist (built on the node, against the node's torch) and this checkout's source;
+# `make install-offline` on the node installs from it alone (pip --no-index) into a venv that sees
+# the node's torch (--system-site-packages, or VENV= an environment that has it).
+WHEELHOUSE ?= wheelhouse
+WHEELHOUSE_PYTHON ?= 3.12
+WHEELHOUSE_GLIBC ?= 2.28
+wheelhouse: install
+	$(PY) scripts/wheelhouse.py build --dest $(WHEELHOUSE) --python-version $(WHEELHOUSE_PYTHON) \
+		--glibc $(WHEELHOUSE_GLIBC) --fairseq $(FAIRSEQ_PKG)
+
+install-offline:
+	$(PYTHON) scripts/wheelhouse.py install --wheelhouse $(WHEELHOUSE) --venv $(VENV) --python $(PYTHON) \
+		--fairseq $(FAIRSEQ_PKG)
 	@perl -MXML::Parser -MDB_File -e 1 2>/dev/null || echo "note: ROUGE-1.5.5 (CNN/DM and Gigaword scores) needs Perl's XML::Parser: apt-get install libxml-parser-perl"
 	touch $(STAMP)
 
