@@ -437,7 +437,7 @@ def test_wmt14_wrong_layout_or_truncated(tmp_path):
 # ----------------------------------------------------------------------------- CNN / DM
 
 def make_cnndm_folder(src_dir):
-    from man_fairseq.recipes.prepare import url_hash
+    from man_fairseq.recipes.cnndm import url_hash
 
     src_dir.mkdir()
     urls = {split: [f"http://www.cnn.com/{split}/{i}.html" if i % 2 else f"http://www.dailymail.co.uk/{split}/{i}"
@@ -456,7 +456,7 @@ def make_cnndm_folder(src_dir):
 
 
 def test_cnndm_story_archives(tmp_path):
-    from man_fairseq.recipes.prepare import story_to_pair
+    from man_fairseq.recipes.cnndm import story_to_pair
 
     src_dir = tmp_path / "cnndm"
     story = make_cnndm_folder(src_dir)
