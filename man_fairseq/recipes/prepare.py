@@ -249,9 +249,16 @@ def parse_args(argv=None):
     p.add_argument("--max-len", type=int, default=None, help="cleaning: max tokens per side")
     p.add_argument("--max-source-tokens", type=int, default=400,
                    help="CNN/DM: truncate articles to this many tokens (See et al.; 0 = keep all)")
+    p.add_argument("--max-target-tokens", type=int, default=None,
+                   help="CNN/DM: truncate training and validation summaries to this many tokens (test references "
+                        "never; default: keep all, as fairseq's CNN/DM recipes; See et al. trained on 100)")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="go on when a split's size differs from the standard one (default: error)")
     args = p.parse_args(argv)
+    if args.max_source_tokens < 0:
+        p.error(f"--max-source-tokens {args.max_source_tokens}: must be 0 (keep all) or more")
+    if args.max_target_tokens is not None and args.max_target_tokens < 1:
+        p.error(f"--max-target-tokens {args.max_target_tokens}: must be 1 or more (leave it out to keep all)")
     _, default_name = DATASETS[args.dataset]
     args.work = args.work or str(REPO / "data-bin" / "_work" / args.dataset)
     args.dest = args.dest or str(REPO / "data-bin" / default_name)
