@@ -440,3 +440,14 @@ def test_cnndm_see_bin_chunks(shared_data, tmp_path):
     assert max(len(s.split()) for s in lines(work / "tok" / "test.source")) == 400
     assert max(len(s.split()) for s in lines(work / "tok" / "train.target")) == 12
     assert max(len(s.split()) for s in lines(work / "tok" / "test.target")) > 12  # references are never cut
+
+
+def test_length_options_are_checked(capsys):
+    from man_fairseq.recipes.prepare import parse_args
+
+    for option, value, message in (("--max-target-tokens", "0", "must be 1 or more (leave it out to keep all)"),
+                                   ("--max-source-tokens", "-1", "must be 0 (keep all) or more")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["cnndm", option, value])
+        assert e.value.code == 2 and f"{option} {value}: {message}" in capsys.readouterr().err
+    assert parse_args(["cnndm", "--max-target-tokens", "100"]).max_target_tokens == 100

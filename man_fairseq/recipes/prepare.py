@@ -251,7 +251,7 @@ def parse_args(argv=None):
                    help="CNN/DM: truncate articles to this many tokens (See et al.; 0 = keep all)")
     p.add_argument("--max-target-tokens", type=int, default=None,
                    help="CNN/DM: truncate training and validation summaries to this many tokens (test references "
-                        "never; default: keep all, as fairseq's CNN/DM recipes; See et al. trained on 100)")
+                        "never; default: keep all, as fairseq's BART CNN/DM recipe; See et al. trained on 100)")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="go on when a split's size differs from the standard one (default: error)")
     args = p.parse_args(argv)
