@@ -439,7 +439,7 @@ def test_wmt14_wrong_layout_or_truncated(tmp_path):
 # ----------------------------------------------------------------------------- CNN / DM
 
 def make_cnndm_folder(src_dir):
-    from man_fairseq.recipes.prepare import url_hash
+    from man_fairseq.recipes.cnndm import url_hash
 
     src_dir.mkdir()
     urls = {split: [f"http://www.cnn.com/{split}/{i}.html" if i % 2 else f"http://www.dailymail.co.uk/{split}/{i}"
@@ -458,7 +458,7 @@ def make_cnndm_folder(src_dir):
 
 
 def test_cnndm_story_archives(tmp_path):
-    from man_fairseq.recipes.prepare import story_to_pair
+    from man_fairseq.recipes.cnndm import story_to_pair
 
     src_dir = tmp_path / "cnndm"
     story = make_cnndm_folder(src_dir)
@@ -470,6 +470,10 @@ def test_cnndm_story_archives(tmp_path):
     assert counts == {"train": 12, "valid": 4, "test": 5}
     assert lines(work / "tok" / "test.target")[0] == "dog runs fast . street crossed !"
     assert (dest / "test.source-target.source.bin").is_file()
+    record = json.loads((dest / "cnndm.json").read_text())
+    assert record["test_sets"] == {"test": "CNN/DM test split (See et al. 2017 URL list all_test.txt)"}
+    assert record["release_counts"] == counts and "story archives" in record["options"]["layout"]
+    assert lines(dest / "test.raw.target") == lines(work / "tok" / "test.target")
 
 
 def test_cnndm_wrong_layout_or_truncated(tmp_path):
@@ -530,6 +534,9 @@ def test_cnndm_real_sample_presplit(shared_data, tmp_path):
     tok = work / "tok"
     assert json.loads((tok / "counts.json").read_text()) == {"train": 120, "valid": 40, "test": 40}
     assert max(len(l.split()) for l in lines(tok / "test.source")) == 50
+    assert max(len(l.split()) for l in lines(tmp_path / "bin" / "test.raw.source")) > 50  # for lead baselines
+    assert json.loads((tmp_path / "bin" / "cnndm.json").read_text())["options"]["layout"].startswith(
+        f"one article / summary a line in {folder}")
     assert lines(tok / "test.target")[0] == lines(tok / "test.target")[0].lower()
 
 

@@ -17,6 +17,10 @@ KNOWN_SUBSETS = {
         "gigaword-30k: 29,911 training pairs pooled from the sent-summary release's first 10,000 training "
         "pairs and two public subsets of its validation split (deduplicated, no test article), 1,000 dev "
         "pairs from the same pool, the standard 1,951-pair Gigaword test set"),
+    ("cnndm", (40000, 1000, 13368)): (
+        "cnndm-see: 40,000 pairs sampled (seeded) from the standard training split of See et al.'s non-anonymised "
+        "CNN/DM, 1,000 other training pairs as validation set, and the whole standard validation split (13,368 "
+        "pairs) as test set (the standard 11,490-pair test split is not part of it)"),
 }
 
 
