@@ -34,6 +34,9 @@ SCORING_OPTIONS = ("avg_last", "batch_size")
 RECORD_FIELDS = ("family", "seed", "fingerprint", "arch", "params", "train_seconds", "updates", "valid_curve",
                  "test_sets")
 TEST_SET_FIELDS = ("name", "n_sentences", "sacrebleu", "bleu_tok_ci", "sacrebleu_signature")
+# ... of a ROUGE study's test set (summarization_table.py), told apart by its rouge1
+ROUGE_TEST_SET_FIELDS = ("name", "n_sentences", "rouge1", "rouge2", "rougeL", "rouge_order", "exception_db",
+                         "rouge_implementation")
 
 
 class RecordError(ValueError):
@@ -146,7 +149,8 @@ def read_record(path):
         raise RecordError(f"{path}: holds the record of {run_id(record['family'], record['seed'])}, "
                           "not of the run its name says")
     for subset, result in record["test_sets"].items():
-        missing = [k for k in TEST_SET_FIELDS if not isinstance(result, dict) or k not in result]
+        fields = ROUGE_TEST_SET_FIELDS if isinstance(result, dict) and "rouge1" in result else TEST_SET_FIELDS
+        missing = [k for k in fields if not isinstance(result, dict) or k not in result]
         if missing:
             raise RecordError(f"{path}: test set {subset} lacks {', '.join(missing)}")
     return record
