@@ -19,11 +19,11 @@ import pytest
 from man_fairseq.recipes.dataprep import PrepError
 from man_fairseq.recipes.see_bin import decode_example, read_pairs, split_files
 
-MERGES = "60"
+MERGES = "60"  # tiny BPE: the runs stay quick and the text still gets split into subwords
 
 
 def lines(path):
-    return Path(path).read_text(encoding="utf-8").splitlines()  # tiny BPE: the runs stay quick and the text still gets split into subwords
+    return Path(path).read_text(encoding="utf-8").splitlines()
 
 
 # ------------------------------------------------------------------- protobuf, by hand
@@ -372,7 +372,8 @@ def test_cnndm_see_folder(shared_data, tmp_path, capsys):
         with gzip.open(see / path.name, "wt", encoding="utf-8") as f:
             f.write("".join(r + "\n" for r in rows[path.name]))
     work, dest = tmp_path / "work", tmp_path / "bin"
-    argv = ["cnndm", "--from", see, "--work", work, "--dest", dest, "--bpe-merges", MERGES, "--max-source-tokens", "100"]
+    argv = ["cnndm", "--from", see, "--work", work, "--dest", dest, "--bpe-merges", MERGES,
+            "--max-source-tokens", "100"]
     with pytest.raises(PrepError, match=r"train has 300 pairs, the standard split has 287,227; valid has 300 pairs, "
                                         r"the standard split has 13,368; test has 300 pairs, the standard split has "
                                         r"11,490\. .* Pass --allow-nonstandard-splits"):
@@ -433,9 +434,10 @@ def test_cnndm_see_bin_chunks(shared_data, tmp_path):
     assert ".bin files in" in record["options"]["layout"] and record["options"]["max_target_tokens"] == 12
     assert [Path(p).name for p in record["options"]["files"]["train"]] == ["train_000.bin", "train_001.bin"]
     # the same references as from the text release, whose first val lines these records are
-    val = shared_data / "cnndm-see"
-    assert lines(dest / "test.raw.target") == [see_target(a, "") for a in head_gz(val / "val.abstract.tagged.txt.gz", 10)]
-    assert [" ".join(s.split()[:400]) for s in lines(dest / "test.raw.source")] == head_gz(val / "val.article.txt.gz", 10)
+    abstracts, articles = (head_gz(shared_data / "cnndm-see" / f"val.{kind}.gz", 10)
+                           for kind in ("abstract.tagged.txt", "article.txt"))
+    assert lines(dest / "test.raw.target") == [see_target(a, "") for a in abstracts]
+    assert [" ".join(s.split()[:400]) for s in lines(dest / "test.raw.source")] == articles
     assert max(len(s.split()) for s in lines(dest / "test.raw.source")) > 400  # the release's articles are whole
     assert max(len(s.split()) for s in lines(work / "tok" / "test.source")) == 400
     assert max(len(s.split()) for s in lines(work / "tok" / "train.target")) == 12
