@@ -25,16 +25,18 @@ $(STAMP): setup.py requirements.txt Makefile
 
 # Offline install, for a GPU node with its own torch and no package registry (README, "Offline
 # install"; docs/offline-install.md). `make wheelhouse` (where pip reaches PyPI) puts into
-# WHEELHOUSE every requirement beside torch as wheels for WHEELHOUSE_PYTHON, the fairseq fork's
+# WHEELHOUSE every requirement beside torch as wheels for WHEELHOUSE_PYTHON (and within the caps of
+# torch WHEELHOUSE_TORCH, the node's), the fairseq fork's
 # sdist (built on the node, against the node's torch) and this checkout's source;
 # `make install-offline` on the node installs from it alone (pip --no-index) into a venv that sees
 # the node's torch (--system-site-packages, or VENV= an environment that has it).
 WHEELHOUSE ?= wheelhouse
 WHEELHOUSE_PYTHON ?= 3.12
 WHEELHOUSE_GLIBC ?= 2.28
+WHEELHOUSE_TORCH ?= 2.11.0
 wheelhouse: install
 	$(PY) scripts/wheelhouse.py build --dest $(WHEELHOUSE) --python-version $(WHEELHOUSE_PYTHON) \
-		--glibc $(WHEELHOUSE_GLIBC) --fairseq $(FAIRSEQ_PKG)
+		--glibc $(WHEELHOUSE_GLIBC) --torch $(WHEELHOUSE_TORCH) --fairseq $(FAIRSEQ_PKG)
 
 install-offline:
 	$(PYTHON) scripts/wheelhouse.py install --wheelhouse $(WHEELHOUSE) --venv $(VENV) --python $(PYTHON) \

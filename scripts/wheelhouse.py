@@ -65,10 +65,11 @@ def canonical(name):
 
 
 def resolve(reqs, pins_file):
-    """What an online install resolves today, sdists allowed: (name, version, is_sdist) for each
-    package, and those versions written as a constraints file. Without the pins, --only-binary
-    quietly takes the newest release that has a wheel: rouge-score 0.0.4 instead of 0.1.2, whose
-    releases since are sdists only."""
+    """What an online install beside the node's torch resolves today, sdists allowed: (name,
+    version, is_sdist) for each package, and those versions written as a constraints file.
+    Without the pins, --only-binary quietly takes the newest release that has a wheel: rouge-score
+    0.0.4 instead of 0.1.2, whose releases since are sdists only. torch is resolved (its metadata
+    only) for its own caps on what we carry: torch 2.11 requires setuptools<82."""
     report = Path(pins_file).with_suffix(".report.json")
     proc = run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
                 "--report", report, *reqs])
@@ -161,7 +162,8 @@ def build(args):
     dest.mkdir(parents=True, exist_ok=True)
     reqs = requirements(args.requirements) + TOOLS
     pins_file = dest / "pins.txt"
-    built = [f"{name}=={version}" for name, version, sdist in resolve(reqs, pins_file) if sdist]
+    resolved = resolve(reqs + [f"torch=={args.torch}"], pins_file)
+    built = [f"{name}=={version}" for name, version, sdist in resolved if sdist and not FORBIDDEN.match(name + "-")]
     for spec in built:
         build_wheel(dest, spec, args.python_version)
     download_wheels(dest, reqs, args.python_version, args.glibc, pins_file)
@@ -172,7 +174,7 @@ def build(args):
     sdist = download_fairseq(dest, args.fairseq)
     source, commit, dirty = source_archive(dest)
     files = sorted(p for p in dest.iterdir() if p.is_file())
-    info = {"python": args.python_version, "glibc": args.glibc, "arch": "x86_64",
+    info = {"python": args.python_version, "glibc": args.glibc, "arch": "x86_64", "torch": args.torch,
             "fairseq": args.fairseq, "fairseq_sdist": sdist, "built_here": built,
             "source": source, "commit": commit, "uncommitted_changes_left_out": dirty,
             "made": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -199,6 +201,13 @@ print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "libc": platform.lib
                   "fairseq": importlib.util.find_spec("fairseq") is not None}))"""
 
 
+# The torch version, and its own requirements (extras aside) as constraints: the install must
+# not replace what torch needs (torch 2.11 requires setuptools<82).
+TORCH_FACTS = """import importlib.metadata, json, torch
+reqs = [r for r in importlib.metadata.requires("torch") or [] if "extra ==" not in r]
+print(json.dumps([torch.__version__, reqs]))"""
+
+
 def check_node(python, info):
     """Everything the install needs from the node, checked before anything is written (cheap
     facts first: importing torch takes seconds). Returns (torch version, fairseq to build)."""
@@ -213,7 +222,7 @@ def check_node(python, info):
     if name == "glibc" and tuple(map(int, version.split(".")[:2])) < tuple(map(int, info["glibc"].split("."))):
         raise Refusal(f"this machine has glibc {version} but the wheelhouse is for glibc >= {info['glibc']}: "
                       f"make one with WHEELHOUSE_GLIBC={version}")
-    rc, torch_version = probe(python, "import torch; print(torch.__version__)")
+    rc, torch_version = probe(python, TORCH_FACTS)
     if rc != 0:
         raise Refusal(f"{python} cannot import torch: the offline install uses the torch already "
                       "installed and fetches none; install it first, or give PYTHON= (or VENV=) one that has it")
@@ -223,7 +232,7 @@ def check_node(python, info):
                       f"(Debian/Ubuntu: apt-get install python{info['python']}-dev)")
     if need_build and not (os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")):
         raise Refusal(f"no C++ compiler (c++, g++ or $CXX), which building {info['fairseq']} needs")
-    return torch_version, need_build
+    return json.loads(torch_version), need_build
 
 
 def pip_install(python, wheelhouse, constraints, *args):
@@ -248,7 +257,10 @@ def install(args):
     venv_python = venv / "bin" / "python"
     created = not venv_python.exists()
     python = venv_python if not created else Path(args.python)
-    torch_version, need_build = check_node(python, info)
+    (torch_version, torch_reqs), need_build = check_node(python, info)
+    if info.get("torch") and torch_version.split("+")[0] != info["torch"]:
+        print(f"note: the wheelhouse was made for torch {info['torch']}, this is torch {torch_version}; should "
+              f"pip find no version this torch allows, make it with WHEELHOUSE_TORCH={torch_version.split('+')[0]}")
     if created:
         # --system-site-packages: the venv sees the node's torch (and installs nothing over it).
         if run([args.python, "-m", "venv", "--system-site-packages", venv]).returncode != 0:
@@ -259,7 +271,7 @@ def install(args):
                           "(is that Python itself a venv?): give VENV= the environment that has torch")
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "torch.txt"
-        constraints.write_text(f"torch=={torch_version}\n")
+        constraints.write_text("".join(f"{line}\n" for line in [f"torch=={torch_version}", *torch_reqs]))
         pip_install(venv_python, wheelhouse, constraints, "--upgrade", *TOOLS)
         pip_install(venv_python, wheelhouse, constraints, "-r", args.requirements)
         if need_build:
@@ -282,6 +294,7 @@ def main(argv=None):
     b.add_argument("--python-version", default="3.12", help="MAJOR.MINOR of the node's Python")
     b.add_argument("--glibc", default="2.28", help="oldest glibc the wheels must run on")
     b.add_argument("--fairseq", default="fairseq-fixed==0.12.3.1")
+    b.add_argument("--torch", default="2.11.0", help="the node's torch version (whose caps the wheels must meet)")
     b.add_argument("--requirements", default=str(REPO / "requirements.txt"))
     i = sub.add_parser("install", help="install from a wheelhouse only (no network)")
     i.add_argument("--wheelhouse", default="wheelhouse")

@@ -57,6 +57,8 @@ def test_makefile_targets_and_defaults():
     assert {"wheelhouse", "install-offline"} <= set(phony)
     build = re.search(r"^wheelhouse: install\n((?:\t.*\n)+)", text, flags=re.M).group(1)
     assert "scripts/wheelhouse.py build" in build and "$(WHEELHOUSE_PYTHON)" in build
+    # the node's torch version: the wheels must meet its caps (torch 2.11: setuptools<82)
+    assert "--torch $(WHEELHOUSE_TORCH)" in build and defaults["WHEELHOUSE_TORCH"] == "2.11.0"
     offline = re.search(r"^install-offline:\n((?:\t.*\n)+)", text, flags=re.M).group(1)
     assert "scripts/wheelhouse.py install" in offline and "$(FAIRSEQ_PKG)" in offline
     assert "touch $(STAMP)" in offline  # make test / gpu-check afterwards do not go online
