@@ -87,8 +87,11 @@ def test_paired_bootstrap_names_all_three_inputs():
 
 
 def _record(family, seed):
-    return {"family": family, "seed": seed, "fingerprint": "f" * 16,
-            "test_sets": {"test": {"name": "test_2016_flickr", "n_sentences": 4}}}
+    # every field read_records checks (study_records.RECORD_FIELDS, TEST_SET_FIELDS)
+    return {"family": family, "seed": seed, "fingerprint": "f" * 16, "arch": "transformer_iwslt_de_en",
+            "params": 1000, "train_seconds": 1.0, "updates": 1, "valid_curve": [[1, 9.0]],
+            "test_sets": {"test": {"name": "test_2016_flickr", "n_sentences": 4, "sacrebleu": 100.0,
+                                   "bleu_tok_ci": 100.0, "sacrebleu_signature": "nrefs:1"}}}
 
 
 def test_study_table_refuses_a_record_whose_hypotheses_do_not_match_the_references(tmp_path):
@@ -99,12 +102,18 @@ def test_study_table_refuses_a_record_whose_hypotheses_do_not_match_the_referenc
     assert set(boot) == {("man", 1, "test")} and boot[("man", 1, "test")]["system_bleu"] == 100.0
     # a record without a Transformer of its seed is bootstrapped against nothing, but its
     # hypotheses (the table shows its scores) must still be one per reference
-    sr.write_record(tmp_path, _record("sman2", 2), {"test": HYPS})
-    (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:3]) + "\n")
+    short = _record("sman2", 2)
+    short["test_sets"]["test"]["n_sentences"] = 3
+    sr.write_record(tmp_path, short, {"test": HYPS[:3]})
     message = _error(study_table.significance, sr.read_records(tmp_path), tmp_path, refs, 10,
                      {"test": "data/test.raw.en"})
     assert message.startswith(f"unequal line counts: hypotheses {tmp_path / 'sman2-seed2.test.hyp'} has 3 lines "
                               "but references data/test.raw.en has 4 lines")
+    # a hypothesis file shorter than its own record is named by the record reader first
+    (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:2]) + "\n")
+    with pytest.raises(sr.RecordError, match="sman2-seed2.test.hyp: 2 hypotheses, but its record"):
+        study_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
+    (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:3]) + "\n")
     assert "references data/test.raw.en has 0 lines" in _error(
         study_table.significance, sr.read_records(tmp_path), tmp_path, {"test": []}, 10, {"test": "data/test.raw.en"})
 

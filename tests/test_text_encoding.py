@@ -76,7 +76,8 @@ def test_multi30k_with_a_latin1_file_stops_naming_it_and_writes_nothing(tmp_path
 
 
 def test_cnndm_story_that_is_not_utf8_is_named(tmp_path):
-    from man_fairseq.recipes.prepare import run, url_hash
+    from man_fairseq.recipes.cnndm import url_hash
+    from man_fairseq.recipes.prepare import run
 
     src = tmp_path / "cnndm"
     src.mkdir()
