@@ -201,10 +201,20 @@ print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "libc": platform.lib
                   "fairseq": importlib.util.find_spec("fairseq") is not None}))"""
 
 
-# The torch version, and its own requirements (extras aside) as constraints: the install must
-# not replace what torch needs (torch 2.11 requires setuptools<82).
+# The torch version, and its own requirements as constraints (name and version range only: pip
+# takes no extras or markers there), so that the install does not replace what torch needs:
+# torch 2.11 requires setuptools<82. pip's vendored packaging evaluates the markers.
+# A torch without pip metadata (conda, a source build) or a Python without pip: no such caps.
 TORCH_FACTS = """import importlib.metadata, json, torch
-reqs = [r for r in importlib.metadata.requires("torch") or [] if "extra ==" not in r]
+reqs = []
+try:
+    from pip._vendor.packaging.requirements import Requirement
+    for line in importlib.metadata.requires("torch") or []:
+        req = Requirement(line)
+        if req.specifier and (req.marker is None or req.marker.evaluate({"extra": ""})):
+            reqs.append(req.name + str(req.specifier))
+except (ImportError, importlib.metadata.PackageNotFoundError):
+    pass
 print(json.dumps([torch.__version__, reqs]))"""
 
 
