@@ -10,7 +10,7 @@ import yaml
 from conftest import REPO, call_entry_point
 
 from man_fairseq.cli import average_checkpoints as avg
-from man_fairseq.recipes import evaluate, reproduce
+from man_fairseq.recipes import evaluate, study_eval
 from man_fairseq.recipes.config import load_config
 
 
@@ -135,8 +135,9 @@ def test_reproduce_rescoring_replaces_its_own_average(tmp_path, monkeypatch):
     torch.save({"model": {"w": torch.zeros(2)}}, run / "eval" / "checkpoint_avg2.pt")  # an earlier scoring's
     _stop_at_generate(monkeypatch)
     args = types.SimpleNamespace(avg_last=2, device="cpu", data=tmp_path, precision="fp32", batch_size=8)
+    manifest = {"target_lang": "en", "test_sets": {"test": "test"}}
     with pytest.raises(_Decoding):
-        reproduce.evaluate_run({"eval": {}, "target_lang": "en"}, run, 1, "man", {"test": "test"}, args, "fp")
+        study_eval.evaluate_run({"eval": {}}, run, 1, "man", manifest, "bleu", args, "fp", "cpu", print)
     assert _w(run / "eval" / "checkpoint_avg2.pt") == [2.5, 2.5]
 
 
@@ -150,6 +151,7 @@ def test_evaluate_rerun_replaces_its_own_average(tmp_path, monkeypatch):
     (run / "eval").mkdir()
     torch.save({"model": {"w": torch.zeros(2)}}, run / "eval" / "checkpoint_avg3.pt")
     _stop_at_generate(monkeypatch)
+    monkeypatch.setattr(evaluate, "check_before_decoding", lambda *_: None)  # no data folder: not this test's subject
     with pytest.raises(_Decoding):
         evaluate.main([str(run), "--cpu"])
     assert _w(run / "eval" / "checkpoint_avg3.pt") == [2.0, 2.0]

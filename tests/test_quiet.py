@@ -1,6 +1,7 @@
 """No command prints library debug noise: each one runs the shared quiet setup
 (``man_fairseq/cli/plotting.py``) first thing, and a real plot prints no DEBUG line."""
 
+import ast
 import importlib
 import importlib.util
 import json
@@ -28,6 +29,9 @@ COMMANDS = (
     + ["scripts/demo.py:main", "scripts/benchmark.py:main", "scripts/man_training_study.py:main",
        "scripts/compare_rouge_scorers.py:main"]
 )
+# standard library only (runs with a GPU node's bare Python before anything is installed): imports
+# no library that logs, so it has no quiet setup to run
+STDLIB_ONLY = ["scripts/wheelhouse.py"]
 
 
 def test_the_list_covers_every_command():
@@ -40,7 +44,15 @@ def test_the_list_covers_every_command():
         wrapped |= set(re.findall(r"-m (man_fairseq\.recipes\.\w+)", sh.read_text()))
     wrapped |= {f"man_fairseq.recipes.{m}" for m in re.findall(r"recipes\.(\w+)", (REPO / "data-prep" / "_prepare.py").read_text())}
     assert wrapped and wrapped <= listed
-    assert {f"scripts/{p.name}" for p in (REPO / "scripts").glob("*.py") if "def main(" in p.read_text()} <= listed
+    assert {f"scripts/{p.name}" for p in (REPO / "scripts").glob("*.py") if "def main(" in p.read_text()} <= listed | set(STDLIB_ONLY)
+
+
+@pytest.mark.parametrize("script", STDLIB_ONLY)
+def test_stdlib_only_scripts_import_no_library(script):
+    tree = ast.parse((REPO / script).read_text())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert imported and all(m.split(".")[0] in sys.stdlib_module_names for m in imported), imported
 
 
 def _entry(command):
