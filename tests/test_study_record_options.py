@@ -34,7 +34,8 @@ def test_the_defaults_keep_the_fingerprint_records_were_made_with(family, tmp_pa
         assert sr.record_fingerprint(cfg, _args(data), 2) == before
         # the same values spelt out: the config's avg_last, fp32 (what CPU runs in)
         assert sr.record_fingerprint(cfg, _args(data, avg_last=cfg["eval"]["avg_last"], precision="fp32"), 2) == before
-        assert sr.record_fingerprint(cfg, _args(data), 2, training=True) == before
+        # run folders stamped before the training fingerprint left out `eval` are still recognised
+        assert sr.legacy_training_fingerprint(cfg, _args(data), 2) == before
 
 
 def test_every_option_that_changes_a_score_changes_the_fingerprint():
@@ -59,6 +60,37 @@ def test_a_run_folder_is_rescored_not_retrained_for_a_scoring_option():
         assert sr.record_fingerprint(cfg, _args(**scoring), 1, training=True) == trained
         assert sr.record_fingerprint(cfg, _args(**scoring), 1) != sr.record_fingerprint(cfg, _args(), 1)
     assert sr.record_fingerprint(cfg, _args(device="cuda"), 1, training=True) != trained
+
+
+def test_a_config_whose_eval_changes_is_rescored_not_retrained():
+    cfg = load_config(CPU_CONFIGS / "man.yaml")
+    last = dict(cfg, eval=dict(cfg["eval"], avg_last=1))
+    assert sr.record_fingerprint(last, _args(), 1, training=True) == sr.record_fingerprint(cfg, _args(), 1, training=True)
+    assert sr.record_fingerprint(last, _args(), 1) != sr.record_fingerprint(cfg, _args(), 1)
+    trained = dict(cfg, train=dict(cfg["train"], lr=1e-3))
+    assert sr.record_fingerprint(trained, _args(), 1, training=True) != sr.record_fingerprint(cfg, _args(), 1, training=True)
+
+
+def _run_folder(tmp_path, stamp):
+    run = tmp_path / "man-seed1"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    (run / ".fingerprint").write_text(stamp + "\n")
+    (run / ".train.done").write_text("done\n")
+    return run
+
+
+def test_a_finished_run_folder_with_a_legacy_stamp_is_restamped_not_retrained(tmp_path):
+    run = _run_folder(tmp_path, "legacyhash")
+    assert reproduce.prepare_run_dir(run, "newhash", force=False, legacy="legacyhash") is True
+    assert (run / ".fingerprint").read_text().strip() == "newhash"
+
+
+def test_a_run_folder_of_another_training_is_refused(tmp_path):
+    run = _run_folder(tmp_path, "otherhash")
+    with pytest.raises(reproduce.ReproduceError, match="another config"):
+        reproduce.prepare_run_dir(run, "newhash", force=False, legacy="legacyhash")
+    assert (run / ".fingerprint").read_text().strip() == "otherhash"
 
 
 def _reproduce(*argv):

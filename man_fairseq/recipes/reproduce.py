@@ -41,7 +41,7 @@ from .manifest import read_manifest
 from .scoring import ScoreInputError
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import plot_study
-from .study_records import RecordError, option_flags, record_fingerprint
+from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
 from .textfile import NotUtf8Error, read_lines
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
@@ -95,16 +95,18 @@ def scoring_config(cfg, experiment, args):
     return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
 
 
-def prepare_run_dir(run, fingerprint, force):
+def prepare_run_dir(run, fingerprint, force, legacy=None):
     """Make ``run`` ready to train the run of ``fingerprint``; True when it already finished.
 
     A run folder remembers its fingerprint (``.fingerprint``). One of another config is never
     resumed (fairseq would continue its checkpoints under the new options): it is an error, and
-    ``--force`` starts it afresh, removing only a folder the launcher made (``run.json``).
+    ``--force`` starts it afresh, removing only a folder the launcher made (``run.json``). A stamp
+    equal to ``legacy`` (the same training, fingerprinted the older way) is rewritten as ``fingerprint``.
     """
     done, stamp = run / ".train.done", run / ".fingerprint"
     if run.exists() and any(run.iterdir()):
-        same = stamp.is_file() and stamp.read_text().strip() == fingerprint
+        stamped = stamp.read_text().strip() if stamp.is_file() else None
+        same = stamped is not None and stamped in (fingerprint, legacy)
         if force or not same:
             if not (run / "run.json").is_file():
                 raise ReproduceError(f"{run} exists and is not a run folder of ours (no run.json); "
@@ -115,8 +117,10 @@ def prepare_run_dir(run, fingerprint, force):
                                      f"{fingerprint}); pass --force to train it afresh")
             log(f"force: removing {run} (a run folder of ours)")
             shutil.rmtree(run)
-        elif done.is_file():
-            return True
+        else:
+            stamp.write_text(fingerprint + "\n")  # a legacy stamp becomes today's
+            if done.is_file():
+                return True
     run.mkdir(parents=True, exist_ok=True)
     stamp.write_text(fingerprint + "\n")
     return False
@@ -140,7 +144,7 @@ def train_run(cfg, run, seed, args, fingerprint, force=False):
     """Train one (family, seed) run unless it finished; an interrupted one resumes."""
     from . import launch
 
-    if prepare_run_dir(run, fingerprint, force):
+    if prepare_run_dir(run, fingerprint, force, legacy_training_fingerprint(cfg, args, seed)):
         log(f"skip  training {run.name} (finished, same config)")
         return
     resumed = (run / "checkpoints" / "checkpoint_last.pt").is_file()

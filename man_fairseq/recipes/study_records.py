@@ -22,6 +22,9 @@ from pathlib import Path
 RECORD_VERSION = 1
 # the config keys that decide training and scoring (not name, notes, paths)
 FINGERPRINT_KEYS = ("arch", "task", "source_lang", "target_lang", "model", "train", "batch", "eval")
+# what a run folder's fingerprint hashes: what is trained (the config's `eval` only changes the scoring,
+# so a run trained alike is rescored, not retrained, when it changes)
+TRAINING_KEYS = tuple(k for k in FINGERPRINT_KEYS if k != "eval")
 # The options of scripts/reproduce.sh that change a score without being in the config, at the values
 # every record before they were fingerprinted was made with (avg_last: the config's eval.avg_last,
 # itself fingerprinted; precision: fp32, what CPU training and decoding use whatever --precision
@@ -56,11 +59,11 @@ def training_options(options):
     return {k: v for k, v in options.items() if k not in SCORING_OPTIONS}
 
 
-def config_fingerprint(cfg, fairseq_args, seed, data=None, options=None):
-    """sha256 (16 hex digits) of the config's training/scoring content, the extra options, the
-    seed, when ``data`` is given the data-bin's dictionaries, and those of ``options``
+def config_fingerprint(cfg, fairseq_args, seed, data=None, options=None, keys=FINGERPRINT_KEYS):
+    """sha256 (16 hex digits) of the config's ``keys`` (its training and scoring content), the extra
+    options, the seed, when ``data`` is given the data-bin's dictionaries, and those of ``options``
     (:func:`run_options`) that differ from :data:`DEFAULT_RUN_OPTIONS`."""
-    content = {k: cfg.get(k) for k in FINGERPRINT_KEYS}
+    content = {k: cfg.get(k) for k in keys}
     content["fairseq_args"] = [str(a) for a in fairseq_args]
     content["seed"] = int(seed)
     defaults = dict(DEFAULT_RUN_OPTIONS, avg_last=(cfg.get("eval") or {}).get("avg_last", 5))
@@ -76,11 +79,19 @@ def config_fingerprint(cfg, fairseq_args, seed, data=None, options=None):
 
 def record_fingerprint(cfg, args, seed, training=False):
     """The fingerprint of the (config, seed) run under scripts/reproduce.sh's ``args``: of its record,
-    or with ``training`` of its run folder (without the options that change scores only: a run
-    trained alike is rescored, not retrained)."""
+    or with ``training`` of its run folder (without the config's ``eval`` and the options that change
+    scores only: a run trained alike is rescored, not retrained)."""
     options = run_options(cfg, args.avg_last, args.batch_size, args.device, args.precision)
-    return config_fingerprint(cfg, args.fairseq_args, seed, args.data,
-                              training_options(options) if training else options)
+    if training:
+        return config_fingerprint(cfg, args.fairseq_args, seed, args.data, training_options(options), TRAINING_KEYS)
+    return config_fingerprint(cfg, args.fairseq_args, seed, args.data, options)
+
+
+def legacy_training_fingerprint(cfg, args, seed):
+    """A run folder's fingerprint as written before it left out the config's ``eval``: such a folder
+    of today's config is the same training (its stamp is rewritten), not another config's."""
+    options = run_options(cfg, args.avg_last, args.batch_size, args.device, args.precision)
+    return config_fingerprint(cfg, args.fairseq_args, seed, args.data, training_options(options))
 
 
 def option_flags(args, default_device=None):
