@@ -184,6 +184,78 @@ def test_tiny_models_have_the_recorded_parameters_and_attentions(tmp_path, recor
     assert now["args"] == want["args"]
 
 
+# Checkpoints store the model options as an argparse Namespace ("args", or cfg.model of a --user-dir
+# model). Args saved before the family template: no --attention-backend (older than the option),
+# layer options in the one form each has always had (--localness-layers a list, --diffwin-layers a
+# count), a layer list cut to the depth when the model was built.
+OLD_ARGS = {
+    "localness": ("transformer_localness_base", ["--localness-layers", "0,1", "--localness-attention-types",
+                                                 "encoder_self,cross", "--relative-positions"]),
+    "localness_cut_default": ("transformer_localness_base", []),
+    "diffwin": ("transformer_diffwin_base", ["--diffwin-layers", "1"]),
+    "diffwin_cut_default": ("transformer_diffwin_base", []),
+    "man": ("transformer_man_small", []),
+    "calibrated": ("transformer_calibrated_base", ["--calibration-fusion", "gate"]),
+}
+
+
+@pytest.mark.parametrize("key", list(OLD_ARGS))
+def test_args_saved_in_the_old_form_load_and_give_the_same_outputs(tmp_path, key):
+    import copy
+
+    import torch
+    from model_families import tokens
+
+    arch, extra = OLD_ARGS[key]
+    model, task, args = build_fairseq_model(arch, TINY_MODEL + ["--dropout", "0"] + extra, dict_size=20,
+                                            tmp_dir=tmp_path)
+    saved = copy.deepcopy(args)
+    del saved.attention_backend
+    torch.save({"args": saved, "model": model.state_dict()}, tmp_path / "old.pt")
+    state = torch.load(tmp_path / "old.pt", weights_only=True)  # the plugin's safe-loading allow-list
+    loaded = task.build_model(state["args"])
+    loaded.load_state_dict(state["model"], strict=True)
+    assert attention_layout(loaded) == attention_layout(model)
+    d = task.source_dictionary
+    src, prev = tokens(d, [7, 3, 5], left=True, seed=1), tokens(d, [4, 4, 2], left=False, seed=2)
+    model.eval(), loaded.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(src, torch.tensor([7, 3, 5]), prev)[0],
+                                   model(src, torch.tensor([7, 3, 5]), prev)[0], rtol=0, atol=0)
+
+
+def test_an_empty_decoder_sublayers_is_refused_by_every_man_arch():
+    """A size's own value of a plugin option fills it where unset (absent or None), like the
+    option's default; transformer_man_small used to replace an empty --decoder-sublayers (what a
+    hydra YAML can hold) by its default silently."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    from man_fairseq.models.transformer_man import MANConfig
+    from man_fairseq.plugin_options import PluginOptionError, check_options
+
+    for arch in ("transformer_man_small", "transformer_man_base"):
+        args = argparse.Namespace(decoder_sublayers="")
+        ARCH_CONFIG_REGISTRY[arch](args)
+        assert args.decoder_sublayers == ""
+        with pytest.raises(PluginOptionError, match="--decoder-sublayers '': --decoder-sublayers is empty"):
+            check_options(args, MANConfig)
+        unset = argparse.Namespace(decoder_sublayers=None)
+        ARCH_CONFIG_REGISTRY[arch](unset)
+        assert unset.decoder_sublayers == ("san,cross,ffn" if arch.endswith("small") else "dman,san,cross,ffn")
+
+
+def test_attentions_are_built_with_the_backend_of_the_plan():
+    from man_fairseq.models.family import AttentionPlan
+    from man_fairseq.models.transformer_localness import TransformerLocalnessModel
+
+    with pytest.raises(RuntimeError, match="through build_model"):
+        TransformerLocalnessModel.plan_in_build()
+    with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
+        BiasedMultiheadAttention(8, 2, self_attention=True, attention_backend="fast")
+    assert BiasedMultiheadAttention(8, 2, self_attention=True, attention_backend="flex").attention_backend == "flex"
+    assert AttentionPlan("sdpa").spec("cross", 0) is None
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     import tempfile
 

@@ -80,6 +80,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
             attention probabilities before dropout.
         head_activation: ``none|relu|gelu`` applied to the concatenated head outputs before the
             output projection (the MAN reference code did this; the paper does not say so).
+        attention_backend: ``auto|sdpa|flex|explicit`` (``--attention-backend``, see
+            :mod:`.attention_backend`); the attribute of that name may be changed later (tests
+            compare the backends on one model).
     """
 
     def __init__(
@@ -95,9 +98,13 @@ class BiasedMultiheadAttention(MultiheadAttention):
         bias_module: Optional[nn.Module] = None,
         post_softmax: Optional[nn.Module] = None,
         head_activation: str = "none",
+        attention_backend: str = "auto",
         q_noise: float = 0.0,
         qn_block_size: int = 8,
     ):
+        if attention_backend not in backends.ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention backend {attention_backend!r}; "
+                             f"choose one of {backends.ATTENTION_BACKENDS}")
         super().__init__(
             embed_dim,
             num_heads,
@@ -118,8 +125,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
         self.bias_module = bias_module
         self.post_softmax = post_softmax
         self.head_activation = ACTIVATIONS[head_activation]
-        # auto|sdpa|flex|explicit; the model sets it from --attention-backend on every attention
-        self.attention_backend = "auto"
+        self.attention_backend = attention_backend
         self.last_kernel: Optional[backends.KernelChoice] = None  # the choice of the last call
         # Decoder self-attention (set by the decoder layers): an ``attn_mask`` it receives is
         # fairseq's future mask, which flex applies as a causal block mask. Other attentions
