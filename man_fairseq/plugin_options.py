@@ -222,7 +222,13 @@ def as_namespace(args):
     return args
 
 
-# ---- layer lists: one behaviour for every family ---------------------------------------------
+# ---- layer options -------------------------------------------------------------------------
+#
+# Two forms, one per option, kept as the papers and every saved config and checkpoint have them:
+# --localness-layers is a list of 0-based indices ("0,1,2", "all", ""), --diffwin-layers a count N
+# (the lower N layers). A bare number means an index in the one and a count in the other, so
+# neither accepts the other's form. What they share is the rule for a model shallower than the
+# value (:func:`fit_layers`).
 
 
 def parse_layer_spec(spec: str) -> Optional[Tuple[int, ...]]:

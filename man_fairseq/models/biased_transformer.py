@@ -3,16 +3,14 @@
 The localness, differentiable-window and calibration families keep fairseq's encoder/decoder
 layers unchanged and only replace some attention modules by :class:`BiasedMultiheadAttention`
 with a bias module or a post-softmax transform. A subclass of :class:`BiasedTransformerModel`
-overrides :meth:`BiasedTransformerModel.attention_extras` and nothing else about the layers.
+(a family, see :mod:`.family`) makes the plan of which attention gets what and overrides
+:meth:`BiasedTransformerModel.attention_extras`, and nothing else about the layers.
 """
 
-import dataclasses
+import functools
 import itertools
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Callable, Optional, Tuple
 
-from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.distributed import fsdp_wrap
 from fairseq.models.transformer import (
     TransformerConfig,
@@ -24,13 +22,9 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
-from ..modules.attention_backend import ATTENTION_BACKENDS
 from ..modules.biased_attention import BiasedMultiheadAttention
-from ..plugin_options import PluginOptionError, add_option_args, parse_layer_spec
-
-# the three places an attention sits in an encoder-decoder Transformer
-ENCODER_SELF, DECODER_SELF, CROSS = "encoder_self", "decoder_self", "cross"
-ATTENTION_TYPES = (ENCODER_SELF, DECODER_SELF, CROSS)
+from ..plugin_options import PluginOptionError, parse_layer_spec
+from .family import CROSS, DECODER_SELF, ENCODER_SELF, AttentionPlan, PluginModel
 
 # (kind, layer_idx, cfg) -> attention module
 AttentionBuilder = Callable[[str, int, TransformerConfig], nn.Module]
@@ -42,38 +36,6 @@ def wrap_layer(layer: nn.Module, cfg) -> nn.Module:
     if checkpoint:
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap if not checkpoint else 0)
-
-
-@dataclass
-class AttentionBackendConfig(FairseqDataclass):
-    """The option every family shares (``--attention-backend``)."""
-
-    attention_backend: ChoiceEnum(ATTENTION_BACKENDS) = field(
-        default="auto",
-        metadata={"help": "attention kernel: auto (fused SDPA with a fixed kernel policy: memory-efficient "
-                  "whenever a mask is present), sdpa (PyTorch's dispatcher, no cuDNN with a float mask), "
-                  "flex (FlexAttention for DMAN / localness / static windows / causal / padding; auto for "
-                  "other biases; relative positions, calibrated cross-attention and returned weights always "
-                  "take the explicit path) or explicit (the written-out softmax); see "
-                  "man_fairseq/modules/attention_backend.py. At generation: "
-                  "--model-overrides \"{'attention_backend': 'flex'}\""},
-    )
-
-
-def add_attention_backend_args(parser) -> None:
-    add_option_args(parser, AttentionBackendConfig())
-
-
-def set_attention_backend(model: nn.Module, args) -> nn.Module:
-    """Give every :class:`BiasedMultiheadAttention` of ``model`` the ``--attention-backend`` of ``args``."""
-    backend = str(getattr(args, "attention_backend", None) or "auto")
-    if backend not in ATTENTION_BACKENDS:
-        raise PluginOptionError(
-            f"--attention-backend: unknown {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")
-    for module in model.modules():
-        if isinstance(module, BiasedMultiheadAttention):
-            module.attention_backend = backend
-    return model
 
 
 class BiasedEncoderLayer(TransformerEncoderLayerBase):
@@ -128,37 +90,36 @@ class BiasedTransformerDecoder(TransformerDecoderBase):
         return wrap_layer(layer, cfg)
 
 
-class BiasedTransformerModel(TransformerModel):
-    """fairseq's ``transformer`` whose attentions come from :meth:`attention_extras`.
+class BiasedTransformerModel(PluginModel, TransformerModel):
+    """fairseq's ``transformer`` whose attentions follow an :class:`~.family.AttentionPlan`.
 
-    Not registered itself; subclasses register a model name and architectures.
+    Not registered itself; a family subclass declares its options (``config``, ``sizes``), makes
+    the plan (:meth:`make_plan`: ``(attention type, layer) -> spec``) and turns a spec into
+    modules (:meth:`attention_extras`, or :meth:`attention_module` for another attention class).
     """
 
     @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_attention_backend_args(parser)
-
-    @classmethod
-    def build_model(cls, args, task):
-        return set_attention_backend(super().build_model(args, task), args)
-
-    @classmethod
-    def attention_extras(
-        cls, cfg, kind: str, layer_idx: int
-    ) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
-        """(bias_module, post_softmax) for one attention; (None, None) keeps it plain."""
+    def attention_extras(cls, spec, kind: str, cfg) -> Tuple[Optional[nn.Module], Optional[nn.Module]]:
+        """(bias_module, post_softmax) of one attention whose plan entry is ``spec``."""
         return None, None
 
     @classmethod
-    def build_attention(cls, kind: str, layer_idx: int, cfg) -> nn.Module:
-        bias_module, post_softmax = cls.attention_extras(cfg, kind, layer_idx)
+    def attention_module(cls, spec, kind: str, cfg, **kwargs) -> nn.Module:
+        """The attention of a plan entry ``spec`` (None: a plain one), given the core's arguments."""
+        return BiasedMultiheadAttention(**kwargs)
+
+    @classmethod
+    def build_attention(cls, plan: AttentionPlan, kind: str, layer_idx: int, cfg) -> nn.Module:
+        spec = plan.spec(kind, layer_idx)
+        # the mask modules first, then the attention: the order parameters are initialised in
+        bias_module, post_softmax = cls.attention_extras(spec, kind, cfg) if spec is not None else (None, None)
         dim = cfg.decoder.embed_dim if kind != ENCODER_SELF else cfg.encoder.embed_dim
         heads = cfg.decoder.attention_heads if kind != ENCODER_SELF else cfg.encoder.attention_heads
         kv_dim = cfg.encoder.embed_dim if kind == CROSS else None
-        return BiasedMultiheadAttention(
-            dim,
-            heads,
+        return cls.attention_module(
+            spec, kind, cfg,
+            embed_dim=dim,
+            num_heads=heads,
             kdim=kv_dim,
             vdim=kv_dim,
             dropout=cfg.attention_dropout,
@@ -166,6 +127,7 @@ class BiasedTransformerModel(TransformerModel):
             encoder_decoder_attention=kind == CROSS,
             bias_module=bias_module,
             post_softmax=post_softmax,
+            attention_backend=plan.attention_backend,
             q_noise=cfg.quant_noise.pq,
             qn_block_size=cfg.quant_noise.pq_block_size,
         )
@@ -173,15 +135,14 @@ class BiasedTransformerModel(TransformerModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return BiasedTransformerEncoder(cfg, src_dict, embed_tokens, cls.build_attention)
+        build = functools.partial(cls.build_attention, cls.plan_in_build())
+        return BiasedTransformerEncoder(cfg, src_dict, embed_tokens, build)
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return BiasedTransformerDecoder(
-            cfg, tgt_dict, embed_tokens, cls.build_attention,
-            no_encoder_attn=cfg.no_cross_attention,
-        )
+        build = functools.partial(cls.build_attention, cls.plan_in_build())
+        return BiasedTransformerDecoder(cfg, tgt_dict, embed_tokens, build, no_encoder_attn=cfg.no_cross_attention)
 
 
 def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
@@ -196,22 +157,3 @@ def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
     if bad:
         raise PluginOptionError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
     return layers
-
-
-def fill_option_defaults(args, config) -> None:
-    """Give ``args`` every option of the dataclass ``config``, and the ``--attention-backend`` every
-    family shares, that it lacks (or holds as None): a hydra config carries only the options its
-    YAML names, and fairseq keeps on the model's config only options present on ``args``.
-
-    Choice options become plain strings: an Enum inside the checkpoint's Namespace would not
-    load under torch's safe loading.
-    """
-    for defaults in (config, AttentionBackendConfig()):
-        for f in dataclasses.fields(defaults):
-            if f.name.startswith("_"):
-                continue
-            if getattr(args, f.name, None) is None:
-                setattr(args, f.name, getattr(defaults, f.name))
-            value = getattr(args, f.name)
-            if isinstance(value, Enum):
-                setattr(args, f.name, str(value))

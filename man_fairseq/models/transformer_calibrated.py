@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import List
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
@@ -19,8 +18,9 @@ from fairseq.models.transformer.transformer_legacy import (
 from torch import nn
 
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
-from ..plugin_options import VALID, Number, PluginOptionError, add_option_args, as_namespace, check_options
-from .biased_transformer import CROSS, BiasedTransformerModel, fill_option_defaults
+from ..plugin_options import VALID, Number, PluginOptionError
+from .biased_transformer import BiasedTransformerModel
+from .family import CROSS, AttentionPlan, Size, attention_backend_of, register_family, stack_depths
 
 
 @dataclass
@@ -45,72 +45,52 @@ class CalibrationConfig(FairseqDataclass):
 CALIBRATION_DEFAULTS = CalibrationConfig()
 
 
-@register_model("transformer_calibrated")
+@dataclass(frozen=True)
+class CalibratedAttention:
+    """The plan entry of every cross-attention: its calibration transform's options."""
+
+    fusion: str
+    calibration_lambda: float
+    anneal_steps: float
+
+
+@register_family("transformer_calibrated")
 class TransformerCalibratedModel(BiasedTransformerModel):
     """Transformer with calibrated encoder-decoder attention in every decoder layer."""
 
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_option_args(parser, CalibrationConfig())
+    config = CalibrationConfig
+    sizes = {
+        "small": Size(transformer_iwslt_de_en, "IWSLT sizes (fairseq's transformer_iwslt_de_en)."),
+        "base": Size(base_architecture, "WMT14 En-De base (fairseq's transformer / transformer_wmt_en_de)."),
+        "big": Size(transformer_vaswani_wmt_en_de_big, "Transformer big (fairseq's transformer_vaswani_wmt_en_de_big)."),
+    }
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
-        calibrated_base_architecture(args)
-        # fail at start-up on any value outside its declared range (choices: FUSIONS)
-        check_options(args, CalibrationConfig)
+    def check(cls, args):
         if getattr(args, "checkpoint_activations", False):
             # the criterion switches the calibration mode between two passes; a recomputation
             # during backward would run in the wrong mode
             raise PluginOptionError("transformer_calibrated does not support --checkpoint-activations")
         if getattr(args, "no_cross_attention", False):
             raise PluginOptionError("transformer_calibrated needs the encoder-decoder attention (no --no-cross-attention)")
-        return super().build_model(args, task)
 
     @classmethod
-    def attention_extras(cls, cfg, kind, layer_idx):
-        if kind != CROSS:
-            return None, None
+    def make_plan(cls, args):
+        spec = CalibratedAttention(str(args.calibration_fusion), args.calibration_lambda, args.calibration_anneal_steps)
+        _, decoder_layers = stack_depths(args)
+        return AttentionPlan(attention_backend_of(args), {(CROSS, layer): spec for layer in range(decoder_layers)})
+
+    @classmethod
+    def attention_extras(cls, spec, kind, cfg):
         return None, CalibrationTransform(
             query_dim=cfg.decoder.embed_dim,
             key_dim=cfg.encoder.embed_dim,
             num_heads=cfg.decoder.attention_heads,
-            fusion=str(cfg.calibration_fusion),
-            calibration_lambda=cfg.calibration_lambda,
-            anneal_steps=cfg.calibration_anneal_steps,
+            fusion=spec.fusion,
+            calibration_lambda=spec.calibration_lambda,
+            anneal_steps=spec.anneal_steps,
         )
 
     def perturbation_parameters(self) -> List[nn.Parameter]:
         """theta_m: the parameters of every layer's mask perturbation model."""
         return [p for m in calibration_modules(self) for p in m.perturbation.parameters()]
-
-
-def calibrated_base_architecture(args):
-    fill_option_defaults(args, CALIBRATION_DEFAULTS)
-
-
-@register_model_architecture("transformer_calibrated", "transformer_calibrated_small")
-def transformer_calibrated_small(args):
-    """IWSLT sizes (fairseq's transformer_iwslt_de_en)."""
-    calibrated_base_architecture(args)
-    transformer_iwslt_de_en(args)
-
-
-@register_model_architecture("transformer_calibrated", "transformer_calibrated_base")
-def transformer_calibrated_base(args):
-    """WMT14 En-De base (fairseq's transformer / transformer_wmt_en_de)."""
-    calibrated_base_architecture(args)
-    base_architecture(args)
-
-
-@register_model_architecture("transformer_calibrated", "transformer_calibrated_big")
-def transformer_calibrated_big(args):
-    """Transformer big (fairseq's transformer_vaswani_wmt_en_de_big)."""
-    calibrated_base_architecture(args)
-    transformer_vaswani_wmt_en_de_big(args)
-
-
-@register_model_architecture("transformer_calibrated", "transformer_calibrated")
-def transformer_calibrated(args):
-    transformer_calibrated_base(args)

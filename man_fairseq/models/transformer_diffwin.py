@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
@@ -21,17 +20,19 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, build_window
-from ..plugin_options import (
-    VALID,
-    Choice,
-    Number,
-    PluginOptionError,
-    add_option_args,
-    as_namespace,
-    check_options,
-    fit_layers,
+from ..plugin_options import VALID, Choice, Number, PluginOptionError, fit_layers
+from .biased_transformer import BiasedTransformerModel
+from .family import (
+    CROSS,
+    DECODER_SELF,
+    ENCODER_SELF,
+    AttentionPlan,
+    Size,
+    attention_backend_of,
+    fill_option_defaults,
+    register_family,
+    stack_depths,
 )
-from .biased_transformer import CROSS, DECODER_SELF, ENCODER_SELF, BiasedTransformerModel, fill_option_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +86,9 @@ class DiffWinConfig(FairseqDataclass):
     )
     diffwin_layers: int = field(
         default=3,
-        metadata={"help": "windows in the lower N layers of encoder and decoder (0: none); the default "
-                  "is cut to a shallower model's depth with a logged note, any other N beyond it is an error",
+        metadata={"help": "a COUNT N, not a list: windows in the lower N layers (0-based layers 0..N-1) of "
+                  "encoder and decoder; 0: none; the default is cut to a shallower model's depth with a "
+                  "logged note, any other N beyond it is an error",
                   VALID: Number(0, integer=True)},
     )
     diffwin_temperature: float = field(
@@ -120,33 +122,51 @@ def diffwin_base_architecture(args):
     fill_option_defaults(args, DIFFWIN_DEFAULTS)
 
 
-def validate_diffwin_args(args):
-    check_options(args, DiffWinConfig)  # --diffwin-decoder-mask: token only
-    # the stacks that get windows: the layer count must exist in each of them
-    depths = [args.encoder_layers] if args.diffwin_encoder != "none" else []
-    if args.diffwin_decoder != "none" or args.diffwin_cross != "none":
-        depths.append(args.decoder_layers)
-    if depths:
-        args.diffwin_layers = fit_layers(
-            "--diffwin-layers", args.diffwin_layers, DIFFWIN_DEFAULTS.diffwin_layers, min(depths),
-            lambda n, depth: depth if n > depth else None, logger,
-        )
+@dataclass(frozen=True)
+class WindowAttention:
+    """The plan entry of one attention: its window (``aw``/``mw``) and mask."""
+
+    mode: str
+    mask: str
+    segment_size: int
+    temperature: float
+    renormalize: bool
+    union: bool
 
 
-@register_model("transformer_diffwin")
+@register_family("transformer_diffwin")
 class TransformerDiffWinModel(BiasedTransformerModel):
     """Transformer with differentiable windows in the lower layers' attentions."""
 
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_option_args(parser, DiffWinConfig())
+    config = DiffWinConfig
+    sizes = {
+        "base": Size(base_architecture, "WMT14 En-De base (transformer_wmt_en_de sizes: d=512, 8 heads, FFN 2048, "
+                     "6+6 layers)."),
+        "small": Size(transformer_iwslt_de_en, "IWSLT sizes (transformer_iwslt_de_en: d=512, 4 heads, FFN 1024)."),
+        "big": Size(transformer_vaswani_wmt_en_de_big, "transformer_vaswani_wmt_en_de_big sizes (d=1024, 16 heads, "
+                    "FFN 4096)."),
+    }
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
+    def fill_defaults(cls, args):
         diffwin_base_architecture(args)
-        validate_diffwin_args(args)
+
+    @classmethod
+    def make_plan(cls, args):
+        modes = {
+            ENCODER_SELF: (str(args.diffwin_encoder), str(args.diffwin_encoder_mask)),
+            DECODER_SELF: (str(args.diffwin_decoder), str(args.diffwin_decoder_mask)),
+            CROSS: (str(args.diffwin_cross), str(args.diffwin_cross_mask)),
+        }
+        encoder_layers, decoder_layers = stack_depths(args)
+        depth = {ENCODER_SELF: encoder_layers, DECODER_SELF: decoder_layers, CROSS: decoder_layers}
+        # the stacks that get windows: the layer count must exist in each of them
+        depths = [depth[kind] for kind, (mode, _) in modes.items() if mode != "none"]
+        if depths:
+            args.diffwin_layers = fit_layers(
+                "--diffwin-layers", args.diffwin_layers, DIFFWIN_DEFAULTS.diffwin_layers, min(depths),
+                lambda n, stack: stack if n > stack else None, logger,
+            )
         logger.info(
             "diffwin: preset=%s encoder=%s(%s) decoder=%s(token) cross=%s(%s) layers<%d "
             "segment_size=%d temperature=%g mw_renormalize=%s mask_union=%s",
@@ -155,47 +175,21 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             args.diffwin_segment_size, args.diffwin_temperature, args.diffwin_mw_renormalize,
             args.diffwin_mask_union,
         )
-        return super().build_model(args, task)
+        specs = {
+            (kind, layer): WindowAttention(
+                mode, mask, args.diffwin_segment_size, args.diffwin_temperature,
+                bool(args.diffwin_mw_renormalize), bool(args.diffwin_mask_union),
+            )
+            for kind, (mode, mask) in modes.items() if mode != "none"
+            for layer in range(min(args.diffwin_layers, depth[kind]))
+        }
+        return AttentionPlan(attention_backend_of(args), specs)
 
     @classmethod
-    def attention_extras(cls, cfg, kind, layer_idx):
-        if layer_idx >= cfg.diffwin_layers:
-            return None, None
-        mode, mask, kdim = {
-            ENCODER_SELF: (cfg.diffwin_encoder, cfg.diffwin_encoder_mask, None),
-            DECODER_SELF: (cfg.diffwin_decoder, cfg.diffwin_decoder_mask, None),
-            CROSS: (cfg.diffwin_cross, cfg.diffwin_cross_mask, cfg.encoder.embed_dim),
-        }[kind]
+    def attention_extras(cls, spec, kind, cfg):
         dim = cfg.encoder.embed_dim if kind == ENCODER_SELF else cfg.decoder.embed_dim
         return build_window(
-            str(mode), dim, kdim=kdim, mask_type=str(mask),
-            segment_size=cfg.diffwin_segment_size, temperature=cfg.diffwin_temperature,
-            causal=kind == DECODER_SELF, renormalize=bool(cfg.diffwin_mw_renormalize),
-            union=bool(cfg.diffwin_mask_union),
+            spec.mode, dim, kdim=cfg.encoder.embed_dim if kind == CROSS else None, mask_type=spec.mask,
+            segment_size=spec.segment_size, temperature=spec.temperature,
+            causal=kind == DECODER_SELF, renormalize=spec.renormalize, union=spec.union,
         )
-
-
-@register_model_architecture("transformer_diffwin", "transformer_diffwin_base")
-def transformer_diffwin_base(args):
-    """WMT14 En-De base (transformer_wmt_en_de sizes: d=512, 8 heads, FFN 2048, 6+6 layers)."""
-    diffwin_base_architecture(args)
-    base_architecture(args)
-
-
-@register_model_architecture("transformer_diffwin", "transformer_diffwin_small")
-def transformer_diffwin_small(args):
-    """IWSLT sizes (transformer_iwslt_de_en: d=512, 4 heads, FFN 1024)."""
-    diffwin_base_architecture(args)
-    transformer_iwslt_de_en(args)
-
-
-@register_model_architecture("transformer_diffwin", "transformer_diffwin_big")
-def transformer_diffwin_big(args):
-    """transformer_vaswani_wmt_en_de_big sizes (d=1024, 16 heads, FFN 4096)."""
-    diffwin_base_architecture(args)
-    transformer_vaswani_wmt_en_de_big(args)
-
-
-@register_model_architecture("transformer_diffwin", "transformer_diffwin")
-def transformer_diffwin(args):
-    transformer_diffwin_base(args)

@@ -12,9 +12,9 @@ fairseq's Transformer whose chosen attentions get the learnable Gaussian localne
 
 import logging
 from dataclasses import dataclass, field
+from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
@@ -23,23 +23,18 @@ from fairseq.models.transformer.transformer_legacy import (
 
 from ..modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from ..modules.relative_position import RelativePositionMultiheadAttention
-from ..plugin_options import (
-    VALID,
-    Number,
-    Parsed,
-    add_option_args,
-    as_namespace,
-    check_options,
-    fit_layers,
-    parse_layer_spec,
-)
-from .biased_transformer import (
+from ..plugin_options import VALID, Number, Parsed, fit_layers, parse_layer_spec
+from .biased_transformer import BiasedTransformerModel, parse_layer_set
+from .family import (
     ATTENTION_TYPES,
+    CROSS,
     DECODER_SELF,
     ENCODER_SELF,
-    BiasedTransformerModel,
-    fill_option_defaults,
-    parse_layer_set,
+    AttentionPlan,
+    Size,
+    attention_backend_of,
+    register_family,
+    stack_depths,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,7 +58,8 @@ class LocalnessConfig(FairseqDataclass):
     )
     localness_layers: str = field(
         default="0,1,2",
-        metadata={"help": "0-based layers that get the localness bias ('all'; '' for none); "
+        metadata={"help": "a LIST of 0-based layer indices that get the localness bias, not a count "
+                  "('3' is the fourth layer alone; the lower three are '0,1,2'); 'all'; '' for none; "
                   "applies to each of --localness-attention-types; the default is cut to a shallower "
                   "model's depth with a logged note, any other index beyond it is an error",
                   VALID: Parsed(parse_layer_spec, "comma-separated 0-based layer indices, 'all', or '' (none)")},
@@ -106,14 +102,15 @@ def parse_attention_types(spec: str, option: str, allowed=ATTENTION_TYPES):
     return tuple(dict.fromkeys(types))
 
 
-def localness_plan(cfg):
-    """{attention type: layers with localness}, validated (also used at start-up)."""
-    types = parse_attention_types(cfg.localness_attention_types, "--localness-attention-types")
-    plan = {}
-    for kind in types:
-        n = cfg.encoder.layers if kind == ENCODER_SELF else cfg.decoder.layers
-        plan[kind] = parse_layer_set(cfg.localness_layers, n, "--localness-layers")
-    return plan
+@dataclass(frozen=True)
+class LocalnessAttention:
+    """The plan entry of one attention: a Gaussian bias (``window`` not None), Shaw et al.'s
+    relative positions (``max_relative_position`` not None), or both."""
+
+    window: Optional[str] = None
+    fixed_window: float = 10.0
+    head_window_max: float = 50.0
+    max_relative_position: Optional[int] = None
 
 
 def _layers_within(spec: str, num_layers: int):
@@ -124,101 +121,63 @@ def _layers_within(spec: str, num_layers: int):
     return ",".join(str(i) for i in layers if i < num_layers)
 
 
-def relative_position_types(cfg):
-    if not cfg.relative_positions:
-        return ()
-    return parse_attention_types(
-        cfg.relative_position_attention_types, "--relative-position-attention-types",
-        allowed=(ENCODER_SELF, DECODER_SELF),
-    )
-
-
-@register_model("transformer_localness")
+@register_family("transformer_localness")
 class TransformerLocalnessModel(BiasedTransformerModel):
     """Transformer with a learnable Gaussian localness bias (and optional relative positions)."""
 
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_option_args(parser, LocalnessConfig())
+    config = LocalnessConfig
+    sizes = {
+        "base": Size(base_architecture, "WMT14 En-De base: the sizes of fairseq's transformer_wmt_en_de "
+                     "(d=512, 8 heads, FFN 2048)."),
+        "small": Size(transformer_iwslt_de_en, "IWSLT size: fairseq's transformer_iwslt_de_en (d=512, 4 heads, FFN 1024)."),
+        "big": Size(transformer_vaswani_wmt_en_de_big, "WMT14 En-De big: fairseq's transformer_vaswani_wmt_en_de_big "
+                    "(d=1024, 16 heads, dropout 0.3)."),
+    }
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
-        localness_base_architecture(args)
-        # fail at start-up on bad values, before data is read and layers are built
-        check_options(args, LocalnessConfig)
+    def make_plan(cls, args):
         types = parse_attention_types(args.localness_attention_types, "--localness-attention-types")
+        encoder_layers, decoder_layers = stack_depths(args)
+        depth = {ENCODER_SELF: encoder_layers, DECODER_SELF: decoder_layers, CROSS: decoder_layers}
         if types:
-            depth = min(args.encoder_layers if kind == ENCODER_SELF else args.decoder_layers for kind in types)
             args.localness_layers = fit_layers(
-                "--localness-layers", args.localness_layers, LOCALNESS_DEFAULTS.localness_layers, depth,
-                _layers_within, logger,
+                "--localness-layers", args.localness_layers, LOCALNESS_DEFAULTS.localness_layers,
+                min(depth[kind] for kind in types), _layers_within, logger,
             )
-        from fairseq.models.transformer import TransformerConfig
-
-        cfg = TransformerConfig.from_namespace(args)
-        localness_plan(cfg)
-        relative_position_types(cfg)
-        return super().build_model(args, task)
+        relative = ()
+        if args.relative_positions:
+            relative = parse_attention_types(
+                args.relative_position_attention_types, "--relative-position-attention-types",
+                allowed=(ENCODER_SELF, DECODER_SELF),
+            )
+        specs = {}
+        for kind in ATTENTION_TYPES:
+            localness = parse_layer_set(args.localness_layers, depth[kind], "--localness-layers") \
+                if kind in types else ()
+            for layer in range(depth[kind]):
+                if layer in localness or kind in relative:
+                    specs[kind, layer] = LocalnessAttention(
+                        window=str(args.localness_window) if layer in localness else None,
+                        fixed_window=args.localness_fixed_window,
+                        head_window_max=args.localness_head_window_max,
+                        max_relative_position=args.max_relative_position if kind in relative else None,
+                    )
+        return AttentionPlan(attention_backend_of(args), specs)
 
     @classmethod
-    def attention_extras(cls, cfg, kind, layer_idx):
-        if layer_idx not in localness_plan(cfg).get(kind, ()):
+    def attention_extras(cls, spec, kind, cfg):
+        if spec.window is None:
             return None, None
         dim = cfg.encoder.embed_dim if kind == ENCODER_SELF else cfg.decoder.embed_dim
         heads = cfg.encoder.attention_heads if kind == ENCODER_SELF else cfg.decoder.attention_heads
         bias = LocalnessBias(
-            dim, heads, window=str(cfg.localness_window), causal=kind == DECODER_SELF,
-            fixed_window=cfg.localness_fixed_window, head_window_max=cfg.localness_head_window_max,
+            dim, heads, window=spec.window, causal=kind == DECODER_SELF,
+            fixed_window=spec.fixed_window, head_window_max=spec.head_window_max,
         )
         return bias, None
 
     @classmethod
-    def build_attention(cls, kind, layer_idx, cfg):
-        if kind not in relative_position_types(cfg):
-            return super().build_attention(kind, layer_idx, cfg)
-        bias_module, post_softmax = cls.attention_extras(cfg, kind, layer_idx)
-        dim = cfg.encoder.embed_dim if kind == ENCODER_SELF else cfg.decoder.embed_dim
-        heads = cfg.encoder.attention_heads if kind == ENCODER_SELF else cfg.decoder.attention_heads
-        return RelativePositionMultiheadAttention(
-            dim,
-            heads,
-            max_relative_position=cfg.max_relative_position,
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            bias_module=bias_module,
-            post_softmax=post_softmax,
-            q_noise=cfg.quant_noise.pq,
-            qn_block_size=cfg.quant_noise.pq_block_size,
-        )
-
-
-def localness_base_architecture(args):
-    fill_option_defaults(args, LOCALNESS_DEFAULTS)
-
-
-@register_model_architecture("transformer_localness", "transformer_localness_base")
-def transformer_localness_base(args):
-    """WMT14 En-De base: the sizes of fairseq's transformer_wmt_en_de (d=512, 8 heads, FFN 2048)."""
-    localness_base_architecture(args)
-    base_architecture(args)
-
-
-@register_model_architecture("transformer_localness", "transformer_localness_small")
-def transformer_localness_small(args):
-    """IWSLT size: fairseq's transformer_iwslt_de_en (d=512, 4 heads, FFN 1024)."""
-    localness_base_architecture(args)
-    transformer_iwslt_de_en(args)
-
-
-@register_model_architecture("transformer_localness", "transformer_localness_big")
-def transformer_localness_big(args):
-    """WMT14 En-De big: fairseq's transformer_vaswani_wmt_en_de_big (d=1024, 16 heads, dropout 0.3)."""
-    localness_base_architecture(args)
-    transformer_vaswani_wmt_en_de_big(args)
-
-
-@register_model_architecture("transformer_localness", "transformer_localness")
-def transformer_localness(args):
-    transformer_localness_base(args)
+    def attention_module(cls, spec, kind, cfg, **kwargs):
+        if spec is None or spec.max_relative_position is None:
+            return super().attention_module(spec, kind, cfg, **kwargs)
+        return RelativePositionMultiheadAttention(max_relative_position=spec.max_relative_position, **kwargs)

@@ -5,9 +5,9 @@ wires options to modules.
 """
 
 from dataclasses import dataclass, field
+from typing import Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoderBase,
@@ -21,8 +21,9 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
-from ..plugin_options import VALID, Number, Parsed, PluginOptionError, add_option_args, as_namespace, check_options
-from .biased_transformer import add_attention_backend_args, fill_option_defaults, set_attention_backend, wrap_layer
+from ..plugin_options import VALID, Number, Parsed, PluginOptionError
+from .biased_transformer import wrap_layer
+from .family import PluginModel, Plan, Size, attention_backend_of, register_family
 
 
 @dataclass
@@ -59,95 +60,76 @@ class MANConfig(FairseqDataclass):
 MAN_DEFAULTS = MANConfig()
 
 
+@dataclass(frozen=True)
+class MANPlan(Plan):
+    """The sublayers of every encoder and every decoder layer."""
+
+    encoder_sublayers: Tuple[str, ...] = ()
+    decoder_sublayers: Tuple[str, ...] = ()
+
+
 class MANEncoder(TransformerEncoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, plan: MANPlan):
+        self.plan = plan  # read by build_encoder_layer, which the base __init__ calls
+        super().__init__(cfg, dictionary, embed_tokens)
+
     def build_encoder_layer(self, cfg):
-        return wrap_layer(MANEncoderLayer(cfg, return_fc=self.return_fc), cfg)
+        layer = MANEncoderLayer(cfg, self.plan.encoder_sublayers, self.plan.attention_backend, return_fc=self.return_fc)
+        return wrap_layer(layer, cfg)
 
 
 class MANDecoder(TransformerDecoderBase):
+    def __init__(self, cfg, dictionary, embed_tokens, plan: MANPlan, no_encoder_attn=False):
+        self.plan = plan
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
+
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_layer(MANDecoderLayer(cfg, no_encoder_attn=no_encoder_attn), cfg)
+        layer = MANDecoderLayer(cfg, self.plan.decoder_sublayers, self.plan.attention_backend,
+                                no_encoder_attn=no_encoder_attn)
+        return wrap_layer(layer, cfg)
 
 
-@register_model("transformer_man")
-class TransformerMANModel(TransformerModel):
+@register_family("transformer_man")
+class TransformerMANModel(PluginModel, TransformerModel):
     """Transformer whose layers are DMAN -> SAN -> FFN (configurable)."""
 
-    @classmethod
-    def add_args(cls, parser):
-        super().add_args(parser)
-        add_option_args(parser, MANConfig())
-        add_attention_backend_args(parser)
+    config = MANConfig
+    sizes = {
+        "base": Size(base_architecture, "WMT14 En-De base: d=512, 8 heads, FFN 1024 (half of the Transformer's), "
+                     "DMAN enc+dec.",
+                     {"encoder_ffn_embed_dim": 1024, "decoder_ffn_embed_dim": 1024}),
+        "small": Size(transformer_iwslt_de_en, "IWSLT14: d=512, 4 heads, FFN 512, DMAN in the encoder only "
+                      "(37M params, Table 1).",
+                      {"encoder_ffn_embed_dim": 512, "decoder_ffn_embed_dim": 512,
+                       "decoder_sublayers": "san,cross,ffn", "dropout": 0.3}),
+        "big": Size(transformer_vaswani_wmt_en_de_big, "WMT14 En-De big: d=1024, 16 heads, FFN 2048, dropout 0.3.",
+                    {"encoder_ffn_embed_dim": 2048, "decoder_ffn_embed_dim": 2048}),
+        "summarization": Size(base_architecture, "CNN/DailyMail and Gigaword: d=768, 12 heads, FFN 1536, dropout 0.1.",
+                              {"encoder_embed_dim": 768, "decoder_embed_dim": 768, "encoder_attention_heads": 12,
+                               "decoder_attention_heads": 12, "encoder_ffn_embed_dim": 1536,
+                               "decoder_ffn_embed_dim": 1536, "dropout": 0.1}),
+    }
 
     @classmethod
-    def build_model(cls, args, task):
-        args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
-        man_base_architecture(args)
-        # fail at start-up, before any data is read, on any value outside its declared range
-        check_options(args, MANConfig)
+    def check(cls, args):
         # fairseq options the MAN layers do not implement: refused rather than ignored
         for option in ("no_cross_attention", "cross_self_attention"):
             if getattr(args, option, False):
                 raise PluginOptionError(f"transformer_man does not support --{option.replace('_', '-')}")
-        return set_attention_backend(super().build_model(args, task), args)
+
+    @classmethod
+    def make_plan(cls, args):
+        return MANPlan(
+            attention_backend_of(args),
+            encoder_sublayers=tuple(parse_sublayers(args.encoder_sublayers, decoder=False)),
+            decoder_sublayers=tuple(parse_sublayers(args.decoder_sublayers, decoder=True)),
+        )
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return MANEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens)
+        return MANEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return MANDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
-
-
-def man_base_architecture(args):
-    fill_option_defaults(args, MAN_DEFAULTS)
-
-
-@register_model_architecture("transformer_man", "transformer_man_base")
-def transformer_man_base(args):
-    """WMT14 En-De base: d=512, 8 heads, FFN 1024 (half of the Transformer's), DMAN enc+dec."""
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1024)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1024)
-    man_base_architecture(args)
-    base_architecture(args)
-
-
-@register_model_architecture("transformer_man", "transformer_man_small")
-def transformer_man_small(args):
-    """IWSLT14: d=512, 4 heads, FFN 512, DMAN in the encoder only (37M params, Table 1)."""
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 512)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 512)
-    args.decoder_sublayers = getattr(args, "decoder_sublayers", None) or "san,cross,ffn"
-    args.dropout = getattr(args, "dropout", 0.3)
-    man_base_architecture(args)
-    transformer_iwslt_de_en(args)
-
-
-@register_model_architecture("transformer_man", "transformer_man_big")
-def transformer_man_big(args):
-    """WMT14 En-De big: d=1024, 16 heads, FFN 2048, dropout 0.3."""
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 2048)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 2048)
-    man_base_architecture(args)
-    transformer_vaswani_wmt_en_de_big(args)
-
-
-@register_model_architecture("transformer_man", "transformer_man_summarization")
-def transformer_man_summarization(args):
-    """CNN/DailyMail and Gigaword: d=768, 12 heads, FFN 1536, dropout 0.1."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 768)
-    args.decoder_embed_dim = getattr(args, "decoder_embed_dim", 768)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 12)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 12)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 1536)
-    args.decoder_ffn_embed_dim = getattr(args, "decoder_ffn_embed_dim", 1536)
-    args.dropout = getattr(args, "dropout", 0.1)
-    man_base_architecture(args)
-    base_architecture(args)
-
-
-@register_model_architecture("transformer_man", "transformer_man")
-def transformer_man(args):
-    transformer_man_base(args)
+        return MANDecoder(cfg, tgt_dict, embed_tokens, cls.plan_in_build(), no_encoder_attn=cfg.no_cross_attention)

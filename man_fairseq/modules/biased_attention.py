@@ -9,7 +9,9 @@ bias ``log M``, so the core takes
 * an optional **post-softmax transform** of the attention probabilities (multiplicative windows,
   attention calibration).
 
-Without a post-softmax transform and without returned weights the core runs a fused kernel:
+Unless something reads the probabilities (a post-softmax transform, returned weights, or a subclass
+with ``needs_probabilities`` such as relative positions) or ``--attention-backend explicit`` asks
+for the written-out softmax, the core runs a fused kernel:
 PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask, pinned to the kernels
 :func:`~man_fairseq.modules.attention_backend.choose_kernel` allows, or ``flex_attention`` with
 the bias as a score modification (``--attention-backend``, see ``attention_backend.py``).
@@ -80,6 +82,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
             attention probabilities before dropout.
         head_activation: ``none|relu|gelu`` applied to the concatenated head outputs before the
             output projection (the MAN reference code did this; the paper does not say so).
+        attention_backend: ``auto|sdpa|flex|explicit`` (``--attention-backend``, see
+            :mod:`.attention_backend`); the attribute of that name may be changed later (tests
+            compare the backends on one model).
     """
 
     def __init__(
@@ -95,9 +100,13 @@ class BiasedMultiheadAttention(MultiheadAttention):
         bias_module: Optional[nn.Module] = None,
         post_softmax: Optional[nn.Module] = None,
         head_activation: str = "none",
+        attention_backend: str = "auto",
         q_noise: float = 0.0,
         qn_block_size: int = 8,
     ):
+        if attention_backend not in backends.ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention backend {attention_backend!r}; "
+                             f"choose one of {backends.ATTENTION_BACKENDS}")
         super().__init__(
             embed_dim,
             num_heads,
@@ -118,8 +127,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
         self.bias_module = bias_module
         self.post_softmax = post_softmax
         self.head_activation = ACTIVATIONS[head_activation]
-        # auto|sdpa|flex|explicit; the model sets it from --attention-backend on every attention
-        self.attention_backend = "auto"
+        self.attention_backend = attention_backend
         self.last_kernel: Optional[backends.KernelChoice] = None  # the choice of the last call
         # Decoder self-attention (set by the decoder layers): an ``attn_mask`` it receives is
         # fairseq's future mask, which flex applies as a causal block mask. Other attentions
@@ -158,7 +166,6 @@ class BiasedMultiheadAttention(MultiheadAttention):
         if need_head_weights:
             need_weights = True
         tgt_len, bsz, embed_dim = query.size()
-        key_input = key
 
         saved_state = None
         if incremental_state is not None:
@@ -166,39 +173,10 @@ class BiasedMultiheadAttention(MultiheadAttention):
             if saved_state is not None and "prev_key" in saved_state and static_kv:
                 # encoder-decoder attention: keys were computed at the first step
                 assert self.encoder_decoder_attention and not self.self_attention
-                key = value = key_input = None
-
-        q = self._shape(self.q_proj(query), bsz)
-        if self.self_attention:
-            k = self._shape(self.k_proj(query), bsz)
-            v = self._shape(self.v_proj(query), bsz)
-            key_input = query
-        elif key is not None:
-            k = self._shape(self.k_proj(key), bsz)
-            v = self._shape(self.v_proj(value), bsz)
-        else:
-            k = v = None
-
+                key = value = None
+        q, k, v, key_input = self._project(query, key, value, bsz)
         if saved_state is not None:
-            if "prev_key" in saved_state:
-                prev_key = saved_state["prev_key"]
-                prev_value = saved_state["prev_value"]
-                if static_kv:
-                    k, v = prev_key, prev_value
-                else:
-                    k = torch.cat([prev_key, k], dim=2)
-                    v = torch.cat([prev_value, v], dim=2)
-            prev_key_padding_mask = saved_state.get("prev_key_padding_mask", None)
-            key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
-                key_padding_mask=key_padding_mask,
-                prev_key_padding_mask=prev_key_padding_mask,
-                batch_size=bsz,
-                src_len=k.size(2),
-                static_kv=static_kv,
-            )
-            saved_state["prev_key"] = k
-            saved_state["prev_value"] = v
-            saved_state["prev_key_padding_mask"] = key_padding_mask
+            k, v, key_padding_mask = self._extend_cache(saved_state, k, v, key_padding_mask, bsz, static_kv)
             incremental_state = self._set_input_buffer(incremental_state, saved_state)
 
         src_len = k.size(2)
@@ -219,37 +197,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
             incremental_state=incremental_state,
             self_attention=self.self_attention,
         )
-        dropout_p = self.dropout_module.p if self.training else 0.0
-        choice = backends.choose_kernel(
-            self.attention_backend,
-            q.device.type,
-            q.dtype,
-            has_mask=self.bias_module is not None or attn_mask is not None or key_padding_mask is not None,
-            needs_probabilities=self.post_softmax is not None or need_weights or self.needs_probabilities,
-            flex_supported=self.bias_module is None or hasattr(self.bias_module, "flex_mods"),
-            dropout=dropout_p > 0,
-            requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-        )
-        self.last_kernel = choice
-        weights = None
-        if choice.path == backends.FLEX:
-            out = self._flex_attention(ctx, attn_mask, q, k, v)
-        elif choice.path == backends.SDPA:
-            mask = backends.prepare_sdpa_mask(self._additive_mask(ctx, attn_mask), q)
-            with backends.sdpa_context(choice):
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        else:
-            mask = self._additive_mask(ctx, attn_mask)
-            scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
-            if mask is not None:
-                scores = scores + mask
-            # half precision softmax in float32, as fairseq does; float64 stays float64
-            low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
-            if self.post_softmax is not None:
-                probs = self.post_softmax(probs, ctx)
-            weights = probs
-            out = self.attend_values(F.dropout(probs, p=dropout_p, training=self.training), v, ctx)
+        out, weights = self._attend(ctx, attn_mask, v, need_weights)
 
         out = out.permute(2, 0, 1, 3).reshape(tgt_len, bsz, embed_dim)
         if self.head_activation is not None:
@@ -263,6 +211,72 @@ class BiasedMultiheadAttention(MultiheadAttention):
         else:
             weights = None
         return out, weights
+
+    def _project(self, query: Tensor, key: Optional[Tensor], value: Optional[Tensor], bsz: int):
+        """(q, k, v, key input) of this call, each (B, H, L, D); k = v = None when the keys are
+        cached (encoder-decoder attention after the first step)."""
+        q = self._shape(self.q_proj(query), bsz)
+        if self.self_attention:
+            return q, self._shape(self.k_proj(query), bsz), self._shape(self.v_proj(query), bsz), query
+        if key is not None:
+            return q, self._shape(self.k_proj(key), bsz), self._shape(self.v_proj(value), bsz), key
+        return q, None, None, None
+
+    def _extend_cache(self, saved_state, k, v, key_padding_mask, bsz: int, static_kv: bool):
+        """Keys, values and key padding with the incremental cache before them; the cache updated."""
+        if "prev_key" in saved_state:
+            prev_key = saved_state["prev_key"]
+            prev_value = saved_state["prev_value"]
+            if static_kv:
+                k, v = prev_key, prev_value
+            else:
+                k = torch.cat([prev_key, k], dim=2)
+                v = torch.cat([prev_value, v], dim=2)
+        prev_key_padding_mask = saved_state.get("prev_key_padding_mask", None)
+        key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
+            key_padding_mask=key_padding_mask,
+            prev_key_padding_mask=prev_key_padding_mask,
+            batch_size=bsz,
+            src_len=k.size(2),
+            static_kv=static_kv,
+        )
+        saved_state["prev_key"] = k
+        saved_state["prev_value"] = v
+        saved_state["prev_key_padding_mask"] = key_padding_mask
+        return k, v, key_padding_mask
+
+    def _attend(self, ctx: AttentionContext, attn_mask: Optional[Tensor], v: Tensor, need_weights: bool):
+        """(B,H,T,D) attention output and the (B,H,T,S) probabilities (None on a fused path)."""
+        q, k = ctx.q, ctx.k
+        dropout_p = self.dropout_module.p if self.training else 0.0
+        choice = backends.choose_kernel(
+            self.attention_backend,
+            q.device.type,
+            q.dtype,
+            has_mask=self.bias_module is not None or attn_mask is not None or ctx.key_padding_mask is not None,
+            needs_probabilities=self.post_softmax is not None or need_weights or self.needs_probabilities,
+            flex_supported=self.bias_module is None or hasattr(self.bias_module, "flex_mods"),
+            dropout=dropout_p > 0,
+            requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        )
+        self.last_kernel = choice
+        if choice.path == backends.FLEX:
+            return self._flex_attention(ctx, attn_mask, q, k, v), None
+        if choice.path == backends.SDPA:
+            mask = backends.prepare_sdpa_mask(self._additive_mask(ctx, attn_mask), q)
+            with backends.sdpa_context(choice):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p), None
+        mask = self._additive_mask(ctx, attn_mask)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        if mask is not None:
+            scores = scores + mask
+        # half precision softmax in float32, as fairseq does; float64 stays float64
+        low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
+        if self.post_softmax is not None:
+            probs = self.post_softmax(probs, ctx)
+        out = self.attend_values(F.dropout(probs, p=dropout_p, training=self.training), v, ctx)
+        return out, probs
 
     def _additive_mask(self, ctx: AttentionContext, attn_mask: Optional[Tensor]) -> Optional[Tensor]:
         """Bias + causal mask + key padding as one float tensor broadcastable to (B,H,T,S)."""

@@ -13,7 +13,7 @@ Each sublayer has its own residual connection, dropout and LayerNorm (post-norm 
 are other sequences of the same names.
 """
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from fairseq import utils
@@ -68,17 +68,17 @@ class MANLayer(nn.Module):
     Args:
         cfg: fairseq ``TransformerConfig`` (with the MAN options as extra attributes).
         decoder: build a decoder layer (causal self-attention sublayers and ``cross``).
+        sublayers: the sublayer names in order (:func:`parse_sublayers` of the option).
+        attention_backend: ``--attention-backend`` of every attention sublayer.
     """
 
-    def __init__(self, cfg, decoder: bool):
+    def __init__(self, cfg, decoder: bool, sublayers: Sequence[str], attention_backend: str = "auto"):
         super().__init__()
         side = cfg.decoder if decoder else cfg.encoder
         self.decoder = decoder
         self.embed_dim = side.embed_dim
         self.normalize_before = side.normalize_before
-        self.sublayers = parse_sublayers(
-            cfg.decoder_sublayers if decoder else cfg.encoder_sublayers, decoder
-        )
+        self.sublayers = list(sublayers)
         self.dropout_module = FairseqDropout(cfg.dropout, module_name=self.__class__.__name__)
         activation_dropout = cfg.activation_dropout or (cfg.relu_dropout or 0.0)
         q_noise, qn_block = cfg.quant_noise.pq, cfg.quant_noise.pq_block_size
@@ -95,13 +95,14 @@ class MANLayer(nn.Module):
                     self.embed_dim, side.attention_heads, kdim=cfg.encoder.embed_dim,
                     vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
                     encoder_decoder_attention=True, head_activation=cfg.attention_head_activation,
-                    q_noise=q_noise, qn_block_size=qn_block,
+                    attention_backend=attention_backend, q_noise=q_noise, qn_block_size=qn_block,
                 )
             else:
                 block = BiasedMultiheadAttention(
                     self.embed_dim, side.attention_heads, dropout=cfg.attention_dropout,
                     self_attention=True, bias_module=self.build_mask(name, cfg, side.attention_heads),
-                    head_activation=cfg.attention_head_activation, q_noise=q_noise, qn_block_size=qn_block,
+                    head_activation=cfg.attention_head_activation, attention_backend=attention_backend,
+                    q_noise=q_noise, qn_block_size=qn_block,
                 )
                 block.causal_attn_mask = decoder  # the decoder passes fairseq's future mask only
             self.blocks.append(block)
@@ -157,10 +158,10 @@ class MANLayer(nn.Module):
 
 
 class MANEncoderLayer(MANLayer):
-    def __init__(self, cfg, return_fc: bool = False):
+    def __init__(self, cfg, sublayers: Sequence[str], attention_backend: str = "auto", return_fc: bool = False):
         if return_fc:
             raise ValueError("return_fc is not supported by MAN encoder layers")
-        super().__init__(cfg, decoder=False)
+        super().__init__(cfg, False, sublayers, attention_backend)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -170,10 +171,10 @@ class MANEncoderLayer(MANLayer):
 
 
 class MANDecoderLayer(MANLayer):
-    def __init__(self, cfg, no_encoder_attn: bool = False):
+    def __init__(self, cfg, sublayers: Sequence[str], attention_backend: str = "auto", no_encoder_attn: bool = False):
         if no_encoder_attn:
             raise ValueError("MAN decoder layers need encoder-decoder attention")
-        super().__init__(cfg, decoder=True)
+        super().__init__(cfg, True, sublayers, attention_backend)
 
     def forward(
         self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,
