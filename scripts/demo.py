@@ -28,8 +28,8 @@ USER_DIR = str(REPO / "man_fairseq")
 BIN = Path(sys.executable).parent
 
 sys.path.insert(0, str(REPO))
-from man_fairseq.cli.plotting import quiet_logging  # noqa: E402
-from man_fairseq.recipes import textfile  # noqa: E402
+from man_fairseq.logging_setup import quiet_logging  # noqa: E402
+from man_fairseq import textfile  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 
 # Same width, heads and depth; MAN halves the FFN to keep the parameter count (SPEC §1).

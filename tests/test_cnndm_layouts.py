@@ -205,7 +205,7 @@ def test_decoder_on_see_et_al_chunk_files(shared_data):
 
 def test_see_target_ends_every_tagged_sentence_for_rouge():
     from man_fairseq.recipes.cnndm import see_target
-    from man_fairseq.recipes.rouge155 import split_sentences
+    from man_fairseq.rouge155 import split_sentences
 
     stats = Counter()
     tagged = ("<s> he said `` yes '' </s> <s> it works . </s> <s>  </s> <s> why ? </s> "

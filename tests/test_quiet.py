@@ -1,5 +1,5 @@
 """No command prints library debug noise: each one runs the shared quiet setup
-(``man_fairseq/cli/plotting.py``) first thing, and a real plot prints no DEBUG line."""
+(``man_fairseq/logging_setup.py``) first thing, and a real plot prints no DEBUG line."""
 
 import ast
 import importlib
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_cli
-from man_fairseq.cli.plotting import NOISY_LOGGERS, pyplot, quiet_logging
+from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 
 # every user-facing command: the console scripts of setup.py, the recipes behind scripts/*.sh and
 # data-prep/*.sh, and the Python scripts

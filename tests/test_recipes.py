@@ -14,7 +14,8 @@ import yaml
 
 from conftest import REPO, TINY_MODEL, child_env, run_bounded
 
-from man_fairseq.recipes import launch, scoring
+from man_fairseq.recipes import launch
+from man_fairseq import scoring
 from man_fairseq.recipes.config import ConfigError, all_configs, load_config, option_args
 from man_fairseq.recipes.results_table import build_tables, collect_runs
 
@@ -278,7 +279,7 @@ def test_evaluate_bleu_and_rouge(toy_run, tmp_path):
 
 def test_evaluate_scores_rouge_with_rouge155(toy_run, tmp_path, rouge155_perl):
     """The summarization metric: ROUGE-1.5.5 as files2rouge runs it, hypotheses in the first slot."""
-    from man_fairseq.recipes import rouge155
+    from man_fairseq import rouge155
 
     run, _ = toy_run
     dst, res = _evaluate_as(run, "rouge", tmp_path)

@@ -15,7 +15,8 @@ import yaml
 
 from conftest import REPO, child_env, run_bounded
 
-from man_fairseq.recipes import evaluate, results_table, rouge155, scoring, study_table
+from man_fairseq.recipes import evaluate, results_table, study_table
+from man_fairseq import rouge155, scoring
 from man_fairseq.recipes import study_records as sr
 from man_fairseq.recipes.config import CONFIG_DIR, load_config
 

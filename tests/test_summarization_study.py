@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from man_fairseq.recipes import rouge155
+from man_fairseq import rouge155
 from man_fairseq.recipes.rouge_significance import lead_words, paired_bootstrap
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run

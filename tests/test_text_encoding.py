@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import REPO, call_entry_point
 
-from man_fairseq.recipes import textfile
+from man_fairseq import textfile
 from man_fairseq.recipes.dataprep import PrepError, read_lines
 
 LATIN1 = ["Ein Hund läuft.", "Zwei Männer stehen.", "Ein Mädchen spielt."]
@@ -126,7 +126,7 @@ def test_raw_references_that_are_not_utf8_stop_scoring_naming_the_file(tmp_path)
 
 
 def test_analysis_input_pairs_that_are_not_utf8_are_named(tmp_path):
-    from man_fairseq.cli.analysis_utils import sentence_pairs_dataset
+    from man_fairseq.analysis.utils import sentence_pairs_dataset
 
     pairs = write_latin1(tmp_path / "pairs.txt", ["a b ||| x y", "Männer ||| men"])
     task = SimpleNamespace(source_dictionary=None, target_dictionary=None)

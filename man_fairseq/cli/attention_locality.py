@@ -335,7 +335,7 @@ def markdown_table(rows, windows, subset):
 
 
 def save_plot(path, rows, windows, subset="valid"):
-    from man_fairseq.cli.plotting import pyplot
+    from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(windows), figsize=(4.2 * len(windows), 3.6), squeeze=False, sharey=True)
@@ -396,7 +396,7 @@ def main(args):
 
 
 def cli_main(argv=None):
-    from man_fairseq.cli.plotting import setup_logging
+    from man_fairseq.logging_setup import setup_logging
 
     setup_logging()
     args = get_parser().parse_args(argv)

@@ -47,10 +47,11 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from man_fairseq.cli.analysis_utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint, model_labels,
+from man_fairseq.analysis.utils import (
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint,
+    model_labels,
 )
-from man_fairseq.cli.plotting import pyplot, setup_logging
+from man_fairseq.logging_setup import pyplot, setup_logging
 
 logger = logging.getLogger("man_fairseq.diffwin_windows")
 

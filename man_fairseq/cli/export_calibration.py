@@ -50,14 +50,15 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from man_fairseq.cli.analysis_utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint, model_labels,
+from man_fairseq.analysis.utils import (
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint,
+    model_labels,
 )
-from man_fairseq.cli.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
-from man_fairseq.cli.calibration_stats import (
+from man_fairseq.analysis.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
+from man_fairseq.analysis.calibration_stats import (
     IMPORTANCE, SERIES_NAMES, BinnedJSD, KendallSums, layer_statistics, normalised_rows, source_importance,
 )
-from man_fairseq.cli.plotting import setup_logging
+from man_fairseq.logging_setup import setup_logging
 
 
 def get_parser():

@@ -33,7 +33,7 @@ from collections import defaultdict
 import torch
 
 import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is loaded)
-from man_fairseq.cli.plotting import pyplot, setup_logging
+from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
 
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
@@ -74,7 +74,7 @@ def windows_of_batch(rec, query_pad):
 def collect(model, task, args, use_cuda):
     from fairseq import utils
 
-    from man_fairseq.cli.analysis_utils import Progress
+    from man_fairseq.analysis.utils import Progress
 
     modules = localness_modules(model)
     if not modules:
@@ -236,7 +236,7 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
 def main(args):
     from fairseq import checkpoint_utils, tasks, utils
 
-    from man_fairseq.cli.analysis_utils import checkpoint_folder, model_labels, parse_model_overrides
+    from man_fairseq.analysis.utils import checkpoint_folder, model_labels, parse_model_overrides
 
     overrides = parse_model_overrides(args.model_overrides)  # before any work: bad input fails fast
     utils.import_user_module(args)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from .scoring import ROUGE_ORDERS
+from ..scoring import ROUGE_ORDERS
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "configs"

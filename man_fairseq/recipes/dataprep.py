@@ -19,7 +19,8 @@ import time
 from multiprocessing import Pool
 from pathlib import Path
 
-from . import moses, textfile
+from . import moses
+from .. import textfile
 
 
 class PrepError(RuntimeError):

@@ -1,9 +1,9 @@
 """Evaluate a finished run (``scripts/evaluate.sh RUN``).
 
-1. average the last N checkpoints (``man_fairseq.cli.average_checkpoints``),
+1. average the last N checkpoints (:mod:`man_fairseq.averaging`),
 2. decode the test set with fairseq-generate and the config's beam / length penalty /
    max length / trigram blocking,
-3. score with the paper's metric (see :mod:`man_fairseq.recipes.scoring`),
+3. score with the paper's metric (see :mod:`man_fairseq.scoring`),
 4. write ``RUN/results.json`` and ``RUN/results.md``.
 
 A failed evaluation never leaves an earlier result looking current (:mod:`.result_files`).
@@ -27,9 +27,10 @@ import yaml
 
 from .config import ConfigError, validate
 from .launch import USER_DIR, precision_args, visible_gpus
-from . import result_files, rouge155, scoring, textfile
+from . import result_files
+from .. import rouge155, scoring, textfile
 from .tools import tool_env
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 
 
 class EvaluateError(RuntimeError):
@@ -299,8 +300,7 @@ def evaluate(run, args):
     for name in (f"{subset}.hyp", f"{subset}.ref", f"{subset}.detok.hyp"):
         (eval_dir / name).unlink(missing_ok=True)
 
-    from man_fairseq.cli.average_checkpoints import AverageError, last_n_checkpoints
-    from man_fairseq.cli.average_checkpoints import main as average_main
+    from man_fairseq.averaging import AverageError, average_files, last_n_checkpoints
 
     ckpt_dir = run / "checkpoints"
     if args.checkpoint:
@@ -317,10 +317,10 @@ def evaluate(run, args):
         checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
         avg_argv = ["--inputs", str(ckpt_dir),
                     "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
-                    "--output", str(checkpoint), "--overwrite"]  # eval/ is ours: a rerun replaces it
+                    "--output", str(checkpoint), "--overwrite"]
         print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
         try:
-            average_main(avg_argv)  # in-process: saves a second fairseq start-up
+            average_files(averaged, str(checkpoint), overwrite=True)  # eval/ is ours: a rerun replaces it
         except AverageError as e:
             raise EvaluateError(f"cannot average: {e}") from e
     num_updates, epochs_completed = training_progress(checkpoint)

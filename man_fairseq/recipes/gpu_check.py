@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 from ..provenance import git_commit
 from . import fairseq_log
 from .config import CONFIG_DIR, REPO, load_config

@@ -22,7 +22,7 @@ import yaml
 
 from .config import REPO, load_config, option_args
 from .tools import tool_env
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 
 USER_DIR = str(REPO / "man_fairseq")
 

@@ -46,7 +46,7 @@ from .config import REPO, load_config
 from .launch import split_fairseq_args, train_args
 from .tools import tool_env
 from .workdir import MARKER, created
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
@@ -168,7 +168,7 @@ def verdict(records, completed, min_drop):
 
 def plot(runs, png, title):
     """One loss curve (and gnorm) per probe run in ``runs`` = [(label, records)]."""
-    from man_fairseq.cli.plotting import pyplot
+    from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     fig, (ax_loss, ax_gnorm) = plt.subplots(1, 2, figsize=(10, 3.6))

@@ -30,19 +30,19 @@ import sys
 import time
 from pathlib import Path
 
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
-from . import rouge155
+from .. import rouge155
 from .dataprep import PrepError
 from .evaluate import EvaluateError
 from .fairseq_log import LogError, model_params, seconds_per_update
 from .manifest import read_manifest
-from .scoring import ScoreInputError
+from ..scoring import ScoreInputError
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import plot_study
 from .study_records import RecordError, option_flags, record_fingerprint
-from .textfile import NotUtf8Error, read_lines
+from ..textfile import NotUtf8Error, read_lines
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
 BASELINE = "transformer"

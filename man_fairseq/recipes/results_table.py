@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .config import CONFIG_DIR, REPO, all_configs
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 
 PAPER_TITLES = {
     "man": "Mask Attention Networks",

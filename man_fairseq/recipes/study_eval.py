@@ -16,7 +16,7 @@ from pathlib import Path
 from ..provenance import git_commit
 from .config import REPO
 from .fairseq_log import epoch_seconds, model_params, valid_curve
-from .textfile import read_lines
+from ..textfile import read_lines
 
 
 class StudyEvalError(RuntimeError):
@@ -33,7 +33,7 @@ def read_references(data, manifest, subset):
 
 
 def score_bleu(hyps, refs, raw_refs, tgt, names):
-    from . import scoring
+    from .. import scoring
 
     detok = scoring.moses_detokenize(hyps, tgt)
     tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True, names=(names[0], "tokenized references"))
@@ -44,7 +44,7 @@ def score_bleu(hyps, refs, raw_refs, tgt, names):
 
 
 def score_rouge(hyps, raw_refs, order, exception_db, names):
-    from . import scoring
+    from .. import scoring
 
     r = scoring.rouge(hyps, raw_refs, order=order, exception_db=exception_db, names=names)
     scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
@@ -55,8 +55,7 @@ def score_rouge(hyps, raw_refs, order, exception_db, names):
 def average_checkpoints(cfg, run, avg_last):
     """Average the run's last ``avg_last`` (or the config's) epoch/update checkpoints into
     ``run/eval``; returns (checkpoint, the files averaged)."""
-    from man_fairseq.cli.average_checkpoints import AverageError, last_n_checkpoints
-    from man_fairseq.cli.average_checkpoints import main as average_main
+    from man_fairseq.averaging import AverageError, average_files, last_n_checkpoints
 
     ev = cfg["eval"]
     n_avg = avg_last or ev.get("avg_last", 5)
@@ -68,8 +67,7 @@ def average_checkpoints(cfg, run, avg_last):
     try:
         averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
         # eval/ is this run folder's own: each rescoring replaces its average
-        average_main(["--inputs", str(ckpt_dir), "--num-update-checkpoints" if by_update else
-                      "--num-epoch-checkpoints", str(n_avg), "--output", str(checkpoint), "--overwrite"])
+        average_files(averaged, str(checkpoint), overwrite=True)
     except AverageError as e:
         raise StudyEvalError(f"{run.name}: cannot average: {e}") from e
     return checkpoint, averaged

@@ -15,7 +15,7 @@ def _short(label):
 
 def plot_study(records, families, labels, panels, path, title):
     """``panels``: [(title, score of a record or None)], one dot panel each, then the loss panel."""
-    from man_fairseq.cli.plotting import pyplot
+    from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     fams = [f for f in families if any(r["family"] == f for r in records)]

@@ -10,7 +10,7 @@ the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 
 import math
 
-from .scoring import check_aligned
+from ..scoring import check_aligned
 from .study_records import hypothesis_path, read_hypotheses
 
 BASELINE = "transformer"

@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .launch import split_fairseq_args
-from ..cli.plotting import quiet_logging
+from ..logging_setup import quiet_logging
 
 # fairseq's own layers: parameter prefix inside a layer -> sublayer name
 FAIRSEQ_SUBLAYERS = {
@@ -114,7 +114,7 @@ def write(out_dir, train_argv, rows):
 
 
 def plot(rows, png, title=""):
-    from man_fairseq.cli.plotting import pyplot
+    from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     groups = sorted({g for r in rows for g in r["norms"]})

@@ -14,7 +14,7 @@ from .config import CONFIG_DIR, REPO, load_config
 from .rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
 from .study_figure import plot_study
 from .study_records import read_hypotheses
-from .textfile import read_lines
+from ..textfile import read_lines
 from .study_table import BASELINE, _params, _pm, mean_std
 
 KEYS = ("rouge1", "rouge2", "rougeL")
@@ -84,7 +84,7 @@ def references_table(dataset, data, manifest, exception_db, order):
             src = Path(data) / manifest["sources"][subset]
             ref = Path(data) / manifest["references"][subset]
             lead = [lead_words(line, n) for line in read_lines(src)]
-            from . import scoring
+            from .. import scoring
 
             r = scoring.rouge(lead, read_lines(ref), order=order, exception_db=exception_db)
             rows.append({"what": f"Lead-{n} (first {n} words of the article), {release}", "metric":

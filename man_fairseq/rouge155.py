@@ -34,7 +34,7 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
-from .scoring import check_aligned
+from .textfile import check_aligned
 
 FILES2ROUGE_DEFAULT_N = 2
 PERL_HELP = ("ROUGE-1.5.5 needs Perl with the XML::Parser and DB_File modules: on Debian/Ubuntu "

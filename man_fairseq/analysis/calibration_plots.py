@@ -1,13 +1,13 @@
 """The calibration analysis' figures: mask heat maps, JSD and entropies per layer, JSD by the
 original attention's entropy and maximum weight, Kendall-τ bars (matplotlib through
-:func:`man_fairseq.cli.plotting.pyplot`, imported when a figure is drawn)."""
+:func:`man_fairseq.logging_setup.pyplot`, imported when a figure is drawn)."""
 
 from typing import Dict, List
 
 import torch
 
-from man_fairseq.cli.calibration_stats import SERIES_NAMES
-from man_fairseq.cli.plotting import pyplot
+from man_fairseq.analysis.calibration_stats import SERIES_NAMES
+from man_fairseq.logging_setup import pyplot
 
 
 def save_heatmap(path, mask: torch.Tensor, src: List[str], tgt: List[str], title: str = ""):

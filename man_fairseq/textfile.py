@@ -5,6 +5,10 @@ Nothing is replaced: a Latin-1 file read with ``errors="replace"`` turned every 
 into U+FFFD, in the data-bin and in the references BLEU is computed on, and the command still
 exited 0. Lines are split at "\\n" only (a "\\r" before it is dropped), the way data-prep writes
 them, so that a line number here is the line number in the file.
+
+:func:`check_aligned` is the one check that parallel texts (hypotheses, references) have one line
+per sentence each, which every scorer (:mod:`man_fairseq.scoring`, :mod:`man_fairseq.rouge155`)
+runs first.
 """
 
 import gzip
@@ -55,3 +59,31 @@ def read_text(path) -> str:
         line_start = data.rfind(b"\n", 0, e.start) + 1
         raise NotUtf8Error(path, data.count(b"\n", 0, e.start) + 1, e.start - line_start + 1,
                            data[e.start:e.end]) from None
+
+
+class ScoreInputError(ValueError):
+    """Inputs no score can honestly be computed on; the message names each source and its count."""
+
+
+def check_aligned(sources, references=None):
+    """Refuse what a corpus score would silently misread, and return the lines as lists.
+
+    ``sources``: (name, lines) pairs, one line per sentence, each name saying what and which file
+    (``"references data-bin/test.raw.en"``). They must have the same, non-zero number of lines,
+    and the source named ``references`` must not be all blank (a hypothesis may be: a model can
+    decode nothing). Raises :class:`ScoreInputError` naming every source with its count."""
+    sources = [(name, list(lines)) for name, lines in sources]
+
+    def counted():
+        said = [f"{name} has {len(lines):,} line{'' if len(lines) == 1 else 's'}" for name, lines in sources]
+        return " but ".join(said) if len(said) == 2 else ", ".join(said)
+
+    counts = {len(lines) for _, lines in sources}
+    if len(counts) > 1:
+        raise ScoreInputError(f"unequal line counts: {counted()} (one line per sentence is needed, in the same order)")
+    if counts == {0}:
+        raise ScoreInputError(f"nothing to score: {counted()}")
+    for name, lines in sources:
+        if name == references and not any(line.strip() for line in lines):
+            raise ScoreInputError(f"nothing to score against: every line of {name} is blank ({counted()})")
+    return [lines for _, lines in sources]

@@ -10,7 +10,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ..recipes import textfile
+from .. import textfile
 
 logger = logging.getLogger("man_fairseq.analysis")
 

@@ -12,42 +12,16 @@ sacreBLEU, and ROUGE-1/2/L F1.
   (:mod:`.rouge155`); Google's ``rouge-score`` only when asked for, and the result names which
   one produced the numbers.
 
-Every scorer first calls :func:`check_aligned`: sacreBLEU zips unequal streams without a word
-(4 hypotheses against 2 references score 100.0) and scores blank references 0, so a truncated,
+Every scorer first calls :func:`check_aligned` (:mod:`man_fairseq.textfile`): sacreBLEU zips unequal
+streams without a word (4 hypotheses against 2 references score 100.0) and scores blank references 0, so a truncated,
 shifted or empty file would otherwise give a wrong number with exit status 0.
 """
 
 import re
 
+from .textfile import ScoreInputError, check_aligned  # noqa: F401  (scoring.ScoreInputError: the scorers' error)
+
 COMPOUND_RE = re.compile(r"(\S)-(\S)")
-
-
-class ScoreInputError(ValueError):
-    """Inputs no score can honestly be computed on; the message names each source and its count."""
-
-
-def check_aligned(sources, references=None):
-    """Refuse what a corpus score would silently misread, and return the lines as lists.
-
-    ``sources``: (name, lines) pairs, one line per sentence, each name saying what and which file
-    (``"references data-bin/test.raw.en"``). They must have the same, non-zero number of lines,
-    and the source named ``references`` must not be all blank (a hypothesis may be: a model can
-    decode nothing). Raises :class:`ScoreInputError` naming every source with its count."""
-    sources = [(name, list(lines)) for name, lines in sources]
-
-    def counted():
-        said = [f"{name} has {len(lines):,} line{'' if len(lines) == 1 else 's'}" for name, lines in sources]
-        return " but ".join(said) if len(said) == 2 else ", ".join(said)
-
-    counts = {len(lines) for _, lines in sources}
-    if len(counts) > 1:
-        raise ScoreInputError(f"unequal line counts: {counted()} (one line per sentence is needed, in the same order)")
-    if counts == {0}:
-        raise ScoreInputError(f"nothing to score: {counted()}")
-    for name, lines in sources:
-        if name == references and not any(line.strip() for line in lines):
-            raise ScoreInputError(f"nothing to score against: every line of {name} is blank ({counted()})")
-    return [lines for _, lines in sources]
 
 
 def compound_split(line):

@@ -8,7 +8,7 @@ from typing import Dict, List
 import torch
 from torch import Tensor
 
-from man_fairseq.cli.analysis_utils import kendall_tau_b
+from man_fairseq.analysis.utils import kendall_tau_b
 
 ENTROPY_BIN = 0.4  # bits
 MAX_WEIGHT_BIN = 0.1
