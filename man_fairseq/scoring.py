@@ -55,6 +55,15 @@ def tokenized_bleu(hyps, refs, lowercase=False, compound=False, names=None):
     }
 
 
+def sacrebleu_tokenized(hyps, refs, names=None):
+    """sacreBLEU's default BLEU (exponential smoothing, case-sensitive) on already tokenized text
+    (``tokenize='none'``), unrounded: ``scripts/demo.py``'s score."""
+    import sacrebleu
+
+    hyps, refs = _aligned(hyps, refs, names)
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score
+
+
 def sacrebleu_detok(detok_hyps, raw_refs, names=None):
     """Standard detokenized sacreBLEU (13a, case-sensitive) with its signature."""
     import sacrebleu

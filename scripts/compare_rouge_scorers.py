@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 
 def baselines(shared, max_docs=None):
-    from man_fairseq.recipes.dataprep import tokenize_lines
+    from man_fairseq.recipes.data.dataprep import tokenize_lines
 
     arts = (shared / "cnndm-sample/val.source").read_text().splitlines()[:max_docs]
     high = (shared / "cnndm-sample/val.target").read_text().splitlines()[:max_docs]

@@ -11,7 +11,8 @@ from conftest import REPO, call_entry_point
 
 from man_fairseq import averaging
 from man_fairseq.cli import average_checkpoints as avg
-from man_fairseq.recipes import evaluate, study_eval
+from man_fairseq.recipes.evaluation import decode, evaluate
+from man_fairseq.recipes.studies import study_eval
 from man_fairseq.recipes.config import load_config
 
 
@@ -126,7 +127,7 @@ def _stop_at_generate(monkeypatch):
     def generate(*_, **__):
         raise _Decoding()
 
-    monkeypatch.setattr(evaluate, "_run", generate)
+    monkeypatch.setattr(decode, "run_generate", generate)
 
 
 def test_reproduce_rescoring_replaces_its_own_average(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ Floors, lowest first (a module sits on the floor of the longest prefix that name
 * library: checkpoint averaging, scoring (BLEU, ROUGE-1.5.5), the analyses, the benchmark;
 * recipes: what every recipe stage shares (configs, the subprocess runner, work folders);
 * recipes.data, recipes.training, recipes.evaluation, recipes.studies: the pipeline, in its order;
+* recipes.checks: the end-to-end checks of the whole pipeline (smoke run, GPU check);
 * cli: the commands, which parse their arguments and call what is below.
 """
 
@@ -34,6 +35,7 @@ FLOORS = [
     ("recipes.training", ["man_fairseq.recipes.training"]),
     ("recipes.evaluation", ["man_fairseq.recipes.evaluation"]),
     ("recipes.studies", ["man_fairseq.recipes.studies"]),
+    ("recipes.checks", ["man_fairseq.recipes.checks"]),
     ("cli", ["man_fairseq.cli"]),
 ]
 MAX_LINES = 400

@@ -44,7 +44,6 @@ Usage::
 import argparse
 import json
 import os
-import re
 from typing import Dict, List, Optional
 
 import torch
@@ -59,6 +58,7 @@ from man_fairseq.analysis.calibration_stats import (
     IMPORTANCE, SERIES_NAMES, BinnedJSD, KendallSums, layer_statistics, normalised_rows, source_importance,
 )
 from man_fairseq.logging_setup import setup_logging
+from man_fairseq.tables import slug
 
 
 def get_parser():
@@ -285,10 +285,6 @@ def markdown(results: List[Dict], args) -> str:
                 lines.append(f"| {layer + 1} | " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines)
-
-
-def slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model"
 
 
 def main(args):

@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from .config import REPO, load_config
-from .tools import tool_env
-from .workdir import created, prepare_out_dir
-from ..logging_setup import quiet_logging
+from ..config import REPO, load_config
+from ..tools import tool_env
+from ..workdir import created, prepare_out_dir
+from ...logging_setup import quiet_logging
 
 SHARED_MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 DEFAULT_CONFIG = "configs/man/t1-iwslt14-man-small.yaml"

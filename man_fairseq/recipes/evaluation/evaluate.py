@@ -17,87 +17,18 @@ import hashlib
 import json
 import logging
 import os
-import subprocess
 import sys
-import time
 from importlib.util import find_spec
 from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, validate
-from .launch import USER_DIR, precision_args, visible_gpus
+from ..config import ConfigError, validate
+from ..training.launch import visible_gpus
 from . import result_files
-from .. import rouge155, scoring, textfile
-from .tools import tool_env
-from ..logging_setup import quiet_logging
-
-
-class EvaluateError(RuntimeError):
-    """What stops an evaluation; ``main`` prints it as one ``ERROR:`` line (exit status 2)."""
-
-
-def read_generate_output(text):
-    """{id: (hypothesis, target)} from fairseq-generate's H-/T- lines (hypothesis = top beam)."""
-    hyps, refs = {}, {}
-    for line in text.splitlines():
-        if line.startswith("H-"):
-            idx, _score, *rest = line[2:].split("\t")
-            hyps.setdefault(int(idx), rest[0] if rest else "")
-        elif line.startswith("T-"):
-            idx, *rest = line[2:].split("\t")
-            refs[int(idx)] = rest[0] if rest else ""
-    if set(hyps) != set(refs):
-        raise EvaluateError(f"generate output has {len(hyps)} hypotheses and {len(refs)} targets")
-    ids = sorted(hyps)
-    return ids, [hyps[i] for i in ids], [refs[i] for i in ids]
-
-
-def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
-    ev = cfg["eval"]
-    argv = [str(data), "--user-dir", USER_DIR, "--task", cfg.get("task", "translation"),
-            "--path", str(checkpoint), "--gen-subset", subset,
-            "--beam", str(ev.get("beam", 5)), "--lenpen", str(ev.get("lenpen", 1.0)),
-            "--max-len-a", str(ev.get("max_len_a", 0)), "--max-len-b", str(ev.get("max_len_b", 200)),
-            "--batch-size", str(batch_size), "--num-workers", "0"]
-    if cfg.get("source_lang"):
-        argv += ["--source-lang", cfg["source_lang"], "--target-lang", cfg["target_lang"]]
-    if ev.get("min_len"):
-        argv += ["--min-len", str(ev["min_len"])]
-    if ev.get("no_repeat_ngram_size"):
-        argv += ["--no-repeat-ngram-size", str(ev["no_repeat_ngram_size"])]
-    if ev.get("remove_bpe", "@@ "):
-        argv += ["--remove-bpe", ev.get("remove_bpe", "@@ ")]
-    return argv + precision_args(device, precision)
-
-
-def _run(cmd, log_path, total=None, every_s=10.0):
-    """Run fairseq-generate, keep its output in ``log_path``, and print how many sentences are
-    decoded every ``every_s`` seconds (a large test set takes minutes)."""
-    env = tool_env(PYTHONUNBUFFERED="1")
-    print("+ " + " ".join(cmd), flush=True)
-    start = last = time.time()
-    done, lines = 0, []
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
-        for line in proc.stdout:
-            log.write(line)
-            lines.append(line)
-            if line.startswith("H-"):
-                done += 1
-            elif " | INFO | " in line or " | WARNING | " in line or "Error" in line:
-                print("  " + line.rstrip()[-200:], flush=True)
-            if time.time() - last >= every_s:
-                last = time.time()
-                print(f"  decoded {done:,}" + (f"/{total:,}" if total else "")
-                      + f" sentences ({last - start:.0f}s)", flush=True)
-        rc = proc.wait()
-    if rc != 0:
-        last = next((line.strip() for line in reversed(lines) if line.strip()), "no output")
-        raise EvaluateError(f"{Path(cmd[0]).name} failed (exit code {rc}): {last[-300:]} (its output: {log_path})")
-    print(f"  decoded {done:,} sentences in {time.time() - start:.0f}s", flush=True)
-    return "".join(lines)
+from .decode import EvaluateError, decode
+from ... import rouge155, scoring, textfile
+from ...logging_setup import quiet_logging
 
 
 def subset_size(data, subset, src, tgt):
@@ -325,10 +256,9 @@ def evaluate(run, args):
             raise EvaluateError(f"cannot average: {e}") from e
     num_updates, epochs_completed = training_progress(checkpoint)
 
-    gen_cmd = ["fairseq-generate"] + generate_args(cfg, data, checkpoint, subset, device,
-                                                   args.precision, args.batch_size)
     generate_log = eval_dir / f"generate-{subset}.txt"
-    ids, hyps, refs = read_generate_output(_run(gen_cmd, generate_log, total))
+    gen_cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
+                                      generate_log, total)
     if ids != list(range(len(ids))) or (total is not None and len(ids) != total):
         # line i of the raw references is sentence i: every sentence must be decoded, once
         raise EvaluateError(f"fairseq-generate decoded {len(ids):,} sentences of `{subset}`"

@@ -1,4 +1,4 @@
-"""``torchrun -m man_fairseq.recipes.torchrun_cpu <fairseq-train args>``: multi-process CPU training.
+"""``torchrun -m man_fairseq.recipes.training.torchrun_cpu <fairseq-train args>``: multi-process CPU training.
 
 fairseq 0.12 recognises torchrun's environment but then sets
 ``device_id = rank % torch.cuda.device_count()``, a division by zero without a GPU. This entry

@@ -15,7 +15,7 @@ BOOTSTRAP_SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
 
 def per_document_f(hyps, refs, order, exception_db):
     """{"rouge1": [F1 of each document], ...} (0-1) of ROUGE-1.5.5 as files2rouge runs it."""
-    from .. import scoring
+    from ... import scoring
 
     return scoring.rouge(hyps, refs, order=order, exception_db=exception_db, per_document=True)["documents"]
 

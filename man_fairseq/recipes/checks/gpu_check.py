@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..logging_setup import quiet_logging
-from ..provenance import git_commit
-from . import fairseq_log
-from .config import CONFIG_DIR, REPO, load_config
-from .launch import train_args
+from ...logging_setup import quiet_logging
+from ...provenance import git_commit
+from ..training import fairseq_log
+from ..config import CONFIG_DIR, REPO, load_config
+from ..training.launch import train_args
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"

@@ -1,6 +1,6 @@
 """Data preparation for IWSLT14 De-En, WMT14 En-De, CNN/DailyMail and Gigaword.
 
-``python -m man_fairseq.recipes.prepare DATASET [--from PATH] [--work DIR] [--dest DIR]``;
+``python -m man_fairseq.recipes.data.prepare DATASET [--from PATH] [--work DIR] [--dest DIR]``;
 ``data-prep/prepare-*.sh`` are thin wrappers. Each dataset follows the standard recipe its
 papers used (see "Reproducing the papers" in README.md); all steps go through :class:`dataprep.Steps` (idempotent,
 resumable).
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from . import cnndm
-from .config import REPO
+from ..config import REPO
 from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (

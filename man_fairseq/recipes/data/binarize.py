@@ -9,10 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .dataprep import (
-    MARKER, PrepError, apply_bpe_lines, claim_folder, is_ours, learn_bpe, log, read_lines, write_lines,
-)
-from .tools import tool_env
+from .dataprep import MARKER, PrepError, apply_bpe_lines, claim_folder, is_ours, learn_bpe, log, read_lines, write_lines
+from ..tools import tool_env
 
 
 def _die_with_parent():

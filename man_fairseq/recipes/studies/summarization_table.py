@@ -5,17 +5,16 @@ lead baseline and the published numbers for reference. Writes ``<experiment>.md`
 ``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
 """
 
-import datetime
-import json
-import os
 from pathlib import Path
 
-from .config import CONFIG_DIR, REPO, load_config
-from .rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
+from ...tables import mean_std
+from ...textfile import read_lines
+from ..config import CONFIG_DIR, load_config
+from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
+from .experiments import BASELINE
 from .study_figure import plot_study
 from .study_records import read_hypotheses
-from ..textfile import read_lines
-from .study_table import BASELINE, _params, _pm, mean_std
+from .study_table import _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -52,12 +51,9 @@ def summarize(records, families, labels, boot):
     summary = {}
     base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     for fam in families:
-        fr = sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"])
+        fr, entry = family_entry(fam, records, labels)
         if not fr:
             continue
-        entry = {"label": labels.get(fam, fam), "arch": fr[0]["arch"], "seeds": [r["seed"] for r in fr],
-                 "params": fr[0]["params"], "train_minutes": [round(r["train_seconds"] / 60, 1) for r in fr],
-                 "updates": [r["updates"] for r in fr], "test_sets": {}}
         for subset in fr[0]["test_sets"]:
             s = {"name": fr[0]["test_sets"][subset]["name"]}
             for k in KEYS:
@@ -84,7 +80,7 @@ def references_table(dataset, data, manifest, exception_db, order):
             src = Path(data) / manifest["sources"][subset]
             ref = Path(data) / manifest["references"][subset]
             lead = [lead_words(line, n) for line in read_lines(src)]
-            from .. import scoring
+            from ... import scoring
 
             r = scoring.rouge(lead, read_lines(ref), order=order, exception_db=exception_db)
             rows.append({"what": f"Lead-{n} (first {n} words of the article), {release}", "metric":
@@ -100,12 +96,7 @@ def references_table(dataset, data, manifest, exception_db, order):
 
 
 def to_markdown(summary, meta, stale, reference_rows):
-    lines = [f"# {meta['title']}", "",
-             f"- built: {meta['date']} from the run records in `{meta['records']}` (each names its commit, "
-             "device, threads and command)",
-             f"- devices: {'; '.join(meta['devices'])}",
-             f"- commits: {', '.join(meta['commits'])}; configs: `{meta['configs']}`; data: {meta['subset']}",
-             f"- one run: `{meta['command']}`", ""]
+    lines = header_lines(meta, f"data: {meta['subset']}")
     for subset, release in meta["test_sets"].items():
         lines += [f"## {release}", "",
                   "| family | params | train min (mean) | R-1 | R-2 | R-L | Δ R-1 / R-2 / R-L vs Transformer | "
@@ -135,13 +126,8 @@ def to_markdown(summary, meta, stale, reference_rows):
               f"{meta['bootstrap']}; p is the probability of the observed difference under no difference. Train "
               "minutes: wall time of the training epochs from the log, with validation and checkpointing.", "",
               f"Each run's scores and validation loss: `{meta['png']}`.", ""]
-    if stale:
-        lines += ["## Stale records (not in the table)", "",
-                  "Their config fingerprint differs from what today's configs give. Rerun them to bring them back.", "",
-                  "| run | fingerprint | commit | date |", "|---|---|---|---|"]
-        lines += [f"| {r['family']}-seed{r['seed']} | `{r.get('fingerprint')}` | `{r.get('commit')}` | {r.get('date')} |"
-                  for r in stale]
-        lines.append("")
+    lines += stale_lines(stale, "Their config fingerprint differs from what today's configs give. Rerun them to "
+                                "bring them back.")
     return "\n".join(lines)
 
 
@@ -158,23 +144,12 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     panels = [(f"{NAMES[k]}, {manifest['test_sets'][subset]}",
                lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None) for k in KEYS]
     plot_study(current, families, labels, panels, png, exp["title"].split(":")[0])
-    meta = {"title": exp["title"], "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
-            "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in current}),
-            "commits": sorted({r["commit"] for r in current}),
-            "configs": os.path.relpath(exp["configs"], REPO), "fairseq_args": args.fairseq_args,
-            "subset": manifest.get("subset"),
+    meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
                        + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
             "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
             "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
                           "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),
-            "png": png.name}
-    (results_dir / f"{experiment}.md").write_text(to_markdown(summary, meta, stale, reference_rows))
-    runs = [dict(r, paired_bootstrap={k[2]: v for k, v in boot.items() if k[:2] == (r["family"], r["seed"])})
-            for r in current]
-    (results_dir / f"{experiment}.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary, "references": reference_rows, "runs": runs,
-         "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
-    log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")
-    return results_dir / f"{experiment}.md"
+            "png": png.name})
+    return write_table(results_dir, experiment, to_markdown(summary, meta, stale, reference_rows),
+                       {"meta": meta, "summary": summary, "references": reference_rows}, boot, current, stale, png, log)

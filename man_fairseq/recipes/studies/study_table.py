@@ -8,21 +8,15 @@ the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 ``<prefix>-valid-loss.png``.
 """
 
-import math
+import datetime
+import json
+import os
 
-from ..scoring import check_aligned
+from ...scoring import check_aligned
+from ..config import REPO
 from .study_records import hypothesis_path, read_hypotheses
-
-BASELINE = "transformer"
-
-
-def mean_std(values):
-    """(mean, sample standard deviation or None for one value)."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return mean, std
-
+from .experiments import BASELINE
+from ...tables import mean_std
 
 def _pm(values):
     mean, std = mean_std(values)
@@ -87,12 +81,9 @@ def summarize(records, families, labels, boot):
     summary = {}
     base = [r for r in records if r["family"] == BASELINE]
     for fam in families:
-        fr = sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"])
+        fr, entry = family_entry(fam, records, labels)
         if not fr:
             continue
-        entry = {"label": labels.get(fam, fam), "arch": fr[0]["arch"], "seeds": [r["seed"] for r in fr],
-                 "params": fr[0]["params"], "train_minutes": [round(r["train_seconds"] / 60, 1) for r in fr],
-                 "updates": [r["updates"] for r in fr], "test_sets": {}}
         for subset in fr[0]["test_sets"]:
             sac = [r["test_sets"][subset]["sacrebleu"] for r in fr]
             tok = [r["test_sets"][subset]["bleu_tok_ci"] for r in fr]
@@ -110,13 +101,7 @@ def summarize(records, families, labels, boot):
 
 
 def to_markdown(summary, meta, stale):
-    lines = [f"# {meta['title']}", "",
-             f"- built: {meta['date']} from the run records in `{meta['records']}` (each names its commit, "
-             "device, threads and command)",
-             f"- devices: {'; '.join(meta['devices'])}",
-             f"- commits: {', '.join(meta['commits'])}; configs: `{meta['configs']}`; extra fairseq options: "
-             f"`{' '.join(meta['fairseq_args']) or 'none'}`",
-             f"- one run: `{meta['command']}`", ""]
+    lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
     for subset, release in meta["test_sets"].items():
         lines += [f"## {release}", "",
                   "| family | params | train min (mean) | sacreBLEU | Δ vs Transformer | tok. BLEU (ci) | "
@@ -150,12 +135,60 @@ def to_markdown(summary, meta, stale):
               "Train minutes: wall time of the training epochs from the log, with validation and checkpointing "
               "(start-up left out; an epoch cut short by a kill and redone counts once).", "",
               f"Validation loss of every run: `{meta['png']}`.", ""]
-    if stale:
-        lines += ["## Stale records (not in the table)", "",
-                  "Their config fingerprint differs from what today's configs give: the config changed after they "
-                  "ran. Rerun them to bring them back.", "",
-                  "| run | fingerprint | commit | date |", "|---|---|---|---|"]
-        lines += [f"| {r['family']}-seed{r['seed']} | `{r.get('fingerprint')}` | `{r.get('commit')}` | {r.get('date')} |"
-                  for r in stale]
-        lines.append("")
+    lines += stale_lines(stale, "Their config fingerprint differs from what today's configs give: the config changed "
+                                "after they ran. Rerun them to bring them back.")
     return "\n".join(lines)
+
+
+def family_entry(family, records, labels):
+    """(the family's records by seed, the start of its summary entry): what every study table says of
+    a family besides its scores; ([], None) for a family without records."""
+    fr = sorted((r for r in records if r["family"] == family), key=lambda r: r["seed"])
+    if not fr:
+        return fr, None
+    return fr, {"label": labels.get(family, family), "arch": fr[0]["arch"], "seeds": [r["seed"] for r in fr],
+                "params": fr[0]["params"], "train_minutes": [round(r["train_seconds"] / 60, 1) for r in fr],
+                "updates": [r["updates"] for r in fr], "test_sets": {}}
+
+
+def table_meta(exp, records, records_dir, args):
+    """The head of a study table's ``meta``: title, build date, where the records are, their devices
+    and commits, the configs and the extra fairseq options."""
+    return {"title": exp["title"], "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
+            "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in records}),
+            "commits": sorted({r["commit"] for r in records}),
+            "configs": os.path.relpath(exp["configs"], REPO), "fairseq_args": args.fairseq_args}
+
+
+def header_lines(meta, sources):
+    """The Markdown head of a study table; ``sources``: what the commits line says after the configs."""
+    return [f"# {meta['title']}", "",
+            f"- built: {meta['date']} from the run records in `{meta['records']}` (each names its commit, "
+            "device, threads and command)",
+            f"- devices: {'; '.join(meta['devices'])}",
+            f"- commits: {', '.join(meta['commits'])}; configs: `{meta['configs']}`; {sources}",
+            f"- one run: `{meta['command']}`", ""]
+
+
+def stale_lines(stale, why):
+    """The section listing the stale records (never in the table); ``why`` explains them."""
+    if not stale:
+        return []
+    lines = ["## Stale records (not in the table)", "", why, "",
+             "| run | fingerprint | commit | date |", "|---|---|---|---|"]
+    lines += [f"| {r['family']}-seed{r['seed']} | `{r.get('fingerprint')}` | `{r.get('commit')}` | {r.get('date')} |"
+              for r in stale]
+    return lines + [""]
+
+
+def write_table(results_dir, experiment, markdown, payload, boot, current, stale, png, log):
+    """Write ``<experiment>.md`` and ``.json`` (``payload``, then every run with its paired bootstrap
+    and the stale runs' names); returns the Markdown file."""
+    runs = [dict(r, paired_bootstrap={k[2]: v for k, v in boot.items() if k[:2] == (r["family"], r["seed"])})
+            for r in current]
+    (results_dir / f"{experiment}.md").write_text(markdown)
+    (results_dir / f"{experiment}.json").write_text(json.dumps(
+        dict(payload, runs=runs, stale=[f"{r['family']}-seed{r['seed']}" for r in stale]), indent=1) + "\n")
+    log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")
+    return results_dir / f"{experiment}.md"

@@ -6,7 +6,7 @@ directory that records what the step was built from (options, input sizes and mt
 before it); a second run skips a step whose stamp still matches and redoes the rest, and an
 interrupted step (no stamp) is redone from its inputs. Only folders data-prep made (marked with
 ``.man-fairseq-prep``) or empty ones are written into or replaced. Getting the source files
-is :mod:`man_fairseq.recipes.downloads`, fairseq-preprocess :mod:`man_fairseq.recipes.binarize`.
+is :mod:`man_fairseq.recipes.data.downloads`, fairseq-preprocess :mod:`man_fairseq.recipes.data.binarize`.
 """
 
 import gzip
@@ -20,7 +20,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from . import moses
-from .. import textfile
+from ... import textfile
 
 
 class PrepError(RuntimeError):
@@ -208,7 +208,7 @@ def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, 
                    workers=1, desc=""):
     """tokenizer.perl -l LANG [-a] [-no-escape] (then lowercase.perl), in ``workers`` processes.
 
-    The rules are in :mod:`man_fairseq.recipes.moses` (byte-identical to the Perl scripts)."""
+    The rules are in :mod:`man_fairseq.recipes.data.moses` (byte-identical to the Perl scripts)."""
     args = (lang, aggressive, escape, normalize, lowercase)
     total = len(lines)
     out = []

@@ -6,7 +6,7 @@ several bits above the last ones)."""
 import os
 from pathlib import Path
 
-BASELINE = "transformer"
+from .experiments import BASELINE
 
 
 def _short(label):

@@ -42,11 +42,11 @@ import threading
 import time
 from pathlib import Path
 
-from .config import REPO, load_config
+from ..config import REPO, load_config
 from .launch import split_fairseq_args, train_args
-from .tools import tool_env
-from .workdir import MARKER, created
-from ..logging_setup import quiet_logging
+from ..tools import tool_env
+from ..workdir import MARKER, created
+from ...logging_setup import quiet_logging
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve

@@ -6,8 +6,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from .config import CONFIG_DIR, REPO, all_configs
-from ..logging_setup import quiet_logging
+from ..config import CONFIG_DIR, REPO, all_configs
+from ...logging_setup import quiet_logging
 
 PAPER_TITLES = {
     "man": "Mask Attention Networks",

@@ -20,11 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-from .config import REPO
+from ..config import REPO
 from .binarize import binarize, learn_and_apply_bpe
-from .dataprep import (
-    PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, write_lines,
-)
+from .dataprep import PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, write_lines
 from .downloads import fetch
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -171,7 +169,7 @@ def prepare_multi30k(args):
         "counts": counts, "standard_counts": EXPECTED,
         "nonstandard": any(counts.get(k) != v for k, v in EXPECTED.items()),
         "bpe_merges": args.bpe_merges,
-        "tokenizer": "man_fairseq.recipes.dataprep.tokenize_lines (Moses tokenizer.perl -l LANG, cased)",
+        "tokenizer": "man_fairseq.recipes.data.dataprep.tokenize_lines (Moses tokenizer.perl -l LANG, cased)",
         "sources": {split: {lang: str(p) for lang, p in by_lang.items()} for split, by_lang in files.items()},
     }
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")

@@ -30,46 +30,21 @@ import sys
 import time
 from pathlib import Path
 
-from ..logging_setup import quiet_logging
-from ..provenance import cpu_model, git_commit
-from .config import CONFIG_DIR, REPO, load_config
-from .. import rouge155
-from .dataprep import PrepError
-from .evaluate import EvaluateError
-from .fairseq_log import LogError, model_params, seconds_per_update
-from .manifest import read_manifest
-from ..scoring import ScoreInputError
+from ... import rouge155
+from ...logging_setup import quiet_logging
+from ...provenance import cpu_model, git_commit
+from ...scoring import ScoreInputError
+from ...textfile import NotUtf8Error, read_lines
+from ..config import REPO, load_config
+from ..data.dataprep import PrepError
+from ..data.manifest import read_manifest
+from ..evaluation.evaluate import EvaluateError
+from ..options import SEEDS_HELP, parse_seeds
+from ..training.fairseq_log import LogError, model_params, seconds_per_update
+from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import plot_study
 from .study_records import RecordError, option_flags, record_fingerprint
-from ..textfile import NotUtf8Error, read_lines
-
-FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
-BASELINE = "transformer"
-FAMILY_LABELS = {
-    "transformer": "Transformer (small)",
-    "man": "MAN (small, DMAN enc.)",
-    "sman2": "SMAN2 (b=4)",
-    "localness": "Localness (query window)",
-    "diffwin": "Diffwin Enc(AW)-Cr(AW,Seg)-Dec(MW)",
-    "calibration": "Calibration (anneal)",
-}
-MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k", "metric": "bleu",
-            "prepare": "data-prep/prepare-multi30k.sh [--from FOLDER]"}
-EXPERIMENTS = {
-    "multi30k": dict(MULTI30K, configs=CONFIG_DIR / "multi30k",
-                     title="Multi30k De→En, papers' small width: every family against the Transformer"),
-    # "device": the default --device of a CPU study (its records were made there)
-    "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu", device="cpu",
-                         title="Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"),
-    "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
-                     "dataset": "gigaword", "metric": "rouge", "device": "cpu",
-                     "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
-                                "--allow-nonstandard-splits --bpe-merges 8000",
-                     "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
-                              "every family against the Transformer"},
-}
-
 
 class ReproduceError(RuntimeError):
     pass
@@ -138,17 +113,19 @@ def run_lock(runs_dir, name):
 
 def train_run(cfg, run, seed, args, fingerprint, force=False):
     """Train one (family, seed) run unless it finished; an interrupted one resumes."""
-    from . import launch
+    from ..training import launch
 
     if prepare_run_dir(run, fingerprint, force):
         log(f"skip  training {run.name} (finished, same config)")
         return
     resumed = (run / "checkpoints" / "checkpoint_last.pt").is_file()
     log(f"{'resume' if resumed else 'start'} training {run.name}")
-    argv = [cfg["_path"], "--run-dir", str(run), "--data", str(args.data), "--gpus", "1",
-            "--precision", args.precision] + (["--cpu"] if args.device == "cpu" else [])
-    argv += ["--", "--seed", str(seed)] + list(args.fairseq_args)
-    rc = launch.main(argv)
+    try:
+        # the config as its file has it: the run folder's config.yaml holds no scoring option
+        rc = launch.train(load_config(cfg["_path"]), run, data=args.data, nproc=1, cpu=args.device == "cpu", precision=args.precision,
+                          seed=seed, extra=args.fairseq_args)
+    except launch.LaunchError as e:
+        raise ReproduceError(f"training {run.name}: {e}") from e
     if rc != 0:
         raise ReproduceError(f"training {run.name} failed (exit {rc}); log: {run / 'train.log'}. "
                              "Run the same command again to resume it.")
@@ -162,7 +139,7 @@ def time_families(families, cfgs, args, on_family=None):
 
     ``on_family(rows)`` is called after each family, so an interrupted measurement keeps what it has.
     """
-    from . import launch
+    from ..training import launch
 
     rows = {}
     for fam in families:
@@ -175,12 +152,10 @@ def time_families(families, cfgs, args, on_family=None):
             shutil.rmtree(run)
         n = args.time_updates
         interval = max(1, n // 5)
-        argv = [cfgs[fam]["_path"], "--run-dir", str(run), "--data", str(args.data), "--gpus", "1",
-                "--precision", args.precision] + (["--cpu"] if args.device == "cpu" else [])
-        argv += ["--", "--seed", "1", "--max-update", str(n), "--log-interval", str(interval),
-                 "--no-save", "--disable-validation"] + list(args.fairseq_args)
         log(f"timing {fam}: {n} updates")
-        if launch.main(argv) != 0:
+        extra = ["--max-update", str(n), "--log-interval", str(interval), "--no-save", "--disable-validation"]
+        if launch.train(load_config(cfgs[fam]["_path"]), run, data=args.data, nproc=1, cpu=args.device == "cpu",
+                        precision=args.precision, seed=1, extra=extra + list(args.fairseq_args)) != 0:
             raise ReproduceError(f"timing run {fam} failed; log: {run / 'train.log'}")
         spu, size = seconds_per_update(run / "train.log")
         rows[fam] = {"seconds_per_update": round(spu, 3), "updates_per_epoch": size,
@@ -194,23 +169,10 @@ def time_families(families, cfgs, args, on_family=None):
 
 # ------------------------------------------------------------------------------------ main
 
-def parse_seeds(spec):
-    """``"3"`` -> [1, 2, 3]; ``"2,3"`` -> [2, 3]."""
-    spec = str(spec).strip()
-    if "," not in spec:
-        n = int(spec)
-        if n < 1:
-            raise ValueError("must be >= 1")
-        return list(range(1, n + 1))
-    seeds = [int(x) for x in spec.split(",") if x.strip()]
-    if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
-        raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
-    return seeds
-
-
 def build_table(experiment, cfgs, args, manifest, results_dir):
     """Rebuild ``RESULTS/<experiment>.md/.json/-valid-loss.png`` from the records alone."""
     from . import study_table
+    from .study_table import table_meta
     from .study_records import partition, read_records
 
     records_dir = results_dir / experiment
@@ -239,25 +201,14 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
               for subset, release in manifest["test_sets"].items()]
     plot_study(current, FAMILIES, FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
     first = next(iter(current[0]["test_sets"].values()))
-    meta = {"title": EXPERIMENTS[experiment]["title"],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
-            "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in current}),
-            "commits": sorted({r["commit"] for r in current}),
-            "configs": os.path.relpath(EXPERIMENTS[experiment]["configs"], REPO), "fairseq_args": args.fairseq_args,
+    meta = dict(table_meta(EXPERIMENTS[experiment], current, records_dir, args), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
                        + option_flags(args, EXPERIMENTS[experiment].get("device"))
                        + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
             "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
-            "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name}
-    (results_dir / f"{experiment}.md").write_text(study_table.to_markdown(summary, meta, stale))
-    runs = [dict(r, paired_bootstrap={k[2]: v for k, v in boot.items() if k[:2] == (r["family"], r["seed"])})
-            for r in current]
-    (results_dir / f"{experiment}.json").write_text(json.dumps(
-        {"meta": meta, "summary": summary, "runs": runs,
-         "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
-    log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")
-    return results_dir / f"{experiment}.md"
+            "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name})
+    return study_table.write_table(results_dir, experiment, study_table.to_markdown(summary, meta, stale),
+                                   {"meta": meta, "summary": summary}, boot, current, stale, png, log)
 
 
 def main(argv=None):
@@ -268,7 +219,7 @@ def main(argv=None):
                     "decode, score (sacreBLEU + tokenized BLEU, or ROUGE-1.5.5 as files2rouge), write one record "
                     "per run, and rebuild the table (paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", default="3", help="N (seeds 1..N) or a comma-separated list such as 2,3; one seed alone: N, with the comma (default 3)")
+    p.add_argument("--seeds", default="3", help=SEEDS_HELP)
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
                         "it is the baseline of the significance test)")
@@ -292,7 +243,7 @@ def main(argv=None):
     p.add_argument("--time-updates", type=int, default=None,
                    help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
-    from .launch import split_fairseq_args
+    from ..training.launch import split_fairseq_args
 
     argv, fairseq_args = split_fairseq_args(argv)
     args = p.parse_args(argv)
@@ -303,7 +254,7 @@ def main(argv=None):
     results_dir = Path(args.results_dir).resolve()
     args.device = args.device or exp.get("device")
     if args.device is None:
-        from .launch import visible_gpus
+        from ..training.launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
     for flag, value in (("--avg-last", args.avg_last), ("--batch-size", args.batch_size)):

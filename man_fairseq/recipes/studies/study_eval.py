@@ -13,10 +13,10 @@ import json
 import os
 from pathlib import Path
 
-from ..provenance import git_commit
-from .config import REPO
-from .fairseq_log import epoch_seconds, model_params, valid_curve
-from ..textfile import read_lines
+from ...provenance import git_commit
+from ..config import REPO
+from ..training.fairseq_log import epoch_seconds, model_params, valid_curve
+from ...textfile import read_lines
 
 
 class StudyEvalError(RuntimeError):
@@ -33,7 +33,7 @@ def read_references(data, manifest, subset):
 
 
 def score_bleu(hyps, refs, raw_refs, tgt, names):
-    from .. import scoring
+    from ... import scoring
 
     detok = scoring.moses_detokenize(hyps, tgt)
     tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True, names=(names[0], "tokenized references"))
@@ -44,7 +44,7 @@ def score_bleu(hyps, refs, raw_refs, tgt, names):
 
 
 def score_rouge(hyps, raw_refs, order, exception_db, names):
-    from .. import scoring
+    from ... import scoring
 
     r = scoring.rouge(hyps, raw_refs, order=order, exception_db=exception_db, names=names)
     scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
@@ -75,16 +75,15 @@ def average_checkpoints(cfg, run, avg_last):
 
 def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, device_name, log):
     """Average, decode every test set, score; returns (record, {subset: hypotheses})."""
-    from .evaluate import _run, generate_args, read_generate_output
+    from ..evaluation.decode import decode
 
     checkpoint, averaged = average_checkpoints(cfg, run, args.avg_last)
     device = "cpu" if args.device == "cpu" else "gpu"
     tgt = manifest["target_lang"]
     results, hypotheses = {}, {}
     for subset, release_name in manifest["test_sets"].items():
-        cmd = ["fairseq-generate"] + generate_args(cfg, args.data, checkpoint, subset, device, args.precision,
-                                                   args.batch_size)
-        ids, hyps, refs = read_generate_output(_run(cmd, run / "eval" / f"generate-{subset}.txt"))
+        cmd, ids, hyps, refs = decode(cfg, args.data, checkpoint, subset, device, args.precision, args.batch_size,
+                                      run / "eval" / f"generate-{subset}.txt")
         ref_path, raw_refs = read_references(args.data, manifest, subset)
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "

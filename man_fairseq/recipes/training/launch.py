@@ -6,7 +6,7 @@ number of processes we run on, ``--update-freq`` is chosen so that product stays
 effective batch it really got. Multi-GPU runs go through fairseq's own distributed training:
 ``torchrun`` (fairseq reads RANK/WORLD_SIZE/LOCAL_RANK) or SLURM (``srun`` + ``--distributed-port``,
 fairseq reads the SLURM_* variables). Multi-process CPU runs (gloo) go through
-:mod:`man_fairseq.recipes.torchrun_cpu`, because fairseq's torchrun path divides the rank by
+:mod:`man_fairseq.recipes.training.torchrun_cpu`, because fairseq's torchrun path divides the rank by
 ``torch.cuda.device_count()`` and so cannot start without a GPU.
 """
 
@@ -14,17 +14,15 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from .config import REPO, load_config, option_args
-from .tools import tool_env
-from ..logging_setup import quiet_logging
-
-USER_DIR = str(REPO / "man_fairseq")
+from ..config import REPO, load_config, option_args
+from ..tools import echo, run_tool, tool_env
+from ...logging_setup import quiet_logging
+from ...paths import USER_DIR
 
 
 def split_fairseq_args(argv):
@@ -106,7 +104,7 @@ def launch_command(cfg, save_dir, nproc=1, launcher="torchrun", device="gpu", pr
             port = master_port or os.environ.get("MASTER_PORT", "29500")
             cmd += [f"--nnodes={nnodes}", "--rdzv_backend=c10d", f"--rdzv_endpoint={addr}:{port}"]
         if device == "cpu":
-            return cmd + ["-m", "man_fairseq.recipes.torchrun_cpu"] + fargs
+            return cmd + ["-m", "man_fairseq.recipes.training.torchrun_cpu"] + fargs
         # fairseq skips distributed set-up when its default world size (the local GPU count)
         # is 1, e.g. one GPU per node on several nodes: state the world size explicitly.
         return cmd + ["-m", "fairseq_cli.train"] + fargs + ["--distributed-world-size", str(world_size)]
@@ -116,22 +114,6 @@ def launch_command(cfg, save_dir, nproc=1, launcher="torchrun", device="gpu", pr
                 + ["--distributed-world-size", str(world_size),
                    "--distributed-port", str(master_port or 12597)])
     raise ValueError(f"launcher must be torchrun or slurm, got {launcher!r}")
-
-
-def stream_lines(cmd, env, log_path, on_line=None):
-    """Run ``cmd``; copy each output line to stdout and ``log_path`` (appending) as it arrives,
-    flushing both. Returns the exit code."""
-    with open(log_path, "a") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
-        for line in proc.stdout:
-            log.write(line)
-            log.flush()
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            if on_line:
-                on_line(line)
-        return proc.wait()
 
 
 def visible_gpus():
@@ -166,20 +148,38 @@ def main(argv=None):
     argv, extra = split_fairseq_args(argv)
     args = p.parse_args(argv)
 
-    cfg = load_config(args.config)
-    device = "cpu" if args.cpu else "gpu"
-    nproc = args.gpus if args.gpus is not None else (1 if args.cpu else max(1, visible_gpus()))
-    if device == "gpu" and visible_gpus() == 0 and not args.dry_run:
-        sys.exit("no GPU visible: pass --cpu for a CPU smoke run (or --dry-run to see the command)")
-    launcher = args.launcher or ("slurm" if "SLURM_JOB_ID" in os.environ else "torchrun")
-    run_dir = Path(args.run_dir or REPO / "runs" / cfg["name"]).resolve()
+    try:
+        return train(load_config(args.config), args.run_dir, data=args.data, nproc=args.gpus, nnodes=args.nnodes,
+                     cpu=args.cpu, launcher=args.launcher, precision=args.precision, master_port=args.master_port,
+                     extra=extra, dry_run=args.dry_run)
+    except LaunchError as e:
+        sys.exit(str(e))
+
+
+class LaunchError(RuntimeError):
+    """What stops a launch before fairseq-train starts; ``main`` exits with it as its message."""
+
+
+def train(cfg, run_dir=None, data=None, nproc=None, nnodes=1, cpu=False, launcher=None, precision="fp16",
+          master_port=None, seed=None, extra=(), dry_run=False) -> int:
+    """The train step: fairseq-train for the loaded config ``cfg`` into ``run_dir`` (default
+    ``runs/<config name>``), its ``run.json``, ``config.yaml`` and ``train.log`` beside the
+    checkpoints; returns fairseq-train's exit code. ``seed`` comes after the config's options (it
+    overrides theirs), ``extra`` (fairseq options) after it. A run folder whose checkpoints were
+    trained by another command is refused (:class:`LaunchError`), not resumed."""
+    device = "cpu" if cpu else "gpu"
+    nproc = nproc if nproc is not None else (1 if cpu else max(1, visible_gpus()))
+    if device == "gpu" and visible_gpus() == 0 and not dry_run:
+        raise LaunchError("no GPU visible: pass --cpu for a CPU smoke run (or --dry-run to see the command)")
+    launcher = launcher or ("slurm" if "SLURM_JOB_ID" in os.environ else "torchrun")
+    run_dir = Path(run_dir or REPO / "runs" / cfg["name"]).resolve()
     save_dir = run_dir / "checkpoints"
     run_dir.mkdir(parents=True, exist_ok=True)
+    extra = (["--seed", str(seed)] if seed is not None else []) + [str(a) for a in extra]
 
-    world = nproc * args.nnodes
+    world = nproc * nnodes
     update_freq, units, warning = update_freq_for(cfg, world)
-    cmd = launch_command(cfg, save_dir, nproc, launcher, device, args.precision, args.data, extra,
-                         args.nnodes, args.master_port)
+    cmd = launch_command(cfg, save_dir, nproc, launcher, device, precision, data, extra, nnodes, master_port)
     if warning:
         print(f"WARNING: {warning}", file=sys.stderr)
     previous = run_dir / "run.json"
@@ -188,31 +188,31 @@ def main(argv=None):
         # the record of how they were trained: only the same command may continue a run.
         before = json.loads(previous.read_text()).get("command")
         if before != cmd:
-            sys.exit(f"{run_dir} holds checkpoints of another command ({previous}); resume with the "
-                     "same config and options, or pass another --run-dir")
+            raise LaunchError(f"{run_dir} holds checkpoints of another command ({previous}); resume with the "
+                              "same config and options, or pass another --run-dir")
     record = {
         "config": cfg["_path"], "name": cfg["name"], "world_size": world, "update_freq": update_freq,
         "effective_batch_tokens": units * int(cfg["train"]["max-tokens"]),
         "paper_effective_batch_tokens": effective_batch_units(cfg) * int(cfg["train"]["max-tokens"]),
-        "device": device, "precision": "fp32" if device == "cpu" else args.precision,
-        "data": str(args.data or cfg["data"]), "config_data": str(cfg["data"]),
+        "device": device, "precision": "fp32" if device == "cpu" else precision,
+        "data": str(data or cfg["data"]), "config_data": str(cfg["data"]),
         # everything that makes this run differ from the config, for results_table.py
-        "overrides": [str(a) for a in extra], "command": cmd,
+        "overrides": extra, "command": cmd,
     }
     (run_dir / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     resolved = {k: v for k, v in cfg.items() if not k.startswith("_")}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     print("+ " + " ".join(cmd), flush=True)
-    if args.dry_run:
+    if dry_run:
         return 0
 
     # fairseq writes to a pipe here, which Python would block-buffer (tens of seconds of lag)
     env = tool_env(PYTHONUNBUFFERED="1")
     if shutil.which(cmd[0], path=env["PATH"]) is None:
-        sys.exit(f"{cmd[0]} not found on PATH")
+        raise LaunchError(f"{cmd[0]} not found on PATH")
     # Keep a log next to the checkpoints while streaming progress to the terminal, line by
     # line, so that `tail -f train.log` and cluster job logs follow the run as it goes.
-    rc = stream_lines(cmd, env, run_dir / "train.log")
+    rc = run_tool(cmd, run_dir / "train.log", on_line=echo, append=True, env=env)
     if rc != 0:
         print(f"training failed with exit code {rc}; log: {run_dir / 'train.log'}", file=sys.stderr)
     return rc
