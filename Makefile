@@ -59,9 +59,9 @@ test: install
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS)
 
 # The recipes end to end on CPU: small de-en data-bin, a few updates of a config, evaluate.sh,
-# results_table.py (man_fairseq/recipes/smoke.py; writes under runs/smoke/).
+# results_table.py (man_fairseq/recipes/checks/smoke.py; writes under runs/smoke/).
 smoke: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.smoke $(SMOKE_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.checks.smoke $(SMOKE_ARGS)
 
 bench: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/benchmark.py $(BENCH_ARGS)

@@ -2,9 +2,9 @@
 
 import platform
 import subprocess
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from .paths import REPO
+
 LOCAL_CHANGES = "+local changes"
 
 

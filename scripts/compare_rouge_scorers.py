@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 
 
 def baselines(shared, max_docs=None):
-    from man_fairseq.recipes.dataprep import tokenize_lines
+    from man_fairseq.recipes.data.dataprep import tokenize_lines
 
     arts = (shared / "cnndm-sample/val.source").read_text().splitlines()[:max_docs]
     high = (shared / "cnndm-sample/val.target").read_text().splitlines()[:max_docs]
@@ -40,7 +40,7 @@ def whole_line_rouge_l(hyps, refs):
 
 
 def table(shared, max_docs=None):
-    from man_fairseq.recipes import scoring
+    from man_fairseq import scoring
 
     lines = ["| data | scorer | R-1 | R-2 | R-L |", "|---|---|---|---|---|"]
     for name, hyps, refs in baselines(shared, max_docs):
@@ -56,7 +56,7 @@ def table(shared, max_docs=None):
 
 
 def main(argv=None):
-    from man_fairseq.cli.plotting import quiet_logging
+    from man_fairseq.logging_setup import quiet_logging
 
     quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -16,21 +16,21 @@ refused, and ``--data`` may not lie inside ``--out``.
 """
 
 import argparse
+import contextlib
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-USER_DIR = str(REPO / "man_fairseq")
-BIN = Path(sys.executable).parent
-
-sys.path.insert(0, str(REPO))
-from man_fairseq.cli.plotting import quiet_logging  # noqa: E402
-from man_fairseq.recipes import textfile  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from man_fairseq import textfile  # noqa: E402
+from man_fairseq.logging_setup import quiet_logging  # noqa: E402
+from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
+from man_fairseq.recipes.options import SEEDS_HELP, parse_seeds  # noqa: E402
+from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
+from man_fairseq.tables import mean_std, slug  # noqa: E402,F401
 
 # Same width, heads and depth; MAN halves the FFN to keep the parameter count (SPEC §1).
 WIDTH = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
@@ -42,14 +42,6 @@ MODELS = {
     "MAN (DMAN-SAN-FFN)": ["--arch", "transformer_man_base", *WIDTH,
                            "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128"],
 }
-
-
-def mean_std(values):
-    """(mean, sample standard deviation; 0 for one value)."""
-    m = sum(values) / len(values)
-    if len(values) < 2:
-        return m, 0.0
-    return m, (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
 
 
 def words_trained(train_log):
@@ -69,48 +61,44 @@ def log(msg):
 
 
 def run(cmd, logfile, show=None):
-    """Run a fairseq command, stream selected lines as progress, keep the full log."""
-    cmd = [str(c) for c in cmd]
-    # unbuffered child: its lines (epochs) reach the terminal and the log as they are written
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    with open(logfile, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        out = []
-        for line in proc.stdout:
-            f.write(line)
-            f.flush()
-            out.append(line)
-            if show and re.search(show, line):
-                print("    " + line.rstrip().split(" | ", 2)[-1][:150], flush=True)
-        if proc.wait() != 0:
-            sys.stderr.write("".join(out[-40:]))
-            raise SystemExit(f"demo: command failed (see {logfile}): {' '.join(cmd[:3])} ...")
+    """Run a fairseq command, stream selected lines as progress, keep the full log; its output."""
+    out = []
+
+    def progress(line):
+        out.append(line)
+        if show and re.search(show, line):
+            print("    " + line.rstrip().split(" | ", 2)[-1][:150], flush=True)
+
+    if run_tool(cmd, logfile, on_line=progress) != 0:
+        sys.stderr.write("".join(out[-40:]))
+        raise SystemExit(f"demo: command failed (see {logfile}): {' '.join(map(str, cmd[:3]))} ...")
     return "".join(out)
 
 
-def average(argv, logfile):
-    """man-average-checkpoints ARGV in this process, its output in ``logfile`` as ``run`` would
-    keep it: a second interpreter would import torch and fairseq again for a second's work."""
-    import contextlib
-    import traceback
+def average(save, n, output, logfile):
+    """The average step (:mod:`man_fairseq.averaging`) on the last ``n`` epoch checkpoints in ``save``,
+    its output in ``logfile``."""
+    from man_fairseq.averaging import AverageError, average_files, select_inputs
 
-    import man_fairseq  # noqa: F401  (torch and fairseq set up their loggers' streams now, not into the log)
-    from man_fairseq.cli.average_checkpoints import cli_main
+    with open(logfile, "w") as f, contextlib.redirect_stdout(f):
+        try:
+            average_files(select_inputs([str(save)], num_epoch=n), str(output))
+        except AverageError as e:
+            raise SystemExit(f"demo: cannot average the checkpoints of {save}: {e} (see {logfile})")
 
-    cmd = [str(BIN / "man-average-checkpoints"), *map(str, argv)]
-    with open(logfile, "w") as f:
-        with contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-            try:
-                cli_main(cmd[1:])
-                code = 0
-            except SystemExit as e:
-                code = e.code
-            except Exception:  # what the command would print before exiting 1
-                traceback.print_exc()
-                code = 1
-    if code:
-        sys.stderr.write("".join(Path(logfile).read_text().splitlines(keepends=True)[-40:]))
-        raise SystemExit(f"demo: command failed (see {logfile}): {' '.join(cmd[:3])} ...")
+
+def decode(data_bin, checkpoint, logfile):
+    """The decode step (:mod:`man_fairseq.recipes.evaluation.decode`), beam 4, on the test set;
+    (hypotheses, references)."""
+    from man_fairseq.recipes.evaluation.decode import EvaluateError, decode
+
+    # max length 1.2 x source + 10 (fairseq's default 200 lets an undertrained model ramble); no BPE
+    cfg = {"eval": {"beam": 4, "max_len_a": 1.2, "max_len_b": 10, "remove_bpe": ""}}
+    try:
+        _, _, hyps, refs = decode(cfg, data_bin, checkpoint, "test", "cpu", "fp32", 64, logfile)
+    except EvaluateError as e:
+        raise SystemExit(f"demo: {e}")
+    return hyps, refs
 
 
 def check_user_data(data: Path, src: str, tgt: str):
@@ -134,8 +122,7 @@ def check_user_data(data: Path, src: str, tgt: str):
                 raise SystemExit(f"demo: {p} has empty lines (first at line {empty[0]}); remove them first")
 
 
-def main(argv=None):
-    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="folder with your own train/valid/test.{SRC,TGT} text")
     p.add_argument("--src", default="src")
@@ -146,17 +133,97 @@ def main(argv=None):
     p.add_argument("--train-size", type=int, default=3000, help="synthetic corpus: training pairs")
     p.add_argument("--eval-size", type=int, default=300, help="synthetic corpus: valid and test pairs each")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=1, help="training seed (the synthetic corpus is fixed)")
-    p.add_argument("--seeds", type=int, default=1,
-                   help="train each model with seeds SEED..SEED+N-1 and report mean ± std")
+    p.add_argument("--seeds", default=None, help="training seeds, as scripts/reproduce.sh takes them: " + SEEDS_HELP
+                   .replace("(default %(default)s)", "(default: seed 1 alone); several report mean ± std"))
+    p.add_argument("--seed", type=int, default=None, help="one training seed S, the same as --seeds S, "
+                   "(the synthetic corpus is fixed)")
+    return p
+
+
+def seeds_of(p, args):
+    """The training seeds of ``--seeds`` / ``--seed``."""
+    if args.seeds is not None and args.seed is not None:
+        p.error(f"--seed {args.seed} and --seeds {args.seeds}: give one (--seeds N is seeds 1..N, "
+                "--seeds 3,4 that list, --seed S the seed S alone)")
+    if args.seed is not None:
+        if args.seed < 1:
+            p.error(f"--seed {args.seed}: must be >= 1")
+        return [args.seed]
+    try:
+        return parse_seeds(args.seeds or "1,")
+    except ValueError as e:
+        p.error(f"--seeds: {e}")
+
+
+def train_and_score(name, model_args, seed, run_tag, data_bin, out, args):
+    """Train, average and decode one (model, seed) and score it: (parameters, BLEU, words/s, test
+    sentences)."""
+    from man_fairseq.scoring import sacrebleu_tokenized
+
+    save = out / f"checkpoints_{run_tag}"
+    created(out, save.name, f"train_{run_tag}.log", f"average_{run_tag}.log", f"generate_{run_tag}.log")
+    log(f"{name}: fairseq-train, {args.epochs} epochs on CPU, seed {seed}")
+    started = time.time()
+    train_log = run(
+        ["fairseq-train", data_bin, "--user-dir", USER_DIR, *model_args, "--share-all-embeddings",
+         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
+         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200", "--dropout", "0.1",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+         "--max-tokens", "1024", "--max-epoch", args.epochs, "--save-dir", save,
+         "--keep-last-epochs", args.average, "--no-progress-bar", "--log-format", "simple",
+         "--log-interval", "1000", "--cpu", "--seed", seed, "--num-workers", "0"],
+        out / f"train_{run_tag}.log", show=r"\| (train|valid) \| epoch",
+    )
+    params = int(re.search(r"num\. shared model params: ([\d,]+)", train_log).group(1).replace(",", ""))
+    # fairseq's own per-epoch wps cannot be summed and its train_wall is rounded to whole
+    # seconds per epoch, so time the command: words trained / its wall time.
+    seconds = time.time() - started
+    words = words_trained(train_log)
+    avg = save / "averaged.pt"
+    log(f"{name}: averaging the last {args.average} checkpoints")
+    average(save, args.average, avg, out / f"average_{run_tag}.log")
+    log(f"{name}: fairseq-generate (beam 4) on the test set")
+    hyps, refs = decode(data_bin, avg, out / f"generate_{run_tag}.log")
+    bleu = sacrebleu_tokenized(hyps, refs)
+    log(f"{name}, seed {seed}: BLEU {bleu:.2f} on {len(refs)} sentences, "
+        f"{words:,.0f} target words trained in {seconds:.1f}s")
+    return params, bleu, words / seconds if seconds > 0 else float("nan"), len(refs)
+
+
+def results_table(rows, seeds, args, seconds):
+    """The demo's Markdown table and its note."""
+    def cell(values, fmt):
+        if len(values) == 1:
+            return format(values[0], fmt)
+        m, sd = mean_std(values)
+        return f"{format(m, fmt)} ± {format(sd, fmt)}"
+
+    table = ["| model | arch | parameters | test BLEU | training words/s |", "|---|---|---:|---:|---:|"]
+    for name, arch, params, bleus, speeds, _ in rows:
+        table.append(f"| {name} | `{arch}` | {params:,} | {cell(bleus, '.2f')} | {cell(speeds, ',.0f')} |")
+    if args.data:
+        corpus = f"Corpus: your parallel text in `{args.data}` ({args.src} -> {args.tgt})."
+    else:
+        corpus = ("Corpus: **synthetic** (`man_fairseq/toy_corpus.py`), built so that each target word "
+                  "depends only on a 3-word source window: it rewards a locality bias and says nothing "
+                  "about natural-language translation.")
+    listed = (f"{seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1))
+              else ", ".join(map(str, seeds)))
+    spread = (f"mean ± sample std over seeds {listed}" if len(seeds) > 1
+              else f"seed {seeds[0]} (pass --seeds N for mean ± std over seeds 1..N)")
+    note = (f"\n{corpus} BLEU: sacreBLEU (tokenize=none) on {rows[0][5]} test sentences after averaging the "
+            f"last {args.average} of {args.epochs} epoch checkpoints, beam 4; {spread}. Words/s: target "
+            f"words trained (sum over epochs of fairseq's wpb x updates) / wall time of the whole "
+            f"fairseq-train command (start-up, validation and checkpoints included), {args.threads} CPU "
+            f"threads. Total time {seconds:.0f}s.\n")
+    return "\n".join(table) + "\n" + note
+
+
+def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+    p = build_parser()
     args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error("--seeds must be >= 1")
-
-    import sacrebleu
-
-    from man_fairseq.recipes.evaluate import read_generate_output
-
+    seeds = seeds_of(p, args)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     t0 = time.time()
     if args.data:
@@ -181,74 +248,13 @@ def main(argv=None):
          "--trainpref", raw / "train", "--validpref", raw / "valid", "--testpref", raw / "test",
          "--destdir", data_bin, "--joined-dictionary", "--workers", "1"], out / "preprocess.log")
 
-    seeds = list(range(args.seed, args.seed + args.seeds))
     rows = []
     for name, model_args in MODELS.items():
-        tag = re.sub(r"\W+", "_", name.split(" ")[0].lower())
-        bleus, speeds, params, n_test = [], [], None, None
-        for seed in seeds:
-            run_tag = tag if args.seeds == 1 else f"{tag}_seed{seed}"
-            save = out / f"checkpoints_{run_tag}"
-            created(out, save.name, f"train_{run_tag}.log", f"average_{run_tag}.log",
-                    f"generate_{run_tag}.log")
-            log(f"{name}: fairseq-train, {args.epochs} epochs on CPU, seed {seed}")
-            started = time.time()
-            train_log = run(
-                ["fairseq-train", data_bin, "--user-dir", USER_DIR, *model_args, "--share-all-embeddings",
-                 "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
-                 "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "200", "--dropout", "0.1",
-                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-                 "--max-tokens", "1024", "--max-epoch", args.epochs, "--save-dir", save,
-                 "--keep-last-epochs", args.average, "--no-progress-bar", "--log-format", "simple",
-                 "--log-interval", "1000", "--cpu", "--seed", seed, "--num-workers", "0"],
-                out / f"train_{run_tag}.log", show=r"\| (train|valid) \| epoch",
-            )
-            params = int(re.search(r"num\. shared model params: ([\d,]+)", train_log).group(1).replace(",", ""))
-            # fairseq's own per-epoch wps cannot be summed and its train_wall is rounded to whole
-            # seconds per epoch, so time the command: words trained / its wall time.
-            seconds = time.time() - started
-            words = words_trained(train_log)
-            avg = save / "averaged.pt"
-            log(f"{name}: averaging the last {args.average} checkpoints")
-            average(["--inputs", save, "--num-epoch-checkpoints", args.average, "--output", avg],
-                    out / f"average_{run_tag}.log")
-            log(f"{name}: fairseq-generate (beam 4) on the test set")
-            # max length 1.2 x source + 10 (fairseq's default 200 lets an undertrained model ramble)
-            gen = run(["fairseq-generate", data_bin, "--user-dir", USER_DIR, "--path", avg, "--beam", "4",
-                       "--max-len-a", "1.2", "--max-len-b", "10", "--batch-size", "64", "--cpu"],
-                      out / f"generate_{run_tag}.log")
-            _, hyps, refs = read_generate_output(gen)
-            bleu = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score
-            bleus.append(bleu)
-            speeds.append(words / seconds if seconds > 0 else float("nan"))
-            n_test = len(refs)
-            log(f"{name}, seed {seed}: BLEU {bleu:.2f} on {n_test} sentences, "
-                f"{words:,.0f} target words trained in {seconds:.1f}s")
-        rows.append((name, model_args[1], params, bleus, speeds, n_test))
-
-    def cell(values, fmt):
-        if len(values) == 1:
-            return format(values[0], fmt)
-        m, sd = mean_std(values)
-        return f"{format(m, fmt)} ± {format(sd, fmt)}"
-
-    table = ["| model | arch | parameters | test BLEU | training words/s |", "|---|---|---:|---:|---:|"]
-    for name, arch, params, bleus, speeds, _ in rows:
-        table.append(f"| {name} | `{arch}` | {params:,} | {cell(bleus, '.2f')} | {cell(speeds, ',.0f')} |")
-    if args.data:
-        corpus = f"Corpus: your parallel text in `{args.data}` ({args.src} -> {args.tgt})."
-    else:
-        corpus = ("Corpus: **synthetic** (`man_fairseq/toy_corpus.py`), built so that each target word "
-                  "depends only on a 3-word source window: it rewards a locality bias and says nothing "
-                  "about natural-language translation.")
-    spread = (f"mean ± sample std over seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1
-              else f"seed {seeds[0]} (pass --seeds N for mean ± std)")
-    note = (f"\n{corpus} BLEU: sacreBLEU (tokenize=none) on {rows[0][5]} test sentences after averaging the "
-            f"last {args.average} of {args.epochs} epoch checkpoints, beam 4; {spread}. Words/s: target "
-            f"words trained (sum over epochs of fairseq's wpb x updates) / wall time of the whole "
-            f"fairseq-train command (start-up, validation and checkpoints included), {args.threads} CPU "
-            f"threads. Total time {time.time() - t0:.0f}s.\n")
-    text = "\n".join(table) + "\n" + note
+        tag = slug(name.split(" ")[0].lower())
+        runs = [train_and_score(name, model_args, seed, tag if len(seeds) == 1 else f"{tag}_seed{seed}",
+                                data_bin, out, args) for seed in seeds]
+        rows.append((name, model_args[1], runs[0][0], [r[1] for r in runs], [r[2] for r in runs], runs[0][3]))
+    text = results_table(rows, seeds, args, time.time() - t0)
     created(out, "results.md")
     (out / "results.md").write_text(text)
     print("\n" + text)

@@ -65,7 +65,7 @@ def table(records, notes):
 
 
 def figure(records, png):
-    from man_fairseq.cli.plotting import pyplot
+    from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [1, 1.4]})
@@ -103,7 +103,7 @@ def figure(records, png):
 
 
 def main(argv=None):
-    from man_fairseq.cli.plotting import quiet_logging
+    from man_fairseq.logging_setup import quiet_logging
 
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -31,7 +31,7 @@ if [ "${SAVE:-0}" = 1 ]; then
 else
   args+=(--no-save)
 fi
-{ printf '%q ' "$python" -m man_fairseq.recipes.sublayer_grads --out "$out" -- "${args[@]}"; echo
+{ printf '%q ' "$python" -m man_fairseq.recipes.training.sublayer_grads --out "$out" -- "${args[@]}"; echo
   echo "threads=$OMP_NUM_THREADS commit=$(git -C "$repo" rev-parse --short HEAD) started=$(date -u +%FT%TZ)"; } > "$out/command.txt"
-"$python" -m man_fairseq.recipes.sublayer_grads --out "$out" --title "$name" -- "${args[@]}" > "$out/train.log" 2>&1
+"$python" -m man_fairseq.recipes.training.sublayer_grads --out "$out" --title "$name" -- "${args[@]}" > "$out/train.log" 2>&1
 echo "finished=$(date -u +%FT%TZ)" >> "$out/command.txt"

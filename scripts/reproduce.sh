@@ -8,4 +8,4 @@
 # run resumes. The table results/EXPERIMENT.md (+ .json, -valid-loss.png) is rebuilt from the records.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m man_fairseq.recipes.reproduce "$@"
+exec "$python" -m man_fairseq.recipes.studies.reproduce "$@"

@@ -194,7 +194,7 @@ def _rouge_data_in_tmp(tmp_path_factory):
 def rouge155_perl():
     """Skips (with what to install) when Perl cannot run ROUGE-1.5.5; with
     ``MAN_FAIRSEQ_REQUIRE_ROUGE155=1`` (``.ci/run`` sets it and installs Perl's XML::Parser) fails."""
-    from man_fairseq.recipes.rouge155 import Rouge155Unavailable, check_perl
+    from man_fairseq.rouge155 import Rouge155Unavailable, check_perl
 
     try:
         check_perl()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
-from man_fairseq.cli.analysis_utils import kendall_tau_b
+from man_fairseq.analysis.utils import kendall_tau_b
 from man_fairseq.cli.diffwin_windows import expected_abs_difference
 
 ANALYZE = [sys.executable, "-m", "man_fairseq.cli.analyze"]
@@ -43,7 +43,7 @@ def trained(tmp_path_factory, toy_data_bin):
 
 
 def load(path, data):
-    from man_fairseq.cli.analysis_utils import load_checkpoint
+    from man_fairseq.analysis.utils import load_checkpoint
 
     return load_checkpoint(str(path), str(data))
 

@@ -9,8 +9,10 @@ import torch
 import yaml
 from conftest import REPO, call_entry_point
 
+from man_fairseq import averaging
 from man_fairseq.cli import average_checkpoints as avg
-from man_fairseq.recipes import evaluate, study_eval
+from man_fairseq.recipes.evaluation import decode, evaluate
+from man_fairseq.recipes.studies import study_eval
 from man_fairseq.recipes.config import load_config
 
 
@@ -76,7 +78,7 @@ def test_output_is_checked_before_any_checkpoint_is_read(tmp_path, monkeypatch):
     def no_work(*_):
         raise AssertionError("averaged before the output was checked")
 
-    monkeypatch.setattr(avg, "average_checkpoints", no_work)
+    monkeypatch.setattr(averaging, "average_checkpoints", no_work)
     line = _error_line(_average("--inputs", ckpts, "--num-epoch-checkpoints", "2", "--output", folder))
     assert f"--output {folder} is a folder" in line
     assert list(folder.iterdir()) == []  # no .tmp left behind
@@ -97,7 +99,7 @@ def test_a_failed_write_leaves_no_file_and_never_touches_a_tmp_of_the_user(tmp_p
             stream.write(b"half a checkpoint")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(avg.torch, "save", full_disk)
+    monkeypatch.setattr(averaging.torch, "save", full_disk)
     with pytest.raises(OSError):
         avg.main(["--inputs", str(ckpts), "--num-epoch-checkpoints", "2", "--output", str(out)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["avg.pt.tmp", "run"]
@@ -125,7 +127,7 @@ def _stop_at_generate(monkeypatch):
     def generate(*_, **__):
         raise _Decoding()
 
-    monkeypatch.setattr(evaluate, "_run", generate)
+    monkeypatch.setattr(decode, "run_generate", generate)
 
 
 def test_reproduce_rescoring_replaces_its_own_average(tmp_path, monkeypatch):

@@ -476,7 +476,7 @@ def test_extra_parameters_at_base_width():
 
 
 def test_export_statistics_formulas():
-    from man_fairseq.cli.calibration_stats import entropy_bits, jsd_bits, layer_statistics
+    from man_fairseq.analysis.calibration_stats import entropy_bits, jsd_bits, layer_statistics
 
     p = torch.tensor([1.0, 0.0], dtype=torch.float64)
     q = torch.tensor([0.0, 1.0], dtype=torch.float64)

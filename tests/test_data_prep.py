@@ -26,8 +26,8 @@ import pytest
 
 from conftest import REPO
 from pausing import pause_env, wait_for
-from man_fairseq.recipes import moses
-from man_fairseq.recipes.dataprep import MARKER, PrepError
+from man_fairseq.recipes.data import moses
+from man_fairseq.recipes.data.dataprep import MARKER, PrepError
 
 PREP = REPO / "data-prep"
 MERGES = "60"  # tiny BPE so the fixtures are quick and still get split into subwords
@@ -46,7 +46,7 @@ def run_prep(script, *args, check=True):
 
 def prep_in_process(*argv, allow=True):
     """prepare.run() in this process: PrepError propagates, so its message can be asserted."""
-    from man_fairseq.recipes.prepare import run
+    from man_fairseq.recipes.data.prepare import run
 
     return run([*map(str, argv), *(["--allow-nonstandard-splits"] if allow else [])])
 
@@ -346,7 +346,7 @@ def test_nonstandard_split_is_an_error(iwslt_fixture, tmp_path):
 
 
 def test_iwslt14_real_samples(shared_data):
-    from man_fairseq.recipes.dataprep import read_seg_lines
+    from man_fairseq.recipes.data.dataprep import read_seg_lines
 
     sample = shared_data / "iwslt14-sample"
     for lang in ("de", "en"):
@@ -439,7 +439,7 @@ def test_wmt14_wrong_layout_or_truncated(tmp_path):
 # ----------------------------------------------------------------------------- CNN / DM
 
 def make_cnndm_folder(src_dir):
-    from man_fairseq.recipes.cnndm import url_hash
+    from man_fairseq.recipes.data.cnndm import url_hash
 
     src_dir.mkdir()
     urls = {split: [f"http://www.cnn.com/{split}/{i}.html" if i % 2 else f"http://www.dailymail.co.uk/{split}/{i}"
@@ -458,7 +458,7 @@ def make_cnndm_folder(src_dir):
 
 
 def test_cnndm_story_archives(tmp_path):
-    from man_fairseq.recipes.cnndm import story_to_pair
+    from man_fairseq.recipes.data.cnndm import story_to_pair
 
     src_dir = tmp_path / "cnndm"
     story = make_cnndm_folder(src_dir)
@@ -631,7 +631,7 @@ def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):
     import http.server
     import threading
 
-    from man_fairseq.recipes.downloads import fetch
+    from man_fairseq.recipes.data.downloads import fetch
 
     archive, _, _ = iwslt_fixture
     served = tmp_path / "served"
@@ -663,7 +663,7 @@ def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):
 
 
 def test_binarize_adds_extra_test_sets_inside_the_atomic_build_and_a_failure_leaves_nothing(tmp_path):
-    from man_fairseq.recipes.binarize import binarize
+    from man_fairseq.recipes.data.binarize import binarize
 
     prep = tmp_path / "prep"
     prep.mkdir()

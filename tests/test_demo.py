@@ -15,7 +15,7 @@ def test_demo_runs_the_whole_pipeline(tmp_path):
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, REPO / "scripts" / "demo.py", "--out", out, "--epochs", "2", "--average", "2",
-         "--train-size", "100", "--eval-size", "10", "--seeds", "2", "--seed", "3",
+         "--train-size", "100", "--eval-size", "10", "--seeds", "3,4",
          "--threads", "1"],  # one thread, like every test process (the demo's default is 2)
         capture_output=True, text=True, timeout=2400,
     )
@@ -119,6 +119,23 @@ def test_words_per_second_inputs():
            "2026 | INFO | valid | epoch 001 | loss 5 | wps 999 | wpb 70 | num_updates 4\n"
            "2026 | INFO | train | epoch 002 | loss 4 | wps 9000 | ups 1 | wpb 90 | bsz 10 | num_updates 7 | lr 0.1\n")
     assert demo.words_trained(log) == 100.5 * 4 + 90 * 3
-    assert demo.mean_std([1.0]) == (1.0, 0.0)
+    assert demo.mean_std([1.0]) == (1.0, None)  # the one mean_std of every table (man_fairseq/tables.py)
     m, sd = demo.mean_std([1.0, 2.0, 3.0])
     assert m == 2.0 and sd == 1.0
+
+
+def test_seeds_mean_what_they_mean_to_reproduce():
+    """--seeds N is seeds 1..N and "a,b" that list, as scripts/reproduce.sh takes them; --seed S is S alone."""
+    p = demo.build_parser()
+
+    def seeds(*argv):
+        return demo.seeds_of(p, p.parse_args(list(argv)))
+
+    assert seeds() == [1]
+    assert seeds("--seeds", "3") == [1, 2, 3]
+    assert seeds("--seeds", "3,4") == [3, 4]
+    assert seeds("--seeds", "3,") == [3]
+    assert seeds("--seed", "5") == [5]
+    for bad in (("--seed", "3", "--seeds", "2"), ("--seeds", "0"), ("--seeds", "2,2")):
+        with pytest.raises(SystemExit):
+            seeds(*bad)

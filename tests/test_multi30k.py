@@ -21,8 +21,9 @@ import pytest
 
 from conftest import REPO, TINY_MODEL
 
-from man_fairseq.recipes import fairseq_log, reproduce, study_table
-from man_fairseq.recipes.study_records import read_records
+from man_fairseq.recipes.training import fairseq_log
+from man_fairseq.recipes.studies import reproduce, study_table
+from man_fairseq.recipes.studies.study_records import read_records
 from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
 
 FAMILY_CONFIGS = sorted((REPO / "configs" / "multi30k").glob("*.yaml"))
@@ -89,7 +90,7 @@ TINY_RUN = TINY_MODEL + ["--max-epoch", "2", "--max-tokens", "1500", "--warmup-u
 
 
 def reproduce_cmd(data, tmp_path, *ours):
-    return [sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--seeds", "1", "--families", "man",
+    return [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--seeds", "1", "--families", "man",
             "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
             "--avg-last", "2", "--bootstrap-samples", "200", *ours, "--", *TINY_RUN]
 
@@ -168,7 +169,7 @@ def test_config_builds_with_fairseq(path, tmp_path):
     """fairseq-train's parser accepts the config and the model builds (toy dictionary, real width)."""
     from fairseq import options, tasks
 
-    from man_fairseq.recipes import launch
+    from man_fairseq.recipes.training import launch
 
     cfg = load_config(path)
     for lang in ("de", "en"):
@@ -257,7 +258,7 @@ def test_prepare_rejects_nonstandard_sizes_and_missing_files(tmp_path):
 
 
 def test_reproduce_without_data_is_a_clear_error(tmp_path):
-    proc = run([sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--device", "cpu",
+    proc = run([sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--device", "cpu",
                 "--data", tmp_path / "nothing"], check=False)
     assert proc.returncode == 2 and "prepare-multi30k.sh" in proc.stdout
 

@@ -1,5 +1,5 @@
 """No command prints library debug noise: each one runs the shared quiet setup
-(``man_fairseq/cli/plotting.py``) first thing, and a real plot prints no DEBUG line."""
+(``man_fairseq/logging_setup.py``) first thing, and a real plot prints no DEBUG line."""
 
 import ast
 import importlib
@@ -12,14 +12,15 @@ import sys
 import pytest
 
 from conftest import REPO, run_cli
-from man_fairseq.cli.plotting import NOISY_LOGGERS, pyplot, quiet_logging
+from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 
 # every user-facing command: the console scripts of setup.py, the recipes behind scripts/*.sh and
 # data-prep/*.sh, and the Python scripts
-RECIPES = ["evaluate", "gpu_check", "launch", "lr_probe", "reproduce", "results_table", "smoke", "sublayer_grads"]
+RECIPES = ["evaluation.evaluate", "checks.gpu_check", "training.launch", "training.lr_probe", "studies.reproduce",
+           "evaluation.results_table", "checks.smoke", "training.sublayer_grads"]
 # data-prep/_prepare.py runs these without the plugin package: fairseq is never imported, so the root
 # logger keeps Python's default (WARNING), and they draw nothing
-DATA_PREP = ["prepare", "multi30k"]
+DATA_PREP = ["data.prepare", "data.multi30k"]
 COMMANDS = (
     [f"man_fairseq.cli.{m}:{f}" for m, f in [
         ("analyze", "cli_main"), ("average_checkpoints", "main"), ("options", "cli_main"),
@@ -41,8 +42,8 @@ def test_the_list_covers_every_command():
     assert {s.split(":")[0] for s in scripts} <= listed
     wrapped = set()
     for sh in list((REPO / "scripts").glob("*.sh")) + list((REPO / "data-prep").glob("*.sh")):
-        wrapped |= set(re.findall(r"-m (man_fairseq\.recipes\.\w+)", sh.read_text()))
-    wrapped |= {f"man_fairseq.recipes.{m}" for m in re.findall(r"recipes\.(\w+)", (REPO / "data-prep" / "_prepare.py").read_text())}
+        wrapped |= set(re.findall(r"-m (man_fairseq\.recipes\.[\w.]+)", sh.read_text()))
+    wrapped |= {f"man_fairseq.recipes.{m}" for m in re.findall(r"recipes\.([\w.]+\w)", (REPO / "data-prep" / "_prepare.py").read_text())}
     assert wrapped and wrapped <= listed
     assert {f"scripts/{p.name}" for p in (REPO / "scripts").glob("*.py") if "def main(" in p.read_text()} <= listed | set(STDLIB_ONLY)
 
@@ -113,7 +114,7 @@ def test_lr_probe_plot_prints_no_debug_line(tmp_path):
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps({"config": "c", "norm": "pre", "verdict": "trains", "records": records}))
     png = tmp_path / "curve.png"
-    proc = run_cli([sys.executable, "-m", "man_fairseq.recipes.lr_probe", "--plot", probe, "--png", png],
+    proc = run_cli([sys.executable, "-m", "man_fairseq.recipes.training.lr_probe", "--plot", probe, "--png", png],
                    cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=300)
     assert png.stat().st_size > 5000
     assert "DEBUG" not in proc.stdout, proc.stdout[:2000]

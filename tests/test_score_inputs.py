@@ -15,8 +15,10 @@ import yaml
 
 from conftest import REPO, child_env, run_bounded
 
-from man_fairseq.recipes import evaluate, results_table, rouge155, scoring, study_table
-from man_fairseq.recipes import study_records as sr
+from man_fairseq.recipes.evaluation import decode, evaluate, results_table
+from man_fairseq.recipes.studies import study_table
+from man_fairseq import rouge155, scoring
+from man_fairseq.recipes.studies import study_records as sr
 from man_fairseq.recipes.config import CONFIG_DIR, load_config
 
 HYPS = ["the cat sat on the mat", "a dog ran in the park", "it rained all day", "we went home"]
@@ -168,7 +170,7 @@ def _evaluate(run, monkeypatch, capsys, output=None, *extra):
             raise output
         return output
 
-    monkeypatch.setattr(evaluate, "_run", fake_run)
+    monkeypatch.setattr(decode, "run_generate", fake_run)
     code = evaluate.main([str(run), "--cpu", "--checkpoint", str(run / "checkpoints" / "checkpoint_last.pt"), *extra])
     out, err = capsys.readouterr()
     return code, out, err
@@ -197,7 +199,7 @@ def test_evaluate_a_multi30k_run_and_replace_its_result_whole(toy_run, monkeypat
 
 def test_every_multi30k_config_can_be_reported():
     # what evaluate.sh reads from the config for its result, checked before decoding
-    from man_fairseq.recipes import result_files
+    from man_fairseq.recipes.evaluation import result_files
 
     paths = sorted(CONFIG_DIR.glob("multi30k*/*.yaml"))
     assert len(paths) >= 12

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from man_fairseq.recipes import study_records as sr
+from man_fairseq.recipes.studies import study_records as sr
 from man_fairseq.recipes.config import CONFIG_DIR, load_config
-from man_fairseq.recipes.reproduce import FAMILIES, parse_seeds
+from man_fairseq.recipes.studies.reproduce import FAMILIES, parse_seeds
 
 
 def record(family, seed, fp="f" * 16, bleu=30.0, n=3):
@@ -97,7 +97,7 @@ def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_paramete
 
 
 def test_delta_to_the_transformer_is_over_matched_seeds():
-    from man_fairseq.recipes import study_table
+    from man_fairseq.recipes.studies import study_table
 
     records = [record("transformer", 1, bleu=30.0), record("transformer", 2, bleu=33.0),
                record("transformer", 3, bleu=36.0), record("man", 1, bleu=31.0), record("man", 2, bleu=33.5),
@@ -109,7 +109,7 @@ def test_delta_to_the_transformer_is_over_matched_seeds():
 
 
 def test_table_says_which_way_each_significant_seed_went():
-    from man_fairseq.recipes import study_table
+    from man_fairseq.recipes.studies import study_table
 
     records = [record("transformer", s, bleu=30.0) for s in (1, 2)] + [record("man", 1, bleu=31.0),
                                                                           record("man", 2, bleu=29.0)]

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from man_fairseq.recipes import rouge155
-from man_fairseq.recipes.rouge_significance import lead_words, paired_bootstrap
+from man_fairseq import rouge155
+from man_fairseq.recipes.evaluation.rouge_significance import lead_words, paired_bootstrap
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run
 
@@ -99,7 +99,7 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     data = tmp_path / "bin"
     run([REPO / "data-prep" / "prepare-gigaword.sh", "--from", release, "--work", tmp_path / "w", "--dest", data,
          "--bpe-merges", "100", "--allow-nonstandard-splits"])
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.reproduce", "gigaword-cpu", "--seeds", "1,", "--families", "man",
+    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "gigaword-cpu", "--seeds", "1,", "--families", "man",
            "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
            "--avg-last", "1", "--bootstrap-samples", "100", "--",
            *TINY_MODEL, "--max-epoch", "1", "--max-tokens", "1500", "--warmup-updates", "4", "--lr", "0.003"]

@@ -16,7 +16,7 @@ from conftest import REPO, TINY_MODEL, USER_DIR, run_cli
 from pausing import pause_env
 
 from man_fairseq.recipes.config import load_config
-from man_fairseq.recipes.results_table import build_tables, deviations
+from man_fairseq.recipes.evaluation.results_table import build_tables, deviations
 
 
 def _env(**extra):
@@ -118,7 +118,7 @@ def test_interactive_empty_line_gets_an_empty_hypothesis(stopped_run, toy_data_b
 
 def test_smoke_path_end_to_end(tmp_path):
     out = tmp_path / "smoke"
-    proc = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.smoke", "--out", out,
+    proc = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.checks.smoke", "--out", out,
                            "--corpus", "synthetic", "--train-size", "200", "--eval-size", "10"],
                           env=_env(), capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

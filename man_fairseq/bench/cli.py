@@ -30,7 +30,7 @@ def registered(user_dir: str):
 
 
 def main(argv=None, description="", epilog=""):
-    from man_fairseq.cli.plotting import quiet_logging
+    from man_fairseq.logging_setup import quiet_logging
 
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -6,12 +6,11 @@ scaling for fp16, none for bf16) -- not ``torch.autocast``, which is fairseq's `
 """
 
 import time
-from pathlib import Path
 from typing import List
 
-import man_fairseq
+import man_fairseq  # noqa: F401  (registers the plugin's archs and criterions)
+from man_fairseq.paths import USER_DIR  # noqa: F401  (bench.model.USER_DIR, as cli.py imports it)
 
-USER_DIR = str(Path(man_fairseq.__file__).resolve().parent)
 PRECISION_FLAGS = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}
 
 

@@ -14,7 +14,7 @@ man_fairseq.cli.analyze`` works without the installed script.
 import sys
 from typing import List, Optional
 
-from man_fairseq.cli.plotting import quiet_logging
+from man_fairseq.logging_setup import quiet_logging
 
 SUBCOMMANDS = {
     "locality": ("man_fairseq.cli.attention_locality", "attention share within |t-s| <= w (MAN Table 5)"),

@@ -47,10 +47,12 @@ from typing import Dict, List, Optional
 import torch
 from torch import Tensor
 
-from man_fairseq.cli.analysis_utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint, model_labels,
+from man_fairseq.analysis.utils import (
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint,
+    model_labels,
 )
-from man_fairseq.cli.plotting import pyplot, setup_logging
+from man_fairseq.logging_setup import pyplot, setup_logging
+from man_fairseq.tables import slug
 
 logger = logging.getLogger("man_fairseq.diffwin_windows")
 
@@ -330,14 +332,14 @@ def main(args):
     results = []
     for path, label in zip(paths, labels):
         model_dir = args.output_dir if len(paths) == 1 else os.path.join(
-            args.output_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model")
+            args.output_dir, slug(label))
         os.makedirs(model_dir, exist_ok=True)
         results.append(analyse_checkpoint(path, label, args, use_cuda, model_dir))
     where = args.input_pairs or f"split {args.gen_subset}"
     save_width_plot(os.path.join(args.output_dir, "widths.png"), results, where)
     for r in results:
         with open(os.path.join(args.output_dir if len(results) == 1 else os.path.join(
-                args.output_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", r["label"]).strip("_") or "model"),
+                args.output_dir, slug(r["label"])),
                 "windows.md")) as f:
             print(f.read())
     return results

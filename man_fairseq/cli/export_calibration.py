@@ -44,20 +44,21 @@ Usage::
 import argparse
 import json
 import os
-import re
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
-from man_fairseq.cli.analysis_utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint, model_labels,
+from man_fairseq.analysis.utils import (
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint,
+    model_labels,
 )
-from man_fairseq.cli.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
-from man_fairseq.cli.calibration_stats import (
+from man_fairseq.analysis.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
+from man_fairseq.analysis.calibration_stats import (
     IMPORTANCE, SERIES_NAMES, BinnedJSD, KendallSums, layer_statistics, normalised_rows, source_importance,
 )
-from man_fairseq.cli.plotting import setup_logging
+from man_fairseq.logging_setup import setup_logging
+from man_fairseq.tables import slug
 
 
 def get_parser():
@@ -284,10 +285,6 @@ def markdown(results: List[Dict], args) -> str:
                 lines.append(f"| {layer + 1} | " + " | ".join(cells) + " |")
             lines.append("")
     return "\n".join(lines)
-
-
-def slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model"
 
 
 def main(args):

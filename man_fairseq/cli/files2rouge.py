@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from man_fairseq.cli.plotting import quiet_logging
-from man_fairseq.recipes import rouge155
+from man_fairseq.logging_setup import quiet_logging
+from man_fairseq import rouge155
 
 
 def read_lines(path):

@@ -33,8 +33,9 @@ from collections import defaultdict
 import torch
 
 import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is loaded)
-from man_fairseq.cli.plotting import pyplot, setup_logging
+from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
+from man_fairseq.tables import slug
 
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
 COLUMNS = ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
@@ -74,7 +75,7 @@ def windows_of_batch(rec, query_pad):
 def collect(model, task, args, use_cuda):
     from fairseq import utils
 
-    from man_fairseq.cli.analysis_utils import Progress
+    from man_fairseq.analysis.utils import Progress
 
     modules = localness_modules(model)
     if not modules:
@@ -236,7 +237,7 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
 def main(args):
     from fairseq import checkpoint_utils, tasks, utils
 
-    from man_fairseq.cli.analysis_utils import checkpoint_folder, model_labels, parse_model_overrides
+    from man_fairseq.analysis.utils import checkpoint_folder, model_labels, parse_model_overrides
 
     overrides = parse_model_overrides(args.model_overrides)  # before any work: bad input fails fast
     utils.import_user_module(args)
@@ -248,7 +249,7 @@ def main(args):
     labels = model_labels(paths, [checkpoint_folder(p) for p in paths], None)
     for path, label in zip(paths, labels):
         out_dir = args.windows_output_dir if len(paths) == 1 else os.path.join(
-            args.windows_output_dir, re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") or "model")
+            args.windows_output_dir, slug(label))
         models, _ = checkpoint_utils.load_model_ensemble(
             utils.split_paths(path), arg_overrides=overrides, task=task
         )

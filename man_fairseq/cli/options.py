@@ -22,7 +22,7 @@ from typing import Dict, List, NamedTuple, Optional
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
 from man_fairseq.plugin_options import option_flag, own_fields, rule_of
-from man_fairseq.cli.plotting import quiet_logging
+from man_fairseq.logging_setup import quiet_logging
 
 
 class Option(NamedTuple):

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from .scoring import ROUGE_ORDERS
-
-REPO = Path(__file__).resolve().parents[2]
-CONFIG_DIR = REPO / "configs"
+from ..paths import CONFIG_DIR, REPO  # noqa: F401  (config.REPO: the recipes' name for it)
+from ..scoring import ROUGE_ORDERS
 
 # The keys a row config may carry; anything else is a typo and fails loudly.
 TOP_LEVEL_KEYS = {

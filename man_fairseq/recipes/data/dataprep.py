@@ -1,0 +1,375 @@
+"""Building blocks of the data-preparation recipes (``data-prep/prepare-*.sh``): the stamped
+steps, text-file IO, tokenization, corpus cleaning, BPE and split-size checks.
+
+Every step is idempotent: it writes its outputs, then a stamp file ``.<step>.done`` in the work
+directory that records what the step was built from (options, input sizes and mtimes, the step
+before it); a second run skips a step whose stamp still matches and redoes the rest, and an
+interrupted step (no stamp) is redone from its inputs. Only folders data-prep made (marked with
+``.man-fairseq-prep``) or empty ones are written into or replaced. Getting the source files
+is :mod:`man_fairseq.recipes.data.downloads`, fairseq-preprocess :mod:`man_fairseq.recipes.data.binarize`.
+"""
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+from . import moses
+from ... import textfile
+
+
+class PrepError(RuntimeError):
+    """A user-facing error: bad input archive, missing files, failed download."""
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ----------------------------------------------------------------------------------- steps
+
+# Folders data-prep creates (--work, --dest, their temporary siblings) carry this file; only
+# such folders (or empty ones) are ever written into, replaced or removed.
+MARKER = ".man-fairseq-prep"
+# Part of every stamp: a change in how a step computes its output makes old stamps stale.
+# 2: tokenizer.perl-identical tokenization, clean-corpus-n rules, stamps with inputs/options.
+RECIPE_VERSION = 2
+
+
+def claim_folder(path, what):
+    """Create ``path`` (marked as ours) or accept it if it is ours or empty; refuse otherwise."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PrepError(f"{what} {path} is a file, not a folder")
+    if path.is_dir() and not (path / MARKER).is_file() and any(path.iterdir()):
+        raise PrepError(f"{what} {path} is not empty and was not made by data-prep (no {MARKER} in it); "
+                        "refusing to write into it. Choose another folder or empty it.")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).write_text(f"made by man-fairseq data-prep (pid {os.getpid()})\n")
+    return path
+
+
+def is_ours(path):
+    return (Path(path) / MARKER).is_file()
+
+
+def signature(path):
+    """What a step's input is, cheaply: size and mtime of a file; for a folder, the number,
+    total size and latest mtime of the files under it (a changed, added or removed file shows)."""
+    path = Path(path)
+    if path.is_file():
+        st = path.stat()
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if path.is_dir():
+        n = size = latest = 0
+        for root, _, files in os.walk(path):
+            for name in files:
+                try:
+                    st = os.stat(os.path.join(root, name))
+                except OSError:
+                    continue
+                n, size, latest = n + 1, size + st.st_size, max(latest, st.st_mtime_ns)
+        return {"files": n, "size": size, "latest_mtime_ns": latest}
+    return None
+
+
+class Steps:
+    """Named steps with stamps ``<work>/.<step>.done`` that record what the step was built from.
+
+    A stamp holds the step's options (those that change its output: --from, BPE merges,
+    --dest...), the signatures of its ``inputs`` and a digest of the stamp of the step before
+    it, so a step reruns when its options or inputs changed, when any earlier step reran, or
+    when one of its ``outputs`` is gone; a failed step leaves no stamp and reruns.
+    """
+
+    def __init__(self, work_dir):
+        self.work = claim_folder(work_dir, "--work")
+        self.previous = ""  # digest of the previous step's stamp
+
+    def stamp_path(self, name):
+        return self.work / f".{name}.done"
+
+    def done(self, name):
+        """Whether ``name`` has a stamp (current or stale: :meth:`run` decides which)."""
+        return self.stamp_path(name).is_file()
+
+    def run(self, name, fn, *args, inputs=(), options=None, outputs=(), **kwargs):
+        record = {"recipe": RECIPE_VERSION, "after": self.previous,
+                  "options": json.loads(json.dumps(options or {}, default=str)),
+                  "inputs": {str(p): signature(p) for p in inputs}}
+        stamp = self.stamp_path(name)
+        old = None
+        if stamp.is_file():
+            try:
+                old = json.loads(stamp.read_text())
+            except ValueError:
+                old = {}
+            why = self._stale(old, record, outputs)
+            if not why:
+                log(f"skip  {name} (done; delete {stamp} to redo)")
+                self.previous = hashlib.sha256(stamp.read_bytes()).hexdigest()
+                return None
+            log(f"redo  {name}: {why}")
+            stamp.unlink()  # our own stamp: the step is not done until it finishes again
+        log(f"start {name}")
+        t0 = time.time()
+        out = fn(*args, **kwargs)
+        record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+        tmp = stamp.with_name(stamp.name + ".tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, stamp)
+        self.previous = hashlib.sha256(stamp.read_bytes()).hexdigest()
+        log(f"done  {name} ({time.time() - t0:.1f}s)")
+        return out
+
+    @staticmethod
+    def _stale(old, new, outputs):
+        if old.get("recipe") != new["recipe"]:
+            return "made by an older version of the recipe"
+        if old.get("options") != new["options"]:
+            changed = sorted(k for k in set(old.get("options", {})) | set(new["options"])
+                             if old.get("options", {}).get(k) != new["options"].get(k))
+            return "options changed: " + ", ".join(
+                f"{k} {old.get('options', {}).get(k)!r} -> {new['options'].get(k)!r}" for k in changed)
+        if old.get("inputs") != new["inputs"]:
+            changed = sorted(k for k in set(old.get("inputs", {})) | set(new["inputs"])
+                             if old.get("inputs", {}).get(k) != new["inputs"].get(k))
+            return "input changed: " + ", ".join(changed)
+        if old.get("after") != new["after"]:
+            return "an earlier step was redone"
+        missing = [str(p) for p in outputs if not Path(p).exists()]
+        if missing:
+            return "output missing: " + ", ".join(missing)
+        return None
+
+
+# ------------------------------------------------------------------------- text processing
+
+def count_lines(path):
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def _read(read, path):
+    """``read(path)`` (:mod:`.textfile`) with its errors as PrepErrors naming the file."""
+    try:
+        return read(path)
+    except textfile.NotUtf8Error as e:
+        raise PrepError(str(e)) from None
+    except (EOFError, OSError, gzip.BadGzipFile) as e:
+        raise PrepError(f"{path} is truncated or not a valid file ({type(e).__name__}: {e}). "
+                        "Replace it with a complete copy.") from e
+
+
+def read_lines(path):
+    """Lines of a UTF-8 text file (``*.gz``: gunzipped), without line ends; text that is not
+    UTF-8 (nothing is replaced) or a truncated .gz is a PrepError naming the file."""
+    return _read(textfile.read_lines, Path(path))
+
+
+def read_text(path):
+    """The whole of a UTF-8 text file, checked as by :func:`read_lines`."""
+    return _read(textfile.read_text, Path(path))
+
+
+def write_lines(path, lines):
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(line.replace("\n", " ") + "\n")
+    os.replace(tmp, path)  # a half-written file never carries the final name
+
+
+_TOK = {}
+
+
+def _tok_init(lang, aggressive, escape, normalize, lowercase):
+    global _TOK
+    _TOK = {"lang": lang, "aggressive": aggressive, "escape": escape, "normalize": normalize,
+            "lowercase": lowercase}
+
+
+def _tok_line(line):
+    lang = _TOK["lang"]
+    if _TOK["normalize"]:
+        # normalize-punctuation.perl then remove-non-printing-char.perl, as fairseq's WMT recipe
+        line = moses.remove_non_printing(moses.normalize_punctuation(line, lang))
+    out = moses.tokenize(line, lang, aggressive=_TOK["aggressive"], escape=_TOK["escape"])
+    return moses.lowercase(out) if _TOK["lowercase"] else out
+
+
+def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, lowercase=False,
+                   workers=1, desc=""):
+    """tokenizer.perl -l LANG [-a] [-no-escape] (then lowercase.perl), in ``workers`` processes.
+
+    The rules are in :mod:`man_fairseq.recipes.data.moses` (byte-identical to the Perl scripts)."""
+    args = (lang, aggressive, escape, normalize, lowercase)
+    total = len(lines)
+    out = []
+    chunk = 2000
+    if workers <= 1:
+        _tok_init(*args)
+        it = map(_tok_line, lines)
+        pool = None
+    else:
+        pool = Pool(workers, initializer=_tok_init, initargs=args)
+        it = pool.imap(_tok_line, lines, chunksize=256)
+    last = time.time()
+    for i, line in enumerate(it, 1):
+        out.append(line)
+        if time.time() - last > 10 or (i % (50 * chunk) == 0):
+            log(f"      tokenize {desc}: {i}/{total}")
+            last = time.time()
+    if pool is not None:
+        pool.close()
+        pool.join()
+    return out
+
+
+def clean_pairs(src, tgt, min_len=1, max_len=175, ratio=1.5, max_word_length=1000, factor_separator=True):
+    """clean-corpus-n.perl [-ratio R] CORPUS L1 L2 OUT MIN MAX: keep pairs with min_len <= tokens
+    <= max_len on both sides, a token-count ratio <= ``ratio`` both ways (``ratio=None``:
+    -ignore-ratio) and no word longer than ``max_word_length`` characters. As the Perl script,
+    it removes "|" unless the first pair has one (factored corpus; ``factor_separator=False``:
+    "|" is plain text and stays) and squeezes whitespace."""
+    if len(src) != len(tgt):
+        raise PrepError(f"clean-corpus: {len(src)} source but {len(tgt)} target lines")
+    keep_s, keep_t = [], []
+    factored = not factor_separator or (bool(src) and ("|" in src[0] or "|" in tgt[0]))
+    for s, t in zip(src, tgt):
+        if not factored:
+            s, t = s.replace("|", ""), t.replace("|", "")
+        ws, wt = s.split(), t.split()
+        if not ws or not wt:
+            continue
+        ns, nt = len(ws), len(wt)
+        if not (min_len <= ns <= max_len and min_len <= nt <= max_len):
+            continue
+        if ratio is not None and (ns / nt > ratio or nt / ns > ratio):
+            continue
+        if max(map(len, ws + wt)) > max_word_length:
+            continue
+        keep_s.append(" ".join(ws))
+        keep_t.append(" ".join(wt))
+    return keep_s, keep_t
+
+
+# -------------------------------------------------------------------------------------- BPE
+
+def learn_bpe(train_files, codes_path, merges):
+    """subword-nmt learn_bpe on the concatenation of ``train_files`` (joint BPE)."""
+    from subword_nmt.learn_bpe import learn_bpe as _learn
+
+    joined = Path(codes_path).with_name("bpe-train.tmp")
+    with open(joined, "w", encoding="utf-8") as out:
+        for fname in train_files:
+            with open(fname, encoding="utf-8") as f:
+                shutil.copyfileobj(f, out)
+    tmp = Path(str(codes_path) + ".tmp")
+    with open(joined, encoding="utf-8") as inp, open(tmp, "w", encoding="utf-8") as out:
+        _learn(inp, out, merges, min_frequency=2, verbose=False, is_dict=False, total_symbols=False)
+    os.replace(tmp, codes_path)
+    joined.unlink()
+
+
+_BPE = None
+
+
+def _bpe_init(codes_path):
+    global _BPE
+    from subword_nmt.apply_bpe import BPE
+
+    with open(codes_path, encoding="utf-8") as f:
+        _BPE = BPE(f)
+
+
+def _bpe_line(line):
+    return _BPE.process_line(line)
+
+
+def apply_bpe_lines(lines, codes_path, workers=1):
+    if workers <= 1:
+        _bpe_init(codes_path)
+        return [_bpe_line(l) for l in lines]
+    with Pool(workers, initializer=_bpe_init, initargs=(str(codes_path),)) as pool:
+        return list(pool.imap(_bpe_line, lines, chunksize=512))
+
+
+# ----------------------------------------------------------------------------- split sizes
+
+def split_counts(folder, src, tgt, splits=("train", "valid", "test")):
+    """{split: pairs} of ``folder/SPLIT.{src,tgt}``; a line-count mismatch is a PrepError."""
+    counts = {}
+    for split in splits:
+        ns = count_lines(Path(folder) / f"{split}.{src}")
+        nt = count_lines(Path(folder) / f"{split}.{tgt}")
+        if ns != nt:
+            raise PrepError(f"{split}: {ns} source lines but {nt} target lines")
+        counts[split] = ns
+    return counts
+
+
+def check_counts(counts, expected, allow_nonstandard=False, what="pairs"):
+    """Compare split sizes with the standard ones; a difference is an error unless allowed."""
+    wrong = []
+    for split, n in counts.items():
+        want = (expected or {}).get(split)
+        note = ""
+        if want is not None:
+            note = f" (standard: {want:,})" if want == n else f" (standard: {want:,}, DIFFERS)"
+            if want != n:
+                wrong.append(f"{split} has {n:,} {what}, the standard split has {want:,}")
+        log(f"{split:>5}: {n:,} {what}{note}")
+    if wrong and not allow_nonstandard:
+        raise PrepError("; ".join(wrong) + ". Incomplete or different release? Pass "
+                        "--allow-nonstandard-splits to go on with these splits anyway.")
+    return counts
+
+
+def report_counts(prep_dir, src, tgt, expected=None, splits=("train", "valid", "test"),
+                  allow_nonstandard=True):
+    """Print pair counts per split (and the standard counts when known), write counts.json."""
+    counts = check_counts(split_counts(prep_dir, src, tgt, splits), expected, allow_nonstandard)
+    (Path(prep_dir) / "counts.json").write_text(json.dumps(counts, indent=1) + "\n")
+    return counts
+
+
+# --------------------------------------------------------------------- WIT3 / WMT segments
+
+SEG_RE = re.compile(r'<seg id="?\d+"?>\s*(.*?)\s*</seg>\s*$')
+
+
+def read_seg_lines(xml_or_sgm_path):
+    """Segments of a WIT3 .xml / WMT .sgm file, one per ``<seg id=...>`` line, in order.
+
+    Same as the recipes' ``grep '<seg id' | sed -e 's/<seg id="[0-9]*">\\s*//g' -e 's/\\s*<\\/seg>\\s*//g'``.
+    """
+    out = []
+    for line in read_lines(xml_or_sgm_path):
+        if "<seg id" in line:
+            m = SEG_RE.search(line)
+            if not m:
+                raise PrepError(f"{xml_or_sgm_path}: cannot parse segment line: {line[:200]}")
+            out.append(m.group(1))
+    return out
+
+
+def check_paths(args):
+    """--work, --dest and --from must not overlap where it could lose data or serve stale data:
+    --dest is replaced as a whole, <work>/orig is emptied before staging, and a --from folder
+    holding --work would change with every run."""
+    work, dest = Path(args.work).absolute().resolve(), Path(args.dest).absolute().resolve()
+    pairs = [("--work", work, "--dest", dest, True)]
+    if args.from_path:
+        src = Path(args.from_path).expanduser().resolve()
+        pairs += [("--from", src, "--dest", dest, True), ("--from", src, "--work", work / "orig", True),
+                  ("--from", src, "--work", work, False)]
+    for name_a, a, name_b, b, both_ways in pairs:
+        if a == b or b.is_relative_to(a) or (both_ways and a.is_relative_to(b)):
+            raise PrepError(f"{name_a} {a} and {name_b} {b} overlap; use separate folders")

@@ -1,0 +1,301 @@
+"""Evaluate a finished run (``scripts/evaluate.sh RUN``).
+
+1. average the last N checkpoints (:mod:`man_fairseq.averaging`),
+2. decode the test set with fairseq-generate and the config's beam / length penalty /
+   max length / trigram blocking,
+3. score with the paper's metric (see :mod:`man_fairseq.scoring`),
+4. write ``RUN/results.json`` and ``RUN/results.md``.
+
+A failed evaluation never leaves an earlier result looking current (:mod:`.result_files`).
+What can be checked before the minutes of decoding is checked first: the config, the data
+subset, the raw references' line count, whether ROUGE can run. Errors are one ``ERROR: ...``
+line with exit status 2.
+"""
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import yaml
+
+from ..config import ConfigError, validate
+from ..training.launch import visible_gpus
+from . import result_files
+from .decode import EvaluateError, decode
+from ... import rouge155, scoring, textfile
+from ...logging_setup import quiet_logging
+
+
+def subset_size(data, subset, src, tgt):
+    """Number of sentences in the binarized ``subset`` (None if it cannot be read)."""
+    logger = logging.getLogger("fairseq.data.data_utils")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # its "loaded N examples" on stderr would precede an ERROR line
+    try:
+        from fairseq.data import data_utils
+
+        dataset = data_utils.load_indexed_dataset(str(Path(data) / f"{subset}.{src}-{tgt}.{src}"), None)
+        return len(dataset) if dataset is not None else None
+    except Exception:
+        return None
+    finally:
+        logger.setLevel(level)
+
+
+def data_fingerprint(data, subset, src, tgt):
+    """SHA-256 of the dictionaries and of the evaluated subset's binarized files, so a result
+    can be traced to the exact data it was computed on."""
+    out = {}
+    names = [f"dict.{src}.txt", f"dict.{tgt}.txt"] + [
+        f"{subset}.{src}-{tgt}.{lang}.{ext}" for lang in (src, tgt) for ext in ("idx", "bin")]
+    for name in dict.fromkeys(names):
+        path = Path(data) / name
+        if path.is_file():
+            digest = hashlib.sha256()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            out[name] = digest.hexdigest()
+    return out
+
+
+def training_progress(checkpoint):
+    """(number of updates, completed epochs) recorded in a fairseq checkpoint; None where absent."""
+    import torch
+
+    from man_fairseq.checkpoint_compat import register_safe_globals
+
+    register_safe_globals()
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    history = state.get("optimizer_history") or [{}]
+    train_iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
+    epoch = train_iterator.get("epoch")  # the epoch to run next or the one interrupted
+    return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
+
+
+def raw_reference_file(data, subset, tgt):
+    """The untokenized references data-prep writes beside the binarized data (line i = sentence
+    id i), for sacreBLEU: ``DATA/<subset>.raw.<tgt>``."""
+    return Path(data) / f"{subset}.raw.{tgt}"
+
+
+def read_raw_references(path, subset=None):
+    """The lines of ``path``, refused (:class:`~.scoring.ScoreInputError`) when blank or, given the
+    binarized ``subset`` as (name, number of sentences), not one per sentence."""
+    lines, name = textfile.read_lines(path), f"references {path}"  # UTF-8 or an error naming the line
+    sentences = [(subset[0], range(subset[1]))] if subset else []
+    scoring.check_aligned(sentences + [(name, lines)], references=name)
+    return lines
+
+
+def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=None, subset=None, names=None,
+          rouge_exception_db=None):
+    """The config's metric on the decoded ``hyps`` and tokenized ``refs`` of ``subset``; ``names``
+    (hypotheses, references) name them (their files) in errors."""
+    metric = cfg["eval"]["metric"]
+    tgt = cfg.get("target_lang")
+    subset = subset or cfg["eval"].get("gen_subset", "test")
+    if metric == "bleu_ci":
+        return {"metric": metric, "bleu": scoring.tokenized_bleu(hyps, refs, lowercase=True, names=names)}
+    if metric == "bleu_wmt":
+        out = {"metric": metric,
+               "bleu": scoring.tokenized_bleu(hyps, refs, compound=True, names=names),
+               "bleu_tokenized_no_compound_split": scoring.tokenized_bleu(hyps, refs, names=names)}
+        detok = scoring.moses_detokenize(hyps, tgt)
+        raw_ref_file = raw_reference_file(data, subset, tgt)
+        if raw_ref_file.is_file():
+            raw_refs, raw_name = read_raw_references(raw_ref_file), f"references {raw_ref_file}"
+            ref_note = f"raw references {raw_ref_file}"
+        else:
+            # Without the untokenized references (written by data-prep) fall back to detokenized
+            # tokenized references and say so: that is not the official sacreBLEU setting.
+            raw_name = "Moses-detokenized " + (names[1] if names else "references")
+            raw_refs = scoring.moses_detokenize(refs, tgt)
+            ref_note = "Moses-detokenized tokenized references (raw references not found)"
+        out.update(_detok_hyps=detok, _raw_refs=raw_refs, _raw_refs_name=raw_name, sacrebleu_references=ref_note)
+        return out
+    if metric == "rouge":
+        order = rouge_order or cfg["eval"].get("rouge_order", "hyp-ref")
+        return {"metric": metric, "rouge_order": order,
+                "rouge": scoring.rouge(hyps, refs, implementation=rouge_implementation, order=order, names=names,
+                                       exception_db=rouge_exception_db)}
+    raise ValueError(metric)
+
+
+def check_before_decoding(cfg, data, subset, rouge_implementation):
+    """What can stop the scoring, checked before the checkpoints are averaged and the test set
+    decoded (minutes): the binarized subset, the raw references' line count, whether ROUGE runs.
+    Returns the subset's number of sentences (None when it cannot be read)."""
+    src, tgt = cfg.get("source_lang"), cfg.get("target_lang")
+    folder = Path(str(data).split(os.pathsep)[0])
+    if not folder.is_dir():
+        raise EvaluateError(f"data folder {folder} not found (config `data`, run.json or --data)")
+    total = None
+    if src:
+        names = [f"{subset}.{src}-{tgt}.{src}.idx", f"{subset}.{tgt}-{src}.{src}.idx"]
+        if not any((folder / n).is_file() for n in names):
+            raise EvaluateError(f"{folder} has no binarized `{subset}` subset ({names[0]} not found); "
+                                "check --subset and --data")
+        total = subset_size(data, subset, src, tgt)
+    metric = cfg["eval"]["metric"]
+    if metric == "bleu_wmt" and raw_reference_file(data, subset, tgt).is_file():
+        read_raw_references(raw_reference_file(data, subset, tgt),
+                            None if total is None else (f"the binarized {subset} set in {folder}", total))
+    if metric == "rouge" and rouge_implementation == "rouge155":
+        try:
+            rouge155.release_dir()
+            rouge155.check_perl()
+        except rouge155.Rouge155Unavailable as e:
+            raise EvaluateError(f"cannot score ROUGE with ROUGE-1.5.5: {e} Install it and rerun, or pass "
+                                "--rouge-implementation rouge-score for numbers that are not ROUGE-1.5.5's") from e
+    if metric == "rouge" and rouge_implementation == "rouge-score" and find_spec("rouge_score") is None:
+        raise EvaluateError("--rouge-implementation rouge-score needs the rouge-score package: pip install rouge-score")
+    return total
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="scripts/evaluate.sh",
+                                description="Average the last N checkpoints of RUN, decode, score.")
+    p.add_argument("run", help="run directory written by scripts/train.sh (holds config.yaml)")
+    p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last")
+    p.add_argument("--subset", default=None, help="override eval.gen_subset (default test)")
+    p.add_argument("--data", default=None, help="override the data-bin directory")
+    p.add_argument("--cpu", action="store_true")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
+                   help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
+                        "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
+                        "documented order); changes ROUGE-L only")
+    p.add_argument("--rouge-implementation", choices=scoring.ROUGE_IMPLEMENTATIONS, default="rouge155",
+                   help="rouge155 (default): ROUGE-1.5.5 as files2rouge runs it, needs Perl's XML::Parser; "
+                        "rouge-score: Google's reimplementation (ROUGE-L as its rougeLsum), not the papers' numbers")
+    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
+                   help="ROUGE-1.5.5's WordNet exception database: files2rouge (default: empty, as files2rouge ships "
+                        "it, so as the papers' numbers) or wordnet (its 5,930 irregular forms; a little higher)")
+    p.add_argument("--checkpoint", default=None,
+                   help="evaluate this checkpoint file instead of averaging (e.g. RUN/checkpoints/checkpoint_last.pt)")
+    return p
+
+
+def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+    args = build_parser().parse_args(argv)
+    run = Path(args.run).resolve()
+    if not (run / "config.yaml").is_file():
+        print(f"ERROR: {run}: no config.yaml; RUN must be a run folder written by scripts/train.sh", file=sys.stderr)
+        return 2
+    moved = []
+    try:
+        moved = result_files.retire(run)
+        if moved:
+            print(f"previous result moved aside to {', '.join(p.name for p in moved)} (removed once this "
+                  "evaluation succeeds)", flush=True)
+        evaluate(run, args)
+    except (EvaluateError, ConfigError, scoring.ScoreInputError, rouge155.Rouge155Unavailable,
+            rouge155.Rouge155Failed, textfile.NotUtf8Error, OSError) as e:
+        print("ERROR: " + " ".join(str(e).split()) + (f" (the previous result is in {moved[0]})" if moved else ""),
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def evaluate(run, args):
+    """Average, decode, score RUN as ``args`` say, and write its result files."""
+    try:
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        run_info = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
+    except (yaml.YAMLError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{run}: config.yaml or run.json is not readable ({e})") from e
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{run / 'config.yaml'}: top level must be a mapping")
+    cfg.setdefault("_path", str(run / "config.yaml"))
+    validate(cfg)
+    data = args.data or run_info.get("data") or cfg["data"]
+    ev = cfg["eval"]
+    subset = args.subset or ev.get("gen_subset", "test")
+    n_avg = args.avg_last or ev.get("avg_last", 5)
+    by_update = ev.get("avg_by", "epoch") == "update"
+    device = "cpu" if args.cpu or visible_gpus() == 0 else "gpu"
+    src, tgt = cfg.get("source_lang"), cfg.get("target_lang")
+    result = result_files.config_fields(cfg, run, run_info, data, subset)
+    total = check_before_decoding(cfg, data, subset, args.rouge_implementation)
+    eval_dir = run / "eval"
+    eval_dir.mkdir(exist_ok=True)
+    # an earlier decode of this subset must not pass for this one's if decoding fails
+    for name in (f"{subset}.hyp", f"{subset}.ref", f"{subset}.detok.hyp"):
+        (eval_dir / name).unlink(missing_ok=True)
+
+    from man_fairseq.averaging import AverageError, average_files, last_n_checkpoints
+
+    ckpt_dir = run / "checkpoints"
+    if args.checkpoint:
+        checkpoint = Path(args.checkpoint).resolve()
+        if not checkpoint.is_file():
+            raise EvaluateError(f"--checkpoint {checkpoint}: not found")
+        averaged = [str(checkpoint)]
+    else:
+        try:
+            averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
+        except AverageError as e:
+            raise EvaluateError(f"cannot average: {e}; evaluate fewer with --avg-last K, or one file with "
+                                f"--checkpoint {ckpt_dir / 'checkpoint_last.pt'}") from e
+        checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
+        avg_argv = ["--inputs", str(ckpt_dir),
+                    "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
+                    "--output", str(checkpoint), "--overwrite"]
+        print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
+        try:
+            average_files(averaged, str(checkpoint), overwrite=True)  # eval/ is ours: a rerun replaces it
+        except AverageError as e:
+            raise EvaluateError(f"cannot average: {e}") from e
+    num_updates, epochs_completed = training_progress(checkpoint)
+
+    generate_log = eval_dir / f"generate-{subset}.txt"
+    gen_cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
+                                      generate_log, total)
+    if ids != list(range(len(ids))) or (total is not None and len(ids) != total):
+        # line i of the raw references is sentence i: every sentence must be decoded, once
+        raise EvaluateError(f"fairseq-generate decoded {len(ids):,} sentences of `{subset}`"
+                            + (f", ids {ids[0]} to {ids[-1]}" if ids else "")
+                            + (f", not its {total:,}" if total is not None else ", not sentences 0 to n-1")
+                            + f"; see {generate_log}")
+    hyp_file, ref_file = eval_dir / f"{subset}.hyp", eval_dir / f"{subset}.ref"
+    hyp_file.write_text("\n".join(hyps) + "\n")
+    ref_file.write_text("\n".join(refs) + "\n")
+
+    details = score(cfg, hyps, refs, data, args.rouge_implementation, args.rouge_order, subset,
+                    names=(f"hypotheses {hyp_file}", f"references {ref_file}"), rouge_exception_db=args.rouge_exception_db)
+    metric = details["metric"]
+    if metric == "bleu_wmt":
+        detok_hyps, raw_refs = details.pop("_detok_hyps"), details.pop("_raw_refs")
+        detok_file = eval_dir / f"{subset}.detok.hyp"
+        detok_file.write_text("\n".join(detok_hyps) + "\n")
+        details["sacrebleu"] = scoring.sacrebleu_detok(
+            detok_hyps, raw_refs, names=(f"hypotheses {detok_file}", details.pop("_raw_refs_name")))
+        scores = {"bleu": details["bleu"]["bleu"], "sacrebleu": details["sacrebleu"]["bleu"]}
+        details["sacrebleu_signature"] = details["sacrebleu"]["signature"]
+    elif metric == "bleu_ci":
+        scores = {"bleu": details["bleu"]["bleu"]}
+    else:
+        scores = {k: details["rouge"][k] for k in ("rouge1", "rouge2", "rougeL")}
+        details["rouge_implementation"] = details["rouge"]["implementation"]
+        details["rouge_exception_db"] = details["rouge"].get("exception_db")  # rouge155 only
+
+    result.update({
+        "n_sentences": len(hyps), "checkpoint": str(checkpoint), "averaged": averaged,
+        "generate_command": gen_cmd, "scores": scores, "details": details,
+        "data_fingerprint": data_fingerprint(data, subset, src, tgt) if src else {},
+        "num_updates": num_updates, "epochs_completed": epochs_completed,
+    })
+    result_files.write(run, result)
+    print(json.dumps(scores))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

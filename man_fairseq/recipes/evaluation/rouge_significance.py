@@ -1,0 +1,40 @@
+"""ROUGE's paired bootstrap over documents, the summarization studies' significance test.
+
+ROUGE-1.5.5's Average_F is a mean over documents of each document's F1, so resampling documents
+resamples the score. The test statistic and p-value are sacreBLEU's paired bootstrap (Koehn
+2004, as ``sacrebleu --paired-bs`` computes them for BLEU): the same resampled document indices
+for both systems, ``|mean_sys - mean_base|`` per resample centred on its mean, and
+``p = (#{resampled statistic > observed difference} + 1) / (n + 1)``; 1 where the two systems'
+document scores are identical.
+"""
+
+import numpy as np
+
+BOOTSTRAP_SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
+
+
+def per_document_f(hyps, refs, order, exception_db):
+    """{"rouge1": [F1 of each document], ...} (0-1) of ROUGE-1.5.5 as files2rouge runs it."""
+    from ... import scoring
+
+    return scoring.rouge(hyps, refs, order=order, exception_db=exception_db, per_document=True)["documents"]
+
+
+def paired_bootstrap(baseline, system, n_samples=1000, seed=BOOTSTRAP_SEED):
+    """p-value of ``system``'s per-document scores against ``baseline``'s (same documents, same order)."""
+    b, s = np.asarray(baseline, dtype=float), np.asarray(system, dtype=float)
+    if b.shape != s.shape or b.ndim != 1 or len(b) == 0:
+        raise ValueError(f"paired bootstrap: {len(b)} baseline and {len(s)} system document scores")
+    idx = np.random.default_rng(seed).choice(len(b), size=(n_samples, len(b)), replace=True)
+    observed = abs(s.mean() - b.mean())
+    resampled = np.abs(s[idx].mean(axis=1) - b[idx].mean(axis=1))
+    stats = resampled - resampled.mean()
+    # identical scores: nothing to test (sacreBLEU's formula would give 1/(n+1), i.e. "significant")
+    p = 1.0 if observed == 0 else (int(np.sum(stats > observed)) + 1) / (n_samples + 1)
+    return {"p_value": p, "baseline": round(100 * float(b.mean()), 2), "system": round(100 * float(s.mean()), 2),
+            "n_documents": len(b), "n_samples": n_samples, "seed": seed}
+
+
+def lead_words(article, n):
+    """The lead baseline of headline generation: the article's first ``n`` tokens."""
+    return " ".join(article.split()[:n])

@@ -1,0 +1,31 @@
+"""What a study compares and on what: the families (the Transformer is the baseline of every
+comparison), their labels in tables and figures, and the experiments of ``scripts/reproduce.sh``
+(their configs, data, metric and title)."""
+
+from ..config import CONFIG_DIR, REPO
+
+FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
+BASELINE = "transformer"
+FAMILY_LABELS = {
+    "transformer": "Transformer (small)",
+    "man": "MAN (small, DMAN enc.)",
+    "sman2": "SMAN2 (b=4)",
+    "localness": "Localness (query window)",
+    "diffwin": "Diffwin Enc(AW)-Cr(AW,Seg)-Dec(MW)",
+    "calibration": "Calibration (anneal)",
+}
+MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k", "metric": "bleu",
+            "prepare": "data-prep/prepare-multi30k.sh [--from FOLDER]"}
+EXPERIMENTS = {
+    "multi30k": dict(MULTI30K, configs=CONFIG_DIR / "multi30k",
+                     title="Multi30k De→En, papers' small width: every family against the Transformer"),
+    # "device": the default --device of a CPU study (its records were made there)
+    "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu", device="cpu",
+                         title="Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"),
+    "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
+                     "dataset": "gigaword", "metric": "rouge", "device": "cpu",
+                     "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
+                                "--allow-nonstandard-splits --bpe-merges 8000",
+                     "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
+                              "every family against the Transformer"},
+}

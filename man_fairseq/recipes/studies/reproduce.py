@@ -1,0 +1,329 @@
+"""Multi30k studies of every family against the Transformer (``scripts/reproduce.sh EXPERIMENT``).
+
+Experiments: ``multi30k`` (the papers' small width, ``configs/multi30k/``) and ``multi30k-cpu``
+(a 2-core-CPU preset, ``configs/multi30k-cpu/``), both on the data-bin of
+data-prep/prepare-multi30k.sh. For each family and seed: train with the recipe launcher
+(:mod:`launch`, one process), average the last epoch checkpoints, decode every test set with
+fairseq-generate, score tokenized BLEU (case-insensitive) and detokenized sacreBLEU, and write
+the run's record (:mod:`study_records`) under ``RESULTS/<experiment>/``. The table
+(:mod:`study_table`: ``RESULTS/<experiment>.md``, ``.json``, ``-valid-loss.png``, with sacreBLEU's
+paired bootstrap against the same seed's Transformer) is rebuilt from the records alone, so a
+study can advance run by run across machines.
+
+A rerun does not retrain a run whose record matches today's config (its fingerprint); an
+interrupted training resumes from its ``checkpoint_last.pt`` (fairseq's own restore); a run folder
+of another config is refused; ``--force`` retrains and rescores the selected runs from scratch.
+``--table-only`` rebuilds the table from the records without training anything.
+
+``--time-updates N`` instead measures, per family, seconds per update over N updates at the
+config's width and batch and extrapolates one epoch (``RESULTS/<experiment>-timing-<device>.json``).
+"""
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from ... import rouge155
+from ...logging_setup import quiet_logging
+from ...provenance import cpu_model, git_commit
+from ...scoring import ScoreInputError
+from ...textfile import NotUtf8Error, read_lines
+from ..config import REPO, load_config
+from ..data.dataprep import PrepError
+from ..data.manifest import read_manifest
+from ..evaluation.evaluate import EvaluateError
+from ..options import SEEDS_HELP, parse_seeds
+from ..training.fairseq_log import LogError, model_params, seconds_per_update
+from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS  # noqa: F401  (reproduce.FAMILIES)
+from .study_eval import StudyEvalError, evaluate_run
+from .study_figure import plot_study
+from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
+
+
+class ReproduceError(RuntimeError):
+    pass
+
+
+def log(msg):
+    print(f"[reproduce {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def device_name(device):
+    if device == "cuda":
+        import torch
+
+        return f"{torch.cuda.get_device_name(0)} (1 GPU)"
+    return f"CPU: {cpu_model()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
+
+
+def scoring_config(cfg, experiment, args):
+    """``cfg`` with the scoring options of the command line that change a score resolved into its
+    ``eval`` (so they are part of the fingerprint): ROUGE's exception database."""
+    if experiment["metric"] != "rouge":
+        return cfg  # the BLEU studies' fingerprints stay as their committed records have them
+    return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
+
+
+def prepare_run_dir(run, fingerprint, force, legacy=None):
+    """Make ``run`` ready to train the run of ``fingerprint``; True when it already finished.
+
+    A run folder remembers its fingerprint (``.fingerprint``). One of another config is never
+    resumed (fairseq would continue its checkpoints under the new options): it is an error, and
+    ``--force`` starts it afresh, removing only a folder the launcher made (``run.json``). A stamp
+    equal to ``legacy`` (the same training, fingerprinted the older way) is rewritten as ``fingerprint``.
+    """
+    done, stamp = run / ".train.done", run / ".fingerprint"
+    if run.exists() and any(run.iterdir()):
+        stamped = stamp.read_text().strip() if stamp.is_file() else None
+        same = stamped is not None and stamped in (fingerprint, legacy)
+        if force or not same:
+            if not (run / "run.json").is_file():
+                raise ReproduceError(f"{run} exists and is not a run folder of ours (no run.json); "
+                                     "remove it yourself or choose another --runs-dir")
+            if not force:
+                raise ReproduceError(f"{run} holds a run of another config or options (fingerprint "
+                                     f"{stamp.read_text().strip() if stamp.is_file() else 'unknown'}, today "
+                                     f"{fingerprint}); pass --force to train it afresh")
+            log(f"force: removing {run} (a run folder of ours)")
+            shutil.rmtree(run)
+        else:
+            stamp.write_text(fingerprint + "\n")  # a legacy stamp becomes today's
+            if done.is_file():
+                return True
+    run.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(fingerprint + "\n")
+    return False
+
+
+@contextlib.contextmanager
+def run_lock(runs_dir, name):
+    """Whether this process owns the (family, seed) run: two scripts/reproduce.sh at once (say one per
+    family, as on a 2-core machine) must not train the same run folder; the baseline is in both."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    with open(runs_dir / f".{name}.lock", "a") as f:  # beside the folder: --force removes the folder
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True  # the lock goes with the file's close, also when the process dies
+
+
+def train_run(cfg, run, seed, args, fingerprint, force=False):
+    """Train one (family, seed) run unless it finished; an interrupted one resumes."""
+    from ..training import launch
+
+    if prepare_run_dir(run, fingerprint, force, legacy_training_fingerprint(cfg, args, seed)):
+        log(f"skip  training {run.name} (finished, same config)")
+        return
+    resumed = (run / "checkpoints" / "checkpoint_last.pt").is_file()
+    log(f"{'resume' if resumed else 'start'} training {run.name}")
+    try:
+        # the config as its file has it: the run folder's config.yaml holds no scoring option
+        rc = launch.train(load_config(cfg["_path"]), run, data=args.data, nproc=1, cpu=args.device == "cpu", precision=args.precision,
+                          seed=seed, extra=args.fairseq_args)
+    except launch.LaunchError as e:
+        raise ReproduceError(f"training {run.name}: {e}") from e
+    if rc != 0:
+        raise ReproduceError(f"training {run.name} failed (exit {rc}); log: {run / 'train.log'}. "
+                             "Run the same command again to resume it.")
+    (run / ".train.done").write_text(datetime.datetime.now(datetime.timezone.utc).isoformat() + "\n")
+
+
+# ---------------------------------------------------------------------------------- timing
+
+def time_families(families, cfgs, args, on_family=None):
+    """Seconds per update over ``args.time_updates`` updates per family, extrapolated to an epoch.
+
+    ``on_family(rows)`` is called after each family, so an interrupted measurement keeps what it has.
+    """
+    from ..training import launch
+
+    rows = {}
+    for fam in families:
+        run = Path(args.runs_dir) / f"timing-{args.device}-{fam}"
+        if run.exists():
+            # a fresh, complete measurement each time; only a run folder launch made (run.json) is removed
+            if not (run / "run.json").is_file() and any(run.iterdir()):
+                raise ReproduceError(f"{run} exists and is not a timing run of ours (no run.json); "
+                                     "remove it yourself or choose another --runs-dir")
+            shutil.rmtree(run)
+        n = args.time_updates
+        interval = max(1, n // 5)
+        log(f"timing {fam}: {n} updates")
+        extra = ["--max-update", str(n), "--log-interval", str(interval), "--no-save", "--disable-validation"]
+        if launch.train(load_config(cfgs[fam]["_path"]), run, data=args.data, nproc=1, cpu=args.device == "cpu",
+                        precision=args.precision, seed=1, extra=extra + list(args.fairseq_args)) != 0:
+            raise ReproduceError(f"timing run {fam} failed; log: {run / 'train.log'}")
+        spu, size = seconds_per_update(run / "train.log")
+        rows[fam] = {"seconds_per_update": round(spu, 3), "updates_per_epoch": size,
+                     "epoch_minutes_extrapolated": round(spu * size / 60, 1),
+                     "params": model_params(run / "train.log"), "updates_timed": n, "log_interval": interval}
+        log(f"      {fam}: {spu:.2f} s/update x {size} updates/epoch = {spu * size / 60:.1f} min/epoch (extrapolated)")
+        if on_family:
+            on_family(rows)
+    return rows
+
+
+# ------------------------------------------------------------------------------------ main
+
+def build_table(experiment, cfgs, args, manifest, results_dir):
+    """Rebuild ``RESULTS/<experiment>.md/.json/-valid-loss.png`` from the records alone."""
+    from . import study_table
+    from .study_table import table_meta
+    from .study_records import partition, read_records
+
+    records_dir = results_dir / experiment
+    records = read_records(records_dir)
+    expected = {(r["family"], r["seed"]): record_fingerprint(cfgs[r["family"]], args, r["seed"])
+                for r in records if r["family"] in cfgs}
+    current, stale = partition(records, expected)
+    for r in stale:
+        log(f"stale record {r['family']}-seed{r['seed']} (fingerprint {r.get('fingerprint')}): not in the table")
+    if not current:
+        raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate" + (
+            f" ({len(stale)} stale: pass the options they were made with)" if stale else ""))
+    if EXPERIMENTS[experiment]["metric"] == "rouge":
+        from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
+
+        return summarization_table.build(experiment, EXPERIMENTS[experiment], current, stale, records_dir, args,
+                                         manifest, results_dir, FAMILIES, FAMILY_LABELS, log)
+    tgt = manifest["target_lang"]
+    ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
+    refs = {subset: read_lines(path) for subset, path in ref_files.items()}
+    log("paired bootstrap against the Transformer of the same seed")
+    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
+    summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
+    png = results_dir / f"{experiment}-valid-loss.png"
+    panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
+              for subset, release in manifest["test_sets"].items()]
+    plot_study(current, FAMILIES, FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
+    first = next(iter(current[0]["test_sets"].values()))
+    meta = dict(table_meta(EXPERIMENTS[experiment], current, records_dir, args), **{
+            "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
+                       + option_flags(args, EXPERIMENTS[experiment].get("device"))
+                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
+            "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
+            "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name})
+    return study_table.write_table(results_dir, experiment, study_table.to_markdown(summary, meta, stale),
+                                   {"meta": meta, "summary": summary}, boot, current, stale, png, log)
+
+
+def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+    p = argparse.ArgumentParser(
+        prog="scripts/reproduce.sh",
+        description="Train every family and the Transformer on Multi30k or Gigaword for several seeds, average, "
+                    "decode, score (sacreBLEU + tokenized BLEU, or ROUGE-1.5.5 as files2rouge), write one record "
+                    "per run, and rebuild the table (paired bootstrap against the Transformer, PNG) from the records.")
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    p.add_argument("--seeds", default="3", help=SEEDS_HELP)
+    p.add_argument("--families", default=",".join(FAMILIES),
+                   help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
+                        "it is the baseline of the significance test)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="default: cpu for multi30k-cpu (its records were made there), else cuda when visible")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16", help="GPU precision (CPU: fp32)")
+    p.add_argument("--data", default=None, help="binarized data (default data-bin/multi30k.de-en; gigaword-cpu: "
+                   "data-bin/gigaword-30k)")
+    p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
+    p.add_argument("--results-dir", default=str(REPO / "results"))
+    p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last (epoch checkpoints averaged)")
+    p.add_argument("--batch-size", type=int, default=128, help="fairseq-generate sentences per batch")
+    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
+                   help="ROUGE studies: WordNet exception database of ROUGE-1.5.5 (default files2rouge: empty, as "
+                        "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
+    p.add_argument("--force", action="store_true",
+                   help="retrain and rescore the runs of the --families named (the Transformer only when "
+                        "named) even when their record matches today's config")
+    p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
+    p.add_argument("--time-updates", type=int, default=None,
+                   help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
+    p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
+    from ..training.launch import split_fairseq_args
+
+    argv, fairseq_args = split_fairseq_args(argv)
+    args = p.parse_args(argv)
+    args.fairseq_args = fairseq_args
+    exp = EXPERIMENTS[args.experiment]
+    args.data = Path(args.data or exp["data"]).resolve()
+    args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
+    results_dir = Path(args.results_dir).resolve()
+    args.device = args.device or exp.get("device")
+    if args.device is None:
+        from ..training.launch import visible_gpus
+
+        args.device = "cuda" if visible_gpus() > 0 else "cpu"
+    for flag, value in (("--avg-last", args.avg_last), ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
+    try:
+        args.seeds = parse_seeds(args.seeds)
+    except ValueError as e:
+        p.error(f"--seeds: {e}")
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        p.error(f"unknown families {unknown}; choose from {FAMILIES}")
+    named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
+    families = [BASELINE] + [f for f in FAMILIES if f in families and f != BASELINE]
+    try:
+        manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
+        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in families}
+        results_dir.mkdir(parents=True, exist_ok=True)
+        if args.time_updates:
+            path = results_dir / f"{args.experiment}-timing-{args.device}.json"
+
+            def write(rows):
+                out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "commit": git_commit(), "device": device_name(args.device), "loadavg": os.getloadavg(),
+                       "data": str(args.data), "counts": manifest["counts"], "families": rows,
+                       "note": "seconds per update measured between the first and last progress line "
+                               "(start-up excluded); epoch time = that x updates per epoch, extrapolated, "
+                               "training only (no validation, no checkpointing)"}
+                path.write_text(json.dumps(out, indent=1) + "\n")
+                log(f"wrote {path}")
+            time_families(families, cfgs, args, on_family=write)
+            return 0
+        if not args.table_only:
+            from .study_records import matching_record, write_record
+
+            records_dir = results_dir / args.experiment
+            for seed in args.seeds:
+                for fam in families:
+                    fp = record_fingerprint(cfgs[fam], args, seed)
+                    force = args.force and fam in named
+                    with run_lock(args.runs_dir, f"{fam}-seed{seed}") as ours:
+                        if not ours:
+                            log(f"skip  {fam}-seed{seed}: another scripts/reproduce.sh is running it now "
+                                f"(lock {args.runs_dir / f'.{fam}-seed{seed}.lock'}); its record joins the table "
+                                "when it finishes (--table-only)")
+                            continue
+                        if not force and matching_record(records_dir, fam, seed, fp):
+                            log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
+                            continue
+                        run = args.runs_dir / f"{fam}-seed{seed}"
+                        train_run(cfgs[fam], run, seed, args, record_fingerprint(cfgs[fam], args, seed, True), force)
+                        record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
+                                                    device_name(args.device), log)
+                        log(f"wrote record {write_record(records_dir, record, hyps)}")
+        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in FAMILIES}
+        md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
+        print(md.read_text())
+    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
+            RecordError) as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""One study run's evaluation (``scripts/reproduce.sh``): average the last checkpoints, decode
+every test set of the data folder's record, score with the experiment's metric, and assemble the
+run's record (:mod:`study_records`).
+
+Metrics: ``bleu`` (detokenized sacreBLEU against the raw references and case-insensitive
+tokenized BLEU; the Multi30k studies) and ``rouge`` (ROUGE-1/2/L F1 of ROUGE-1.5.5 as files2rouge
+runs it, in the config's ``eval.rouge_order``, against the release's references that data-prep
+copies into the data folder; the summarization studies).
+"""
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+from ...provenance import git_commit
+from ..config import REPO
+from ..training.fairseq_log import epoch_seconds, model_params, valid_curve
+from ...textfile import read_lines
+
+
+class StudyEvalError(RuntimeError):
+    pass
+
+
+def read_references(data, manifest, subset):
+    """The reference lines of ``subset`` (the record's ``references`` file, else ``SUBSET.raw.TGT``)."""
+    name = (manifest.get("references") or {}).get(subset, f"{subset}.raw.{manifest['target_lang']}")
+    path = Path(data) / name
+    if not path.is_file():
+        raise StudyEvalError(f"{path}: missing (the references of {subset}); prepare the data again")
+    return path, read_lines(path)
+
+
+def score_bleu(hyps, refs, raw_refs, tgt, names):
+    from ... import scoring
+
+    detok = scoring.moses_detokenize(hyps, tgt)
+    tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True, names=(names[0], "tokenized references"))
+    sacre = scoring.sacrebleu_detok(detok, raw_refs, names=names)
+    scores = {"bleu_tok_ci": tok_bleu["bleu"], "sacrebleu": sacre["bleu"],
+              "sacrebleu_signature": sacre["signature"], "tokenized_bleu_details": tok_bleu}
+    return scores, detok, f"sacreBLEU {sacre['bleu']:.2f}, tokenized BLEU {tok_bleu['bleu']:.2f}"
+
+
+def score_rouge(hyps, raw_refs, order, exception_db, names):
+    from ... import scoring
+
+    r = scoring.rouge(hyps, raw_refs, order=order, exception_db=exception_db, names=names)
+    scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
+    scores.update(rouge_order=order, exception_db=r["exception_db"], rouge_implementation=r["implementation"])
+    return scores, hyps, f"ROUGE-1/2/L {r['rouge1']:.2f}/{r['rouge2']:.2f}/{r['rougeL']:.2f}"
+
+
+def average_checkpoints(cfg, run, avg_last):
+    """Average the run's last ``avg_last`` (or the config's) epoch/update checkpoints into
+    ``run/eval``; returns (checkpoint, the files averaged)."""
+    from man_fairseq.averaging import AverageError, average_files, last_n_checkpoints
+
+    ev = cfg["eval"]
+    n_avg = avg_last or ev.get("avg_last", 5)
+    by_update = ev.get("avg_by", "epoch") == "update"
+    eval_dir = run / "eval"
+    eval_dir.mkdir(exist_ok=True)
+    ckpt_dir = run / "checkpoints"
+    checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
+    try:
+        averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
+        # eval/ is this run folder's own: each rescoring replaces its average
+        average_files(averaged, str(checkpoint), overwrite=True)
+    except AverageError as e:
+        raise StudyEvalError(f"{run.name}: cannot average: {e}") from e
+    return checkpoint, averaged
+
+
+def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, device_name, log):
+    """Average, decode every test set, score; returns (record, {subset: hypotheses})."""
+    from ..evaluation.decode import decode
+
+    checkpoint, averaged = average_checkpoints(cfg, run, args.avg_last)
+    device = "cpu" if args.device == "cpu" else "gpu"
+    tgt = manifest["target_lang"]
+    results, hypotheses = {}, {}
+    for subset, release_name in manifest["test_sets"].items():
+        cmd, ids, hyps, refs = decode(cfg, args.data, checkpoint, subset, device, args.precision, args.batch_size,
+                                      run / "eval" / f"generate-{subset}.txt")
+        ref_path, raw_refs = read_references(args.data, manifest, subset)
+        if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
+            raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "
+                                 f"in {ref_path}")
+        names = (f"hypotheses of {run.name} {subset}", f"references {ref_path}")
+        if metric == "rouge":
+            scores, kept, line = score_rouge(hyps, raw_refs, cfg["eval"].get("rouge_order", "hyp-ref"),
+                                             args.rouge_exception_db, names)
+        else:
+            scores, kept, line = score_bleu(hyps, refs, raw_refs, tgt, names)
+        hypotheses[subset] = kept
+        results[subset] = {"name": release_name, "n_sentences": len(hyps), **scores,
+                           "generate_command": [str(c) for c in cmd]}
+        log(f"      {run.name} {release_name}: {line}")
+    train_seconds, attempts = epoch_seconds(run / "train.log")
+    run_json = run / "run.json"
+    run_info = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    curve = valid_curve(run / "train.log")
+    record = {"family": family, "seed": seed, "fingerprint": fingerprint,
+              "config": os.path.relpath(cfg["_path"], REPO), "name": cfg["name"], "arch": cfg["arch"],
+              "fairseq_args": list(args.fairseq_args), "train_command": run_info.get("command"),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": git_commit(), "device": device_name,
+              "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_at_end": os.getloadavg(),
+              "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
+              "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
+              "epochs": len(curve), "averaged_checkpoints": [Path(c).name for c in averaged],
+              "valid_curve": curve, "test_sets": results}
+    return record, hypotheses

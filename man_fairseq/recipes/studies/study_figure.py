@@ -1,0 +1,64 @@
+"""A study's figure, taken in at a glance: each family's score with every seed as a dot, the
+Transformer's seeds as a grey band, beside every run's validation loss zoomed on the second half of
+training, where the curves separate (from the start they overlap: the first epochs' losses are
+several bits above the last ones)."""
+
+import os
+from pathlib import Path
+
+from .experiments import BASELINE
+
+
+def _short(label):
+    return label.split(" (")[0]
+
+
+def plot_study(records, families, labels, panels, path, title):
+    """``panels``: [(title, score of a record or None)], one dot panel each, then the loss panel."""
+    from man_fairseq.logging_setup import pyplot
+
+    plt = pyplot()
+    fams = [f for f in families if any(r["family"] == f for r in records)]
+    colors = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 6.5, 4.8), dpi=110,
+                             gridspec_kw={"width_ratios": [1] * len(panels) + [1.7]})
+    for ax, (name, score) in zip(axes[:-1], panels):
+        base = [v for v in (score(r) for r in records if r["family"] == BASELINE) if v is not None]
+        if base:
+            ax.axhspan(min(base), max(base), color="0.85", zorder=0)
+        for i, fam in enumerate(fams):
+            vals = [v for v in (score(r) for r in sorted(records, key=lambda r: r["seed"]) if r["family"] == fam)
+                    if v is not None]
+            # seeds side by side, so that equal scores stay visible as separate dots
+            ax.scatter([i + 0.12 * (k - (len(vals) - 1) / 2) for k in range(len(vals))], vals, color=colors(i % 10),
+                       zorder=2, s=28)
+        ax.set_xticks(range(len(fams)))
+        ax.set_xticklabels([_short(labels.get(f, f)) for f in fams], rotation=40, ha="right", fontsize=8)
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("score (a dot per seed; grey: the Transformer's seeds)", fontsize=8)
+    ax = axes[-1]
+    tail, last = [], 0
+    for i, fam in enumerate(fams):
+        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
+            if r.get("valid_curve"):
+                x, y = zip(*r["valid_curve"])
+                last = max(last, x[-1])
+                tail += [v for u, v in r["valid_curve"] if u >= x[-1] / 2]
+                ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(i % 10), marker=".",
+                        label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
+    if tail:
+        lo, hi = min(tail), max(tail)
+        pad = 0.08 * (hi - lo) or 0.05
+        ax.set_xlim(last / 2 * 0.95, last * 1.02)
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.set_xlabel("updates (second half of training)")
+    ax.set_ylabel("validation loss (label-smoothed CE, base 2)", fontsize=8)
+    ax.legend(fontsize=6.5, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    tmp = Path(str(path) + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,155 @@
+"""A summarization study's table (``scripts/reproduce.sh gigaword-cpu``), rebuilt from its run
+records alone: ROUGE-1/2/L F1 per family (mean ± sample standard deviation over seeds), the
+difference to the Transformer of the same seed, a paired bootstrap over documents against it, a
+lead baseline and the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
+``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
+"""
+
+from pathlib import Path
+
+from ...tables import mean_std
+from ...textfile import read_lines
+from ..config import CONFIG_DIR, load_config
+from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
+from .experiments import BASELINE
+from .study_figure import plot_study
+from .study_records import read_hypotheses
+from .study_table import _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
+
+KEYS = ("rouge1", "rouge2", "rougeL")
+NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
+LEAD_WORDS = {"gigaword": 8}  # the usual lead baseline of headline generation: the first 8 words
+PAPER_ROWS = {"gigaword": ("man/t2-gigaword-transformer", "man/t2-gigaword-man")}
+
+
+def significance(records, records_dir, refs, n_samples):
+    """{(family, seed, subset): {metric: bootstrap}} of every run against the same seed's Transformer."""
+    docs = {}
+
+    def doc_scores(r, subset):
+        key = (r["family"], r["seed"], subset)
+        if key not in docs:
+            t = r["test_sets"][subset]
+            docs[key] = per_document_f(read_hypotheses(records_dir, r, subset), refs[subset],
+                                       t["rouge_order"], t["exception_db"])
+        return docs[key]
+
+    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
+    out = {}
+    for r in records:
+        b = base.get(r["seed"])
+        if r["family"] == BASELINE or b is None:
+            continue
+        for subset in r["test_sets"]:
+            if subset in b["test_sets"] and subset in refs:
+                sd, bd = doc_scores(r, subset), doc_scores(b, subset)
+                out[(r["family"], r["seed"], subset)] = {k: paired_bootstrap(bd[k], sd[k], n_samples) for k in KEYS}
+    return out
+
+
+def summarize(records, families, labels, boot):
+    summary = {}
+    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
+    for fam in families:
+        fr, entry = family_entry(fam, records, labels)
+        if not fr:
+            continue
+        for subset in fr[0]["test_sets"]:
+            s = {"name": fr[0]["test_sets"][subset]["name"]}
+            for k in KEYS:
+                values = [r["test_sets"][subset][k] for r in fr]
+                # matched seeds, like the bootstrap
+                diffs = [r["test_sets"][subset][k] - base[r["seed"]]["test_sets"][subset][k]
+                         for r in fr if r["seed"] in base and subset in base[r["seed"]]["test_sets"]]
+                s[k] = values
+                s[f"{k}_mean_std"] = mean_std(values)
+                s[f"delta_{k}"] = round(sum(diffs) / len(diffs), 2) if diffs else None
+            if fam != BASELINE:
+                s["paired_bootstrap"] = [boot.get((fam, r["seed"], subset)) for r in fr]
+            entry["test_sets"][subset] = s
+        summary[fam] = entry
+    return summary
+
+
+def references_table(dataset, data, manifest, exception_db, order):
+    """Rows for the lead baseline (computed here) and the published numbers (from the configs)."""
+    rows = []
+    if dataset in LEAD_WORDS:
+        n = LEAD_WORDS[dataset]
+        for subset, release in manifest["test_sets"].items():
+            src = Path(data) / manifest["sources"][subset]
+            ref = Path(data) / manifest["references"][subset]
+            lead = [lead_words(line, n) for line in read_lines(src)]
+            from ... import scoring
+
+            r = scoring.rouge(lead, read_lines(ref), order=order, exception_db=exception_db)
+            rows.append({"what": f"Lead-{n} (first {n} words of the article), {release}", "metric":
+                         "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
+                         **{k: r[k] for k in KEYS}})
+    for row in PAPER_ROWS.get(dataset, ()):
+        cfg = load_config(CONFIG_DIR / f"{row}.yaml")
+        pr = cfg["paper_results"]
+        rows.append({"what": f"published: {cfg['row']} (MAN paper Table {cfg['table']}, full data, d=768, 6+6 layers)",
+                     "metric": "ROUGE-1.5.5 F1 via files2rouge on the full 3.8M-pair training set",
+                     **{k: pr[k] for k in KEYS}})
+    return rows
+
+
+def to_markdown(summary, meta, stale, reference_rows):
+    lines = header_lines(meta, f"data: {meta['subset']}")
+    for subset, release in meta["test_sets"].items():
+        lines += [f"## {release}", "",
+                  "| family | params | train min (mean) | R-1 | R-2 | R-L | Δ R-1 / R-2 / R-L vs Transformer | "
+                  "paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for fam, e in summary.items():
+            s = e["test_sets"].get(subset)
+            if s is None:
+                continue
+            minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
+            if fam == BASELINE:
+                delta, pcol = "0 (baseline)", "baseline"
+            else:
+                delta = " / ".join("–" if s[f"delta_{k}"] is None else f"{s[f'delta_{k}']:+.2f}" for k in KEYS)
+                pcol = "; ".join(
+                    f"seed {seed}: " + " / ".join(f"{b[k]['p_value']:.3f} ({'+' if b[k]['system'] >= b[k]['baseline'] else '−'})"
+                                                  for k in KEYS)
+                    for seed, b in zip(e["seeds"], s.get("paired_bootstrap") or []) if b) or "–"
+            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | "
+                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {delta} | {pcol} |")
+        lines.append("")
+    lines += ["For reference (not comparable runs):", "", "| what | R-1 | R-2 | R-L | how scored |", "|---|---|---|---|---|"]
+    lines += [f"| {r['what']} | {r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['metric']} |"
+              for r in reference_rows]
+    lines += ["", f"ROUGE: {meta['rouge']}. Mean ± sample standard deviation over seeds. Δ: mean over the family's "
+              "seeds of its difference to the Transformer of the same seed. Paired bootstrap over documents: "
+              f"{meta['bootstrap']}; p is the probability of the observed difference under no difference. Train "
+              "minutes: wall time of the training epochs from the log, with validation and checkpointing.", "",
+              f"Each run's scores and validation loss: `{meta['png']}`.", ""]
+    lines += stale_lines(stale, "Their config fingerprint differs from what today's configs give. Rerun them to "
+                                "bring them back.")
+    return "\n".join(lines)
+
+
+def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
+    refs = {subset: read_lines(Path(args.data) / manifest["references"][subset])
+            for subset in manifest["test_sets"]}
+    log("paired bootstrap over documents against the Transformer of the same seed")
+    boot = significance(current, records_dir, refs, args.bootstrap_samples)
+    summary = summarize(current, families, labels, boot)
+    first = next(iter(current[0]["test_sets"].values()))
+    reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"])
+    png = results_dir / f"{experiment}.png"
+    subset = next(iter(manifest["test_sets"]))
+    panels = [(f"{NAMES[k]}, {manifest['test_sets'][subset]}",
+               lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None) for k in KEYS]
+    plot_study(current, families, labels, panels, png, exp["title"].split(":")[0])
+    meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
+            "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
+                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
+            "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
+            "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
+                          "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),
+            "png": png.name})
+    return write_table(results_dir, experiment, to_markdown(summary, meta, stale, reference_rows),
+                       {"meta": meta, "summary": summary, "references": reference_rows}, boot, current, stale, png, log)
