@@ -126,3 +126,13 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     again = run(cmd[:cmd.index("--")] + ["--rouge-exception-db", "wordnet", "--table-only"] + cmd[cmd.index("--"):],
                 check=False)
     assert again.returncode == 2 and "stale record man-seed1" in again.stdout
+
+
+def test_the_table_says_which_checkpoint_was_scored():
+    from man_fairseq.recipes.studies.summarization_table import scored_checkpoints
+
+    last = {"averaged_checkpoints": ["checkpoint10.pt"]}
+    five = {"averaged_checkpoints": [f"checkpoint{i}.pt" for i in range(6, 11)]}
+    assert scored_checkpoints([last, last]) == "Each run is scored on its last checkpoint (no averaging)."
+    assert scored_checkpoints([five]) == "Each run is scored on the average of its last 5 checkpoints."
+    assert scored_checkpoints([last, five]) == "Each run is scored on the average of its last 1 or 5 checkpoints."

@@ -124,11 +124,19 @@ def to_markdown(summary, meta, stale, reference_rows):
     lines += ["", f"ROUGE: {meta['rouge']}. Mean ± sample standard deviation over seeds. Δ: mean over the family's "
               "seeds of its difference to the Transformer of the same seed. Paired bootstrap over documents: "
               f"{meta['bootstrap']}; p is the probability of the observed difference under no difference. Train "
-              "minutes: wall time of the training epochs from the log, with validation and checkpointing.", "",
+              f"minutes: wall time of the training epochs from the log, with validation and checkpointing. {meta['scored']}", "",
               f"Each run's scores and validation loss: `{meta['png']}`.", ""]
     lines += stale_lines(stale, "Their config fingerprint differs from what today's configs give. Rerun them to "
                                 "bring them back.")
     return "\n".join(lines)
+
+
+def scored_checkpoints(records):
+    """What the runs were scored on, from their records (how many checkpoints each averaged)."""
+    counts = sorted({len(r.get("averaged_checkpoints") or []) for r in records})
+    if counts == [1]:
+        return "Each run is scored on its last checkpoint (no averaging)."
+    return f"Each run is scored on the average of its last {' or '.join(map(str, counts))} checkpoints."
 
 
 def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
@@ -150,6 +158,6 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
             "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
             "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
                           "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),
-            "png": png.name})
+            "png": png.name, "scored": scored_checkpoints(current)})
     return write_table(results_dir, experiment, to_markdown(summary, meta, stale, reference_rows),
                        {"meta": meta, "summary": summary, "references": reference_rows}, boot, current, stale, png, log)
