@@ -8,7 +8,7 @@ import pytest
 
 from man_fairseq.recipes.training import launch
 from man_fairseq.recipes.config import REPO, all_configs
-from man_fairseq.recipes.evaluation.evaluate import generate_args
+from man_fairseq.recipes.evaluation.decode import generate_args
 from man_fairseq.recipes.evaluation.paper_rows import ROWS, numbers_in, parse_paper_rows, readme_rows_section
 
 PAPER_TABLES = REPO.parent / "shared" / "paper-tables.md"

@@ -329,7 +329,7 @@ def test_moses_detokenize_hand_written():
 
 
 def test_read_generate_output_orders_by_id():
-    from man_fairseq.recipes.evaluation.evaluate import read_generate_output
+    from man_fairseq.recipes.evaluation.decode import read_generate_output
 
     text = "S-1\tb\nT-1\tref b\nH-1\t-0.1\thyp b\nD-1\t-0.1\thyp b\nS-0\ta\nT-0\tref a\nH-0\t-0.2\thyp a\n"
     assert read_generate_output(text) == ([0, 1], ["hyp a", "hyp b"], ["ref a", "ref b"])
