@@ -10,25 +10,27 @@ ROUGE-L is not symmetric: the MAN authors and fairseq's BART README pass the hyp
 By default WordNet's exception database is files2rouge's (empty, so irregular forms such as
 "went" are not stemmed to "go"), and the scores are files2rouge's to the last digit;
 ``--exception-db wordnet`` uses its 5,930 entries instead (docs/summarization-scoring.md). One
-difference: an error (files of unequal line counts, options ROUGE rejects, an unusable ``-s``
-path, checked before ROUGE runs) is one ``ERROR: ...`` line on stderr with exit status 2, not a
-traceback.
+difference: an error (files of unequal line counts, a file that is not UTF-8, options ROUGE
+rejects, an unusable ``-s`` path, checked before ROUGE runs) is one ``ERROR: ...`` line on stderr
+with exit status 2, not a traceback.
 """
 
 import argparse
+import io
 import os
 import sys
 import time
 from pathlib import Path
 
 from man_fairseq.cli.plotting import quiet_logging
-from man_fairseq.recipes import rouge155
+from man_fairseq.recipes import rouge155, textfile
 
 
 def read_lines(path):
-    # files2rouge iterates over the file object: universal newlines, each line stripped later
-    with open(path) as f:
-        return [line for line in f]
+    """The lines of ``path`` as files2rouge reads them (universal newlines, each line stripped
+    later), through the project's one text reader: a file that is not UTF-8 is an error naming it
+    and its first bad line, not a UnicodeDecodeError."""
+    return list(io.StringIO(textfile.read_text(path), newline=None))
 
 
 def build_parser():
