@@ -155,6 +155,12 @@ def test_man_files2rouge_errors_like_files2rouge(tmp_path, capsys):
     assert code == 2 and "--stemming is deprecated" in err
     code, _, err = _files2rouge([ref, ref, "-a", "-c 95 -n 1", "-n", "3"], capsys)
     assert (code, err) == (2, "ERROR: 'rouge_n' should not be set with 'rouge_args'\n")
+    # a negative -n: ROUGE-1.5.5 would print ROUGE-L alone with exit status 0, as for -n 0
+    code, _, err = _files2rouge([ref, ref, "-n", "-1"], capsys)
+    assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 "
+                                      "(0: no ROUGE-N, ROUGE-L only)\n")
+    code, _, err = _files2rouge([ref, ref, "-n", "0", "-nol"], capsys)
+    assert code == 2 and err.endswith("error: -n 0 with -nol leaves nothing to score\n")
 
 
 def test_man_files2rouge_refuses_unequal_files_naming_both(tmp_path, capsys):

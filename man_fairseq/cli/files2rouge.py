@@ -33,13 +33,22 @@ def read_lines(path):
     return list(io.StringIO(textfile.read_text(path), newline=None))
 
 
+def n_gram_size(text):
+    """``-n``: ROUGE-1 .. ROUGE-N; 0 leaves ROUGE-N out (ROUGE-L only). ROUGE-1.5.5 itself takes a
+    negative N silently, as 0."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= 0 (0: no ROUGE-N, ROUGE-L only)")
+    return n
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="man-files2rouge",
                                 description="Calculating ROUGE score between two files (line-by-line)")
     p.add_argument("reference", help="Path of references file")
     p.add_argument("summary", help="Path of summary file")
     p.add_argument("-v", "--verbose", action="store_true", help="Prints the ROUGE command")
-    p.add_argument("-n", "--rouge_n", type=int, default=rouge155.FILES2ROUGE_DEFAULT_N,
+    p.add_argument("-n", "--rouge_n", type=n_gram_size, default=rouge155.FILES2ROUGE_DEFAULT_N,
                    help="Maximum n_gram size to consider")
     p.add_argument("-nol", "--no_rouge_l", action="store_true", help="Do not calculate ROUGE-L")
     p.add_argument("-a", "--args", help="ROUGE Arguments (replace '-c 95 -r 1000 -n 2 -a')")
@@ -76,6 +85,8 @@ def main(argv=None):
     quiet_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.rouge_n == 0 and args.no_rouge_l:
+        parser.error("-n 0 with -nol leaves nothing to score")
     if args.stemming:
         parser.error("files2rouge uses stemming by default so --stemming is deprecated. "
                      "You can turn it off with -nm/--no_stemming")
