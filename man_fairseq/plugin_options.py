@@ -188,14 +188,6 @@ def argparse_type(flag: str, rule: Rule, convert: Callable[[str], object]) -> Ca
     return parse
 
 
-def number_arg(flag: str, low=None, high=None, low_open=False, integer=True) -> Callable[[str], object]:
-    """An argparse ``type`` for a numeric option of the project's own commands (evaluate.sh,
-    reproduce.sh, the demo, ...): the plugin options' :class:`Number` rule, so a value out of range
-    is argparse's one usage line and exit status 2 before any work, never a value silently taken
-    as "not given" (``--avg-last 0``) or handed on to fail later under another option's name."""
-    return argparse_type(flag, Number(low, high, low_open, integer), int if integer else float)
-
-
 def add_option_args(parser, config, delete_default: bool = True) -> None:
     """fairseq's ``gen_parser_from_dataclass`` for ``config``, with each option's declared rule
     (``metadata={"valid": ...}``) checked by argparse (:func:`argparse_type`).

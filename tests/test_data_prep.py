@@ -333,6 +333,16 @@ def test_prep_errors_of_the_shared_steps(iwslt_fixture, tmp_path):
         prep_in_process("iwslt14", "--from", bad, "--work", tmp_path / "w3", "--dest", tmp_path / "b")
 
 
+def test_an_empty_split_is_named_before_bpe(tmp_path):
+    from man_fairseq.recipes.dataprep import split_counts
+
+    for name, text in (("train.de", "a\n"), ("train.en", "b\n"), ("valid.de", ""), ("valid.en", "")):
+        (tmp_path / name).write_text(text)
+    assert split_counts(tmp_path, "de", "en", ("train",)) == {"train": 1}
+    with pytest.raises(PrepError, match=f"^valid: {tmp_path / 'valid.de'} and .en hold no lines; nothing to prepare$"):
+        split_counts(tmp_path, "de", "en", ("train", "valid"))
+
+
 def test_nonstandard_split_is_an_error(iwslt_fixture, tmp_path):
     archive, _, _ = iwslt_fixture
     with pytest.raises(PrepError, match=r"train has \d+ pairs, the standard split has 160,239.*"

@@ -30,7 +30,7 @@ from .launch import USER_DIR, precision_args, visible_gpus
 from . import result_files, rouge155, scoring, textfile
 from .tools import tool_env
 from ..cli.plotting import quiet_logging
-from ..plugin_options import number_arg
+from .argtypes import number
 
 
 class EvaluateError(RuntimeError):
@@ -235,12 +235,12 @@ def build_parser():
     p = argparse.ArgumentParser(prog="scripts/evaluate.sh",
                                 description="Average the last N checkpoints of RUN, decode, score.")
     p.add_argument("run", help="run directory written by scripts/train.sh (holds config.yaml)")
-    p.add_argument("--avg-last", type=number_arg("--avg-last", low=1), default=None, help="override eval.avg_last")
+    p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last")
     p.add_argument("--subset", default=None, help="override eval.gen_subset (default test)")
     p.add_argument("--data", default=None, help="override the data-bin directory")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16")
-    p.add_argument("--batch-size", type=number_arg("--batch-size", low=1), default=128)
+    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
     p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
                    help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
                         "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
