@@ -280,6 +280,18 @@ def test_prepare_refuses_what_would_end_in_a_traceback_or_another_tools_words(tm
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("option", ["--time-updates", "--bootstrap-samples", "--avg-last", "--batch-size"])
+def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path, option, capsys):
+    # --time-updates 0 was taken as "not given": the full trainings started instead of a timing
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r"),
+                        f"{option}=0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"scripts/reproduce.sh: error: argument {option}: invalid value '0': must be >= 1")
+    assert not (tmp_path / "r").exists()
+
+
 def test_reproduce_without_data_is_a_clear_error(tmp_path):
     proc = run([sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--device", "cpu",
                 "--data", tmp_path / "nothing"], check=False)

@@ -34,6 +34,7 @@ from ..cli.plotting import quiet_logging
 from ..provenance import cpu_model, git_commit
 from .config import CONFIG_DIR, REPO, load_config
 from . import rouge155
+from .argtypes import number
 from .dataprep import PrepError
 from .evaluate import EvaluateError
 from .fairseq_log import LogError, model_params, seconds_per_update
@@ -279,9 +280,9 @@ def main(argv=None):
                    "data-bin/gigaword-30k)")
     p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
     p.add_argument("--results-dir", default=str(REPO / "results"))
-    p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last (epoch checkpoints averaged)")
-    p.add_argument("--batch-size", type=int, default=128, help="fairseq-generate sentences per batch")
-    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last (epoch checkpoints averaged)")
+    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128, help="fairseq-generate sentences per batch")
+    p.add_argument("--bootstrap-samples", type=number("--bootstrap-samples", low=1), default=1000)
     p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
                    help="ROUGE studies: WordNet exception database of ROUGE-1.5.5 (default files2rouge: empty, as "
                         "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
@@ -289,7 +290,7 @@ def main(argv=None):
                    help="retrain and rescore the runs of the --families named (the Transformer only when "
                         "named) even when their record matches today's config")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
-    p.add_argument("--time-updates", type=int, default=None,
+    p.add_argument("--time-updates", type=number("--time-updates", low=1), default=None,
                    help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     from .launch import split_fairseq_args
@@ -306,9 +307,6 @@ def main(argv=None):
         from .launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
-    for flag, value in (("--avg-last", args.avg_last), ("--batch-size", args.batch_size)):
-        if value is not None and value < 1:
-            p.error(f"{flag} {value}: must be >= 1")
     try:
         args.seeds = parse_seeds(args.seeds)
     except ValueError as e:
@@ -323,7 +321,7 @@ def main(argv=None):
         manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
         cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in families}
         results_dir.mkdir(parents=True, exist_ok=True)
-        if args.time_updates:
+        if args.time_updates is not None:
             path = results_dir / f"{args.experiment}-timing-{args.device}.json"
 
             def write(rows):
