@@ -30,6 +30,7 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO))
 from man_fairseq.cli.plotting import quiet_logging  # noqa: E402
 from man_fairseq.recipes import textfile  # noqa: E402
+from man_fairseq.recipes.argtypes import number  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 
 # Same width, heads and depth; MAN halves the FFN to keep the parameter count (SPEC §1).
@@ -141,17 +142,17 @@ def main(argv=None):
     p.add_argument("--src", default="src")
     p.add_argument("--tgt", default="tgt")
     p.add_argument("--out", type=Path, default=REPO / "demo-out", help="work folder (default: demo-out/)")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--average", type=int, default=3, help="average the last N epoch checkpoints")
-    p.add_argument("--train-size", type=int, default=3000, help="synthetic corpus: training pairs")
-    p.add_argument("--eval-size", type=int, default=300, help="synthetic corpus: valid and test pairs each")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--epochs", type=number("--epochs", low=1), default=30)
+    p.add_argument("--average", type=number("--average", low=1), default=3, help="average the last N epoch checkpoints")
+    p.add_argument("--train-size", type=number("--train-size", low=1), default=3000, help="synthetic corpus: training pairs")
+    p.add_argument("--eval-size", type=number("--eval-size", low=1), default=300, help="synthetic corpus: valid and test pairs each")
+    p.add_argument("--threads", type=number("--threads", low=1), default=2)
     p.add_argument("--seed", type=int, default=1, help="training seed (the synthetic corpus is fixed)")
-    p.add_argument("--seeds", type=int, default=1,
+    p.add_argument("--seeds", type=number("--seeds", low=1), default=1,
                    help="train each model with seeds SEED..SEED+N-1 and report mean ± std")
     args = p.parse_args(argv)
-    if args.seeds < 1:
-        p.error("--seeds must be >= 1")
+    if args.average > args.epochs:  # there would be fewer epoch checkpoints than that
+        p.error(f"--average {args.average}: more than the {args.epochs} epoch(s) of --epochs")
 
     import sacrebleu
 

@@ -12,17 +12,19 @@ import argparse
 import math
 
 
-def number(flag, low=None, high=None, integer=True):
-    """An argparse ``type``: an int (``integer``) or a finite float within ``[low, high]``."""
+def number(flag, low=None, high=None, integer=True, low_open=False):
+    """An argparse ``type``: an int (``integer``) or a finite float within ``[low, high]``
+    (``low_open``: ``> low``)."""
     convert = int if integer else float
+    bounds = " and ".join(b for b in (f"{'>' if low_open else '>='} {low}" if low is not None else "",
+                                      f"<= {high}" if high is not None else "") if b)
 
     def parse(text):
         value = convert(text)  # a text it cannot read keeps argparse's "invalid int value: 'x'"
-        bounds = " and ".join(b for b in (f">= {low}" if low is not None else "",
-                                          f"<= {high}" if high is not None else "") if b)
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a finite number")
-        if (low is not None and value < low) or (high is not None and value > high):
+        too_low = low is not None and (value <= low if low_open else value < low)
+        if too_low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {bounds}")
         return value
 
