@@ -139,3 +139,11 @@ def test_numbers_out_of_range_are_refused_when_read(tmp_path, capsys, no_trainin
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"scripts/lr_probe.sh: error: argument {option}: invalid value '{value}': {why}")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_config_or_data_folder_is_one_line(tmp_path, capsys, no_training):
+    rc = lr_probe.main(["configs/nope.yaml", "--out", str(tmp_path / "out"), "--data", str(tmp_path)])
+    assert _error_line(rc, capsys) == "ERROR: config not found: configs/nope.yaml"  # was a ConfigError traceback
+    rc = lr_probe.main([SMALL, "--out", str(tmp_path / "out"), "--data", str(tmp_path / "nothing")])
+    assert _error_line(rc, capsys) == f"ERROR: --data {tmp_path / 'nothing'}: no such folder (a binarized data-bin)"
+    assert not (tmp_path / "out").exists()

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from .argtypes import number
-from .config import REPO, load_config
+from .config import REPO, ConfigError, load_config
 from .launch import split_fairseq_args, train_args
 from .tools import tool_env
 from .workdir import MARKER, created
@@ -275,6 +275,8 @@ def run_probe(args):
         return finish(args, cfg, out, log.read_text().splitlines(True), prev.get("exit_code"),
                       prev.get("wall_seconds", 0.0), prev.get("time_limited", True), prev.get("command", []))
     src, tgt = cfg.get("source_lang") or "de", cfg.get("target_lang") or "en"
+    if args.data and not Path(args.data).is_dir():  # fairseq-train would fail on it, after the output is marked
+        raise ProbeError(f"--data {args.data}: no such folder (a binarized data-bin)")
     for lang in () if args.data else (src, tgt):
         if not Path(f"{args.text}.{lang}").is_file():
             raise ProbeError(f"--text: {args.text}.{lang} not found (pass --text PREFIX or --data DATA_BIN)")
@@ -368,7 +370,7 @@ def main(argv=None):
         p.error("a config is required (or --plot)")
     try:
         return plot_only(args) if args.plot else run_probe(args)
-    except ProbeError as e:
+    except (ProbeError, ConfigError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
 
