@@ -302,3 +302,15 @@ def test_a_checkpoint_that_is_not_one_is_named_before_decoding(toy_run, tmp_path
     code = evaluate.main([str(run), "--cpu", "--checkpoint", str(text)])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"ERROR: cannot read checkpoint {text}: RuntimeError: ") and err.count("\n") == 1
+
+
+def test_a_previous_result_beside_the_current_one_is_never_replaced(toy_run, monkeypatch, capsys):
+    # retire() renamed results.json over it: the older file was lost, even when the evaluation failed
+    run, refs = toy_run
+    (run / "results.json").write_text('{"scores": {"bleu": 2.0}}\n')
+    (run / "results.previous.json").write_text('{"scores": {"bleu": 1.0}}\n')
+    code, _, err = _evaluate(run, monkeypatch, capsys, None)
+    assert code == 2 and err == (f"ERROR: {run / 'results.previous.json'} exists beside results.json; evaluate.sh "
+                                 "keeps one earlier result there: move one of them away first\n")
+    assert (run / "results.json").read_text() == '{"scores": {"bleu": 2.0}}\n'
+    assert (run / "results.previous.json").read_text() == '{"scores": {"bleu": 1.0}}\n'
