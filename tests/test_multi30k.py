@@ -292,6 +292,18 @@ def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("option", ["--runs-dir", "--results-dir"])
+def test_reproduce_refuses_a_file_as_its_folders(tmp_path, option, capsys):
+    # --runs-dir a file: a FileExistsError traceback once the first training was to start
+    mine = tmp_path / "mine"
+    mine.write_text("my notes\n")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), option, str(mine)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"scripts/reproduce.sh: error: {option} {mine}: is a file, not a folder"
+    assert mine.read_text() == "my notes\n"
+
+
 def test_reproduce_without_data_is_a_clear_error(tmp_path):
     proc = run([sys.executable, "-m", "man_fairseq.recipes.reproduce", "multi30k", "--device", "cpu",
                 "--data", tmp_path / "nothing"], check=False)

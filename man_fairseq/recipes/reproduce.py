@@ -315,6 +315,9 @@ def main(argv=None):
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
         p.error(f"unknown families {unknown}; choose from {FAMILIES}")
+    for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", results_dir)):
+        if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
+            p.error(f"{flag} {folder}: is a file, not a folder")
     named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
     families = [BASELINE] + [f for f in FAMILIES if f in families and f != BASELINE]
     try:
@@ -361,7 +364,7 @@ def main(argv=None):
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
     except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
-            RecordError) as e:
+            RecordError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0
