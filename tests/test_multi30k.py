@@ -292,6 +292,13 @@ def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path
     assert not (tmp_path / "r").exists()
 
 
+def test_reproduce_refuses_families_that_name_none(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--families", " , "])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        f"scripts/reproduce.sh: error: --families ' , ' names no family; choose from {reproduce.FAMILIES}")
+
+
 @pytest.mark.parametrize("option", ["--runs-dir", "--results-dir"])
 def test_reproduce_refuses_a_file_as_its_folders(tmp_path, option, capsys):
     # --runs-dir a file: a FileExistsError traceback once the first training was to start

@@ -313,6 +313,8 @@ def main(argv=None):
         p.error(f"--seeds: {e}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
+    if not families:  # would train the baseline alone, for hours, on what is most likely a typo
+        p.error(f"--families {args.families!r} names no family; choose from {FAMILIES}")
     if unknown:
         p.error(f"unknown families {unknown}; choose from {FAMILIES}")
     for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", results_dir)):
