@@ -222,7 +222,7 @@ def test_kill_during_binarization_then_rerun(tmp_path):
     # binarizes (pausing.py): data-prep is killed there, not at a moment caught by polling
     hook, reached, _ = pause_env(tmp_path, "fairseq-preprocess", "] Dictionary: ", pythonpath="")
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
-           "OMP_NUM_THREADS": "1", **hook}
+           "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", **hook}  # no __pycache__ in the repository
     proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args), "--allow-nonstandard-splits"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
