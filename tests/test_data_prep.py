@@ -38,7 +38,7 @@ def run_prep(script, *args, check=True):
     proc = subprocess.run(["bash", str(PREP / script), *map(str, args)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=300,
                           env={"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
-                               "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"})
+                               "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
     return proc
