@@ -26,17 +26,22 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) 
     if not os.path.isdir(path):
         raise AverageError(f"checkpoint directory not found: {path}")
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$" if update_based else r"checkpoint(\d+)\.pt$")
-    found = []
+    found, above = [], 0
     for name in os.listdir(path):
         m = pattern.fullmatch(name)
         if m:
             key = int(m.group(1))
             if upper_bound is None or key <= upper_bound:
                 found.append((key, name))
+            else:
+                above += 1
     kind = "update-based (checkpoint_E_U.pt)" if update_based else "epoch (checkpointN.pt)"
     if len(found) < n:
         others = sorted(f for f in os.listdir(path) if f.endswith(".pt") and not pattern.fullmatch(f))
-        if update_based:
+        if above:
+            why = (f"--checkpoint-upper-bound {upper_bound} leaves out the {above} later one(s): "
+                   "raise it or average fewer checkpoints.")
+        elif update_based:
             why = "Train with --save-interval-updates K (and --keep-interval-updates >= N) for update-based checkpoints."
         elif not found and others:
             why = ("Training ended before its first epoch did (e.g. --max-update reached mid-epoch) or ran "
@@ -46,7 +51,7 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) 
                    "average fewer checkpoints.")
         raise AverageError(
             f"asked to average the last {n} {kind} checkpoints but {path} holds only {len(found)}"
-            + (f" at or below {upper_bound}" if upper_bound is not None else "")
+            + (f" at or below --checkpoint-upper-bound {upper_bound}" if upper_bound is not None else "")
             + (": " + ", ".join(sorted(x[1] for x in found)) if found else "")
             + (f" (other checkpoints there: {', '.join(others)})" if others else "")
             + ". " + why
@@ -212,6 +217,8 @@ def select_inputs(inputs: List[str], num_epoch: Optional[int] = None, num_update
         if len(inputs) != 1:
             raise AverageError(f"{flag} takes exactly one --inputs directory")
         return last_n_checkpoints(inputs[0], num, by_update, upper_bound)
+    if upper_bound is not None:  # it picks among a folder's checkpoints only
+        raise AverageError("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
     folders = [f for f in inputs if os.path.isdir(f)]
     if folders:
         raise AverageError(f"--inputs {folders[0]} is a folder: pass --num-epoch-checkpoints N or "

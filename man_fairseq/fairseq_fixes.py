@@ -17,11 +17,14 @@ A third concerns a wrong plugin option found only when the model or criterion is
 index beyond ``--encoder-layers``, the calibration criterion with another ``--arch``): fairseq's
 CLIs would print a 40-line traceback for that user mistake. A
 :class:`~man_fairseq.plugin_options.PluginOptionError` is printed as one line,
-``fairseq-train: error: MESSAGE`` (exit status 1); every other exception keeps its traceback.
+``fairseq-train: error: MESSAGE`` (exit status 1), also when it was raised in one of the
+processes fairseq spawns per GPU (torch hands the parent only that process's formatted
+traceback); every other exception keeps its traceback.
 """
 
 import logging
 import os
+import re
 import sys
 
 import numpy as np
@@ -108,15 +111,35 @@ def inference_step(self, generator, models, sample, prefix_tokens=None, constrai
     return hypos
 
 
-def print_plugin_option_errors(previous):
-    """A ``sys.excepthook`` that prints an uncaught PluginOptionError as one line, like argparse's
-    usage errors, and hands every other exception to ``previous``."""
+def plugin_option_message(exc):
+    """The message of a PluginOptionError ``exc``, or None when ``exc`` is not one.
+
+    Under ``torch.multiprocessing.spawn`` (fairseq's ``distributed_utils.call_main`` on several
+    GPUs) the error is raised in a child, and the parent receives a ProcessRaisedException whose
+    text is the child's traceback: its last line is ``...PluginOptionError: MESSAGE``."""
+    from torch.multiprocessing import ProcessRaisedException
+
     from .plugin_options import PluginOptionError
 
+    if isinstance(exc, PluginOptionError):
+        return str(exc)
+    if isinstance(exc, ProcessRaisedException):
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        found = re.fullmatch(r"(?:\w+\.)*PluginOptionError: (.*)", lines[-1]) if lines else None
+        if found:
+            return found.group(1)
+    return None
+
+
+def print_plugin_option_errors(previous):
+    """A ``sys.excepthook`` that prints an uncaught PluginOptionError (:func:`plugin_option_message`)
+    as one line, like argparse's usage errors, and hands every other exception to ``previous``."""
+
     def hook(exc_type, exc, tb):
-        if isinstance(exc, PluginOptionError):
+        message = plugin_option_message(exc)
+        if message is not None:
             prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-            sys.stderr.write(f"{prog}: error: {exc}\n")
+            sys.stderr.write(f"{prog}: error: {message}\n")
             sys.stderr.flush()
             return
         previous(exc_type, exc, tb)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from man_fairseq import textfile  # noqa: E402
 from man_fairseq.logging_setup import quiet_logging  # noqa: E402
 from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
-from man_fairseq.recipes.options import SEEDS_HELP, parse_seeds  # noqa: E402
+from man_fairseq.recipes.options import SEEDS_HELP, number, parse_seeds  # noqa: E402
 from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 from man_fairseq.tables import mean_std, slug  # noqa: E402,F401
@@ -128,11 +128,11 @@ def build_parser():
     p.add_argument("--src", default="src")
     p.add_argument("--tgt", default="tgt")
     p.add_argument("--out", type=Path, default=REPO / "demo-out", help="work folder (default: demo-out/)")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--average", type=int, default=3, help="average the last N epoch checkpoints")
-    p.add_argument("--train-size", type=int, default=3000, help="synthetic corpus: training pairs")
-    p.add_argument("--eval-size", type=int, default=300, help="synthetic corpus: valid and test pairs each")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--epochs", type=number("--epochs", low=1), default=30)
+    p.add_argument("--average", type=number("--average", low=1), default=3, help="average the last N epoch checkpoints")
+    p.add_argument("--train-size", type=number("--train-size", low=1), default=3000, help="synthetic corpus: training pairs")
+    p.add_argument("--eval-size", type=number("--eval-size", low=1), default=300, help="synthetic corpus: valid and test pairs each")
+    p.add_argument("--threads", type=number("--threads", low=1), default=2)
     p.add_argument("--seeds", default=None, help="training seeds, as scripts/reproduce.sh takes them: " + SEEDS_HELP
                    .replace("(default %(default)s)", "(default: seed 1 alone); several report mean ± std"))
     p.add_argument("--seed", type=int, default=None, help="one training seed S, the same as --seeds S, "
@@ -224,6 +224,8 @@ def main(argv=None):
     p = build_parser()
     args = p.parse_args(argv)
     seeds = seeds_of(p, args)
+    if args.average > args.epochs:  # there would be fewer epoch checkpoints than that
+        p.error(f"--average {args.average}: more than the {args.epochs} epoch(s) of --epochs")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     t0 = time.time()
     if args.data:

@@ -65,7 +65,12 @@ def test_update_checkpoints_and_upper_bound(runs, tmp_path):
                     "--output", out, check=False)
     assert proc.returncode == 2
     assert "asked to average the last 3 update-based (checkpoint_E_U.pt) checkpoints" in proc.stdout
-    assert "holds only 2 at or below 2" in proc.stdout
+    assert "holds only 2 at or below --checkpoint-upper-bound 2: checkpoint_1_1.pt, checkpoint_1_2.pt" in proc.stdout
+    assert "--checkpoint-upper-bound 2 leaves out the 1 later one(s)" in proc.stdout  # not "train longer"
+    # with named files there is nothing to bound: refused, not ignored
+    proc = _average("--inputs", d / "checkpoint_1_3.pt", "--checkpoint-upper-bound", "2", "--output", out, check=False)
+    assert (proc.returncode, proc.stdout) == (2, "ERROR: --checkpoint-upper-bound needs --num-epoch-checkpoints "
+                                                 "or --num-update-checkpoints\n")
 
     # no epoch checkpoints: the run stopped mid-epoch; the message says so and lists what is there
     proc = _average("--inputs", d, "--num-epoch-checkpoints", "1", "--output", out, check=False)

@@ -38,7 +38,7 @@ def run_prep(script, *args, check=True):
     proc = subprocess.run(["bash", str(PREP / script), *map(str, args)], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=300,
                           env={"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin",
-                               "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"})
+                               "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-4000:]}")
     return proc
@@ -222,7 +222,7 @@ def test_kill_during_binarization_then_rerun(tmp_path):
     # binarizes (pausing.py): data-prep is killed there, not at a moment caught by polling
     hook, reached, _ = pause_env(tmp_path, "fairseq-preprocess", "] Dictionary: ", pythonpath="")
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
-           "OMP_NUM_THREADS": "1", **hook}
+           "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", **hook}  # no __pycache__ in the repository
     proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args), "--allow-nonstandard-splits"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -331,6 +331,16 @@ def test_prep_errors_of_the_shared_steps(iwslt_fixture, tmp_path):
             add_text(tar, m.name, data.decode("utf-8"))
     with pytest.raises(PrepError, match=r"train\.tags\.de-en\.\*: \d+ German but \d+ English lines"):
         prep_in_process("iwslt14", "--from", bad, "--work", tmp_path / "w3", "--dest", tmp_path / "b")
+
+
+def test_an_empty_split_is_named_before_bpe(tmp_path):
+    from man_fairseq.recipes.data.dataprep import split_counts
+
+    for name, text in (("train.de", "a\n"), ("train.en", "b\n"), ("valid.de", ""), ("valid.en", "")):
+        (tmp_path / name).write_text(text)
+    assert split_counts(tmp_path, "de", "en", ("train",)) == {"train": 1}
+    with pytest.raises(PrepError, match=f"^valid: {tmp_path / 'valid.de'} and .en hold no lines; nothing to prepare$"):
+        split_counts(tmp_path, "de", "en", ("train", "valid"))
 
 
 def test_nonstandard_split_is_an_error(iwslt_fixture, tmp_path):

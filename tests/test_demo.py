@@ -63,6 +63,20 @@ def _write(folder, split, src_lines, tgt_lines):
     (folder / f"{split}.en").write_text("".join(l + "\n" for l in tgt_lines))
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["--epochs", "0"], "argument --epochs: invalid value '0': must be >= 1"),  # trained nothing, then failed
+    (["--seeds", "0"], "argument --seeds: invalid value '0': must be >= 1"),
+    (["--threads", "0"], "argument --threads: invalid value '0': must be >= 1"),
+    (["--train-size", "-5"], "argument --train-size: invalid value '-5': must be >= 1"),
+    (["--epochs", "2", "--average", "3"], "--average 3: more than the 2 epoch(s) of --epochs"),  # failed after training
+])
+def test_counts_are_checked_when_the_arguments_are_read(tmp_path, argv, said, capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--out", str(tmp_path / "out"), *argv])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {said}")
+    assert not (tmp_path / "out").exists()
+
+
 def test_user_data_checks(tmp_path):
     for split in ("train", "valid", "test"):
         _write(tmp_path, split, ["a b", "c"], ["x", "y z"])

@@ -126,3 +126,24 @@ def test_text_is_binarized_inside_out_and_again_when_it_changes(toy_raw, tmp_pat
     (tmp_path / "text.en").write_text((tmp_path / "text.en").read_text() + "newword " * 5 + "\n")
     assert "+ fairseq-preprocess" in probe()  # another text: binarized again, not the old binaries
     assert "neuwort" in (out / "data-bin" / "dict.de.txt").read_text() and "neuwort" not in words
+
+
+@pytest.mark.parametrize("option, value, why", [
+    ("--updates", "0", "must be >= 1"), ("--warmup", "-1", "must be >= 0"), ("--lr", "-0.1", "must be > 0"),
+    ("--time-limit", "0", "must be > 0"), ("--max-tokens", "0", "must be >= 1"), ("--lr", "nan", "must be a finite number"),
+])
+def test_numbers_out_of_range_are_refused_when_read(tmp_path, capsys, no_training, option, value, why):
+    with pytest.raises(SystemExit) as e:
+        lr_probe.main([SMALL, "--out", str(tmp_path / "out"), "--text", str(tmp_path / "text"), f"{option}={value}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"scripts/lr_probe.sh: error: argument {option}: invalid value '{value}': {why}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_config_or_data_folder_is_one_line(tmp_path, capsys, no_training):
+    rc = lr_probe.main(["configs/nope.yaml", "--out", str(tmp_path / "out"), "--data", str(tmp_path)])
+    assert _error_line(rc, capsys) == "ERROR: config not found: configs/nope.yaml"  # was a ConfigError traceback
+    rc = lr_probe.main([SMALL, "--out", str(tmp_path / "out"), "--data", str(tmp_path / "nothing")])
+    assert _error_line(rc, capsys) == f"ERROR: --data {tmp_path / 'nothing'}: no such folder (a binarized data-bin)"
+    assert not (tmp_path / "out").exists()

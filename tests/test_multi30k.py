@@ -257,6 +257,61 @@ def test_prepare_rejects_nonstandard_sizes_and_missing_files(tmp_path):
     assert proc.returncode == 2 and "no val.en or val.en.gz" in proc.stdout
 
 
+
+@pytest.mark.parametrize("case", ["empty train", "--workers 0", "--bpe-merges 0"])
+def test_prepare_refuses_what_would_end_in_a_traceback_or_another_tools_words(tmp_path, case):
+    # empty training text: subword-nmt's "ValueError: max() arg is an empty sequence"; --workers 0:
+    # a ZeroDivisionError; --bpe-merges 0: subword-nmt's "The line should exist of exactly two
+    # subword units" while reading the codes it had written
+    folder = synthetic_release(tmp_path / "raw")
+    extra = {"--workers 0": ["--workers", "0"], "--bpe-merges 0": ["--bpe-merges", "0"]}.get(case, [])
+    if case == "empty train":
+        for name in ("train.de.gz", "train.en.gz"):
+            with gzip.open(folder / name, "wt"):
+                pass
+    proc = run([REPO / "data-prep" / "prepare-multi30k.sh", "--from", folder, "--work", tmp_path / "w",
+                "--dest", tmp_path / "d", "--allow-nonstandard-splits", *extra], check=False)
+    last = proc.stdout.rstrip("\n").splitlines()[-1]
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    assert last == {
+        "empty train": f"ERROR: train: {folder / 'train.de.gz'} and {folder / 'train.en.gz'} hold no lines; nothing to prepare",
+        "--workers 0": "data-prep/prepare-multi30k.sh: error: argument --workers: invalid value '0': must be >= 1",
+        "--bpe-merges 0": "data-prep/prepare-multi30k.sh: error: argument --bpe-merges: invalid value '0': must be >= 1",
+    }[case]
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("option", ["--time-updates", "--bootstrap-samples", "--avg-last", "--batch-size"])
+def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path, option, capsys):
+    # --time-updates 0 was taken as "not given": the full trainings started instead of a timing
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r"),
+                        f"{option}=0"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"scripts/reproduce.sh: error: argument {option}: invalid value '0': must be >= 1")
+    assert not (tmp_path / "r").exists()
+
+
+def test_reproduce_refuses_families_that_name_none(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--families", " , "])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        f"scripts/reproduce.sh: error: --families ' , ' names no family; choose from {reproduce.FAMILIES}")
+
+
+@pytest.mark.parametrize("option", ["--runs-dir", "--results-dir"])
+def test_reproduce_refuses_a_file_as_its_folders(tmp_path, option, capsys):
+    # --runs-dir a file: a FileExistsError traceback once the first training was to start
+    mine = tmp_path / "mine"
+    mine.write_text("my notes\n")
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), option, str(mine)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"scripts/reproduce.sh: error: {option} {mine}: is a file, not a folder"
+    assert mine.read_text() == "my notes\n"
+
+
 def test_reproduce_without_data_is_a_clear_error(tmp_path):
     proc = run([sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--device", "cpu",
                 "--data", tmp_path / "nothing"], check=False)

@@ -170,6 +170,42 @@ def test_the_plugin_prints_its_option_errors_as_one_line(capsys, monkeypatch):
     assert seen == [other] and capsys.readouterr().err == ""  # every other exception keeps its traceback
 
 
+SPAWNED = """
+import torch.multiprocessing as mp
+
+import man_fairseq  # noqa: F401  (as --user-dir does: installs the excepthook)
+from man_fairseq.plugin_options import PluginOptionError
+
+
+def build(rank):  # what each process of fairseq's call_main does when the model is built
+    raise PluginOptionError("--localness-layers 0,5: layers out of range, the model has 2")
+
+
+if __name__ == "__main__":
+    mp.spawn(build, nprocs=1, join=True)
+"""
+
+
+def test_an_option_error_in_a_spawned_process_is_one_line_too(tmp_path, capsys):
+    # fairseq-train on several GPUs builds the model in processes torch.multiprocessing.spawn
+    # starts (distributed_utils.call_main); the parent only gets their formatted traceback
+    script = tmp_path / "fairseq-train"
+    script.write_text(SPAWNED)
+    proc = run_bounded([sys.executable, script], 300, env=child_env({"PYTHONPATH": str(USER_DIR + "/..")}),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.returncode == 1
+    assert proc.stderr == "fairseq-train: error: --localness-layers 0,5: layers out of range, the model has 2\n"
+    # any other exception of a spawned process keeps its traceback
+    from torch.multiprocessing import ProcessRaisedException
+
+    seen = []
+    hook = print_plugin_option_errors(lambda *exc_info: seen.append(exc_info[1]))
+    trace = "Traceback (most recent call last):\n  File \"x.py\", line 1, in build\nRuntimeError: a defect\n"
+    other = ProcessRaisedException("\n\n-- Process 0 terminated with the following error:\n" + trace, 0, 1)
+    hook(ProcessRaisedException, other, None)
+    assert seen == [other] and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("extra, status, last_line", [
     (["--arch", "transformer_man_small", "--static-mask-window", "-1"], 2,
      "fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0"),

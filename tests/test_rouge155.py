@@ -155,6 +155,12 @@ def test_man_files2rouge_errors_like_files2rouge(tmp_path, capsys):
     assert code == 2 and "--stemming is deprecated" in err
     code, _, err = _files2rouge([ref, ref, "-a", "-c 95 -n 1", "-n", "3"], capsys)
     assert (code, err) == (2, "ERROR: 'rouge_n' should not be set with 'rouge_args'\n")
+    # a negative -n: ROUGE-1.5.5 would print ROUGE-L alone with exit status 0, as for -n 0
+    code, _, err = _files2rouge([ref, ref, "-n", "-1"], capsys)
+    assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 "
+                                      "(0: no ROUGE-N, ROUGE-L only)\n")
+    code, _, err = _files2rouge([ref, ref, "-n", "0", "-nol"], capsys)
+    assert code == 2 and err.endswith("error: -n 0 with -nol leaves nothing to score\n")
 
 
 def test_man_files2rouge_refuses_unequal_files_naming_both(tmp_path, capsys):
@@ -168,6 +174,23 @@ def test_man_files2rouge_refuses_unequal_files_naming_both(tmp_path, capsys):
     ref.write_text("")
     code, _, err = _files2rouge([ref, summ], capsys)
     assert (code, err) == (2, f"ERROR: nothing to score: REFERENCE {ref} has 0 lines but SUMMARY {summ} has 0 lines\n")
+
+
+def test_man_files2rouge_names_a_file_that_is_not_utf8_and_keeps_files2rouge_line_ends(tmp_path, capsys, monkeypatch):
+    ref, summ = tmp_path / "ref.txt", tmp_path / "summ.txt"
+    ref.write_bytes(b"a b .\nun caf\xe9 .\n")  # Latin-1
+    summ.write_text("a b .\nc d .\n")
+    for argv, bad in [([ref, summ], ref), ([summ, ref], ref)]:
+        code, out, err = _files2rouge(argv, capsys)
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert err.startswith(f"ERROR: {bad}: line 2 is not UTF-8 text (0xe9 at byte 7 of the line)")
+    # "\r\n" and a lone "\r" end a line, as in files2rouge's text-mode reading
+    seen = []
+    monkeypatch.setattr(rouge155, "run", lambda refs, summaries, **k: seen.append((refs, summaries)) or ("", []))
+    ref.write_bytes(b"a b .\r\nc d .\rcaf\xc3\xa9 .")
+    summ.write_text("x\ny\nz\n")
+    assert _files2rouge([ref, summ], capsys)[0] == 0
+    assert seen == [(["a b .\n", "c d .\n", "caf\u00e9 ."], ["x\n", "y\n", "z\n"])]
 
 
 def test_man_files2rouge_options_rouge_rejects_are_one_line(tmp_path, capsys):

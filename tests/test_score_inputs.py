@@ -281,3 +281,38 @@ def test_evaluate_sh_prints_one_error_line_with_status_2(toy_run, tmp_path, toy_
         f"ERROR: unequal line counts: the binarized test set in {data} has 20 lines but references "
         f"{data / 'test.raw.tgt'} has 19 lines .*\n", proc.stderr), proc.stderr
     assert not (run / "results.json").exists() and (run / "results.previous.json").read_text() == "{}\n"
+
+
+@pytest.mark.parametrize("option, value, why", [("--avg-last", "0", "must be >= 1"), ("--avg-last", "-1", "must be >= 1"),
+                                                ("--batch-size", "0", "must be >= 1")])
+def test_a_count_out_of_range_is_refused_when_the_arguments_are_read(toy_run, option, value, why, capsys):
+    # --avg-last 0 was taken as "not given" (the config's average, exit status 0); -1 reached the
+    # averaging as "--num-epoch-checkpoints -1"
+    run, _ = toy_run
+    with pytest.raises(SystemExit) as e:
+        evaluate.main([str(run), "--cpu", f"{option}={value}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"scripts/evaluate.sh: error: argument {option}: invalid value '{value}': {why}")
+
+
+def test_a_checkpoint_that_is_not_one_is_named_before_decoding(toy_run, tmp_path, monkeypatch, capsys):
+    run, _ = toy_run
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint\n")
+    monkeypatch.setattr(evaluate, "decode", lambda *a, **k: pytest.fail("decoding started"))
+    code = evaluate.main([str(run), "--cpu", "--checkpoint", str(text)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"ERROR: cannot read checkpoint {text}: RuntimeError: ") and err.count("\n") == 1
+
+
+def test_a_previous_result_beside_the_current_one_is_never_replaced(toy_run, monkeypatch, capsys):
+    # retire() renamed results.json over it: the older file was lost, even when the evaluation failed
+    run, refs = toy_run
+    (run / "results.json").write_text('{"scores": {"bleu": 2.0}}\n')
+    (run / "results.previous.json").write_text('{"scores": {"bleu": 1.0}}\n')
+    code, _, err = _evaluate(run, monkeypatch, capsys, None)
+    assert code == 2 and err == (f"ERROR: {run / 'results.previous.json'} exists beside results.json; evaluate.sh "
+                                 "keeps one earlier result there: move one of them away first\n")
+    assert (run / "results.json").read_text() == '{"scores": {"bleu": 2.0}}\n'
+    assert (run / "results.previous.json").read_text() == '{"scores": {"bleu": 1.0}}\n'

@@ -10,25 +10,36 @@ ROUGE-L is not symmetric: the MAN authors and fairseq's BART README pass the hyp
 By default WordNet's exception database is files2rouge's (empty, so irregular forms such as
 "went" are not stemmed to "go"), and the scores are files2rouge's to the last digit;
 ``--exception-db wordnet`` uses its 5,930 entries instead (docs/summarization-scoring.md). One
-difference: an error (files of unequal line counts, options ROUGE rejects, an unusable ``-s``
-path, checked before ROUGE runs) is one ``ERROR: ...`` line on stderr with exit status 2, not a
-traceback.
+difference: an error (files of unequal line counts, a file that is not UTF-8, options ROUGE
+rejects, an unusable ``-s`` path, checked before ROUGE runs) is one ``ERROR: ...`` line on stderr
+with exit status 2, not a traceback.
 """
 
 import argparse
+import io
 import os
 import sys
 import time
 from pathlib import Path
 
 from man_fairseq.logging_setup import quiet_logging
-from man_fairseq import rouge155
+from man_fairseq import rouge155, textfile
 
 
 def read_lines(path):
-    # files2rouge iterates over the file object: universal newlines, each line stripped later
-    with open(path) as f:
-        return [line for line in f]
+    """The lines of ``path`` as files2rouge reads them (universal newlines, each line stripped
+    later), through the project's one text reader: a file that is not UTF-8 is an error naming it
+    and its first bad line, not a UnicodeDecodeError."""
+    return list(io.StringIO(textfile.read_text(path), newline=None))
+
+
+def n_gram_size(text):
+    """``-n``: ROUGE-1 .. ROUGE-N; 0 leaves ROUGE-N out (ROUGE-L only). ROUGE-1.5.5 itself takes a
+    negative N silently, as 0."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= 0 (0: no ROUGE-N, ROUGE-L only)")
+    return n
 
 
 def build_parser():
@@ -37,7 +48,7 @@ def build_parser():
     p.add_argument("reference", help="Path of references file")
     p.add_argument("summary", help="Path of summary file")
     p.add_argument("-v", "--verbose", action="store_true", help="Prints the ROUGE command")
-    p.add_argument("-n", "--rouge_n", type=int, default=rouge155.FILES2ROUGE_DEFAULT_N,
+    p.add_argument("-n", "--rouge_n", type=n_gram_size, default=rouge155.FILES2ROUGE_DEFAULT_N,
                    help="Maximum n_gram size to consider")
     p.add_argument("-nol", "--no_rouge_l", action="store_true", help="Do not calculate ROUGE-L")
     p.add_argument("-a", "--args", help="ROUGE Arguments (replace '-c 95 -r 1000 -n 2 -a')")
@@ -74,6 +85,8 @@ def main(argv=None):
     quiet_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.rouge_n == 0 and args.no_rouge_l:
+        parser.error("-n 0 with -nol leaves nothing to score")
     if args.stemming:
         parser.error("files2rouge uses stemming by default so --stemming is deprecated. "
                      "You can turn it off with -nm/--no_stemming")

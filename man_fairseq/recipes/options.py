@@ -1,5 +1,16 @@
 """Options that mean the same in every recipe command: ``--seeds`` (``scripts/reproduce.sh``,
-``scripts/demo.py``)."""
+``scripts/demo.py``), and the argparse type of every count and rate (evaluate.sh, data-prep,
+reproduce.sh, the demo, the lr probe).
+
+A number out of range is argparse's one usage line and exit status 2 before any work, worded as
+the plugin options' (``error: argument --avg-last: invalid value '0': must be >= 1``), never a
+value taken as "not given" (``--avg-last 0`` once scored the config's average with exit 0) or
+handed on to fail later under another option's name or as a traceback (``--workers 0``: a
+ZeroDivisionError). Standard library only: data-prep imports it without fairseq.
+"""
+
+import argparse
+import math
 
 SEEDS_HELP = ("N (seeds 1..N) or a comma-separated list such as 2,3; one seed alone: N, with the comma "
               "(default %(default)s)")
@@ -17,3 +28,24 @@ def parse_seeds(spec):
     if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
         raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
     return seeds
+
+
+def number(flag, low=None, high=None, integer=True, low_open=False):
+    """An argparse ``type``: an int (``integer``) or a finite float within ``[low, high]``
+    (``low_open``: ``> low``)."""
+    convert = int if integer else float
+    bounds = " and ".join(b for b in (f"{'>' if low_open else '>='} {low}" if low is not None else "",
+                                      f"<= {high}" if high is not None else "") if b)
+
+    def parse(text):
+        value = convert(text)  # a text it cannot read keeps argparse's "invalid int value: 'x'"
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a finite number")
+        too_low = low is not None and (value <= low if low_open else value < low)
+        if too_low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be {bounds}")
+        return value
+
+    parse.__name__ = convert.__name__  # argparse's "invalid int value"
+    parse.flag = flag
+    return parse

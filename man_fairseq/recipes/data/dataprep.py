@@ -311,6 +311,8 @@ def split_counts(folder, src, tgt, splits=("train", "valid", "test")):
         nt = count_lines(Path(folder) / f"{split}.{tgt}")
         if ns != nt:
             raise PrepError(f"{split}: {ns} source lines but {nt} target lines")
+        if ns == 0:  # BPE would fail on it with a bare ValueError from subword-nmt
+            raise PrepError(f"{split}: {Path(folder) / f'{split}.{src}'} and .{tgt} hold no lines; nothing to prepare")
         counts[split] = ns
     return counts
 

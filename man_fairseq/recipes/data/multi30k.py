@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from ..config import REPO
+from ..options import number
 from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, write_lines
 from .downloads import fetch
@@ -114,6 +115,8 @@ def prepare_multi30k(args):
             if len(sides[src]) != len(sides[tgt]):
                 raise PrepError(f"{split}: {by_lang[src]} has {len(sides[src])} lines but {by_lang[tgt]} "
                                 f"has {len(sides[tgt])}; the two sides must be line-aligned")
+            if not sides[src]:
+                raise PrepError(f"{split}: {by_lang[src]} and {by_lang[tgt]} hold no lines; nothing to prepare")
             want = EXPECTED.get(split)
             if want is not None and len(sides[src]) != want and not args.allow_nonstandard_splits:
                 raise PrepError(f"{split}: {len(sides[src]):,} pairs in {by_lang[src]}, the standard Multi30k "
@@ -188,8 +191,8 @@ def main(argv=None):
     p.add_argument("--tgt", default="en")
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/multi30k.SRC-TGT)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/multi30k.SRC-TGT)")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--bpe-merges", type=int, default=DEFAULT_BPE_MERGES,
+    p.add_argument("--workers", type=number("--workers", low=1), default=1)
+    p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=DEFAULT_BPE_MERGES,
                    help=f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import cnndm
 from ..config import REPO
+from ..options import number
 from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (
@@ -243,10 +244,10 @@ def parse_args(argv=None):
                    help="local archive or folder with the original files (no download)")
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/DATASET)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/<standard name>)")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--bpe-merges", type=int, default=None,
+    p.add_argument("--workers", type=number("--workers", low=1), default=1)
+    p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
                    help="BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
-    p.add_argument("--max-len", type=int, default=None, help="cleaning: max tokens per side")
+    p.add_argument("--max-len", type=number("--max-len", low=1), default=None, help="cleaning: max tokens per side")
     p.add_argument("--max-source-tokens", type=int, default=400,
                    help="CNN/DM: truncate articles to this many tokens (See et al.; 0 = keep all)")
     p.add_argument("--max-target-tokens", type=int, default=None,

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, validate
+from ..options import number
 from ..training.launch import visible_gpus
 from . import result_files
 from .decode import EvaluateError, decode
@@ -71,7 +72,11 @@ def training_progress(checkpoint):
     from man_fairseq.checkpoint_compat import register_safe_globals
 
     register_safe_globals()
-    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    try:
+        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # a file cut short or not a checkpoint at all: name it, before decoding
+        raise EvaluateError(f"cannot read checkpoint {checkpoint}: {type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}") from e
     history = state.get("optimizer_history") or [{}]
     train_iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
     epoch = train_iterator.get("epoch")  # the epoch to run next or the one interrupted
@@ -162,12 +167,12 @@ def build_parser():
     p = argparse.ArgumentParser(prog="scripts/evaluate.sh",
                                 description="Average the last N checkpoints of RUN, decode, score.")
     p.add_argument("run", help="run directory written by scripts/train.sh (holds config.yaml)")
-    p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last")
+    p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last")
     p.add_argument("--subset", default=None, help="override eval.gen_subset (default test)")
     p.add_argument("--data", default=None, help="override the data-bin directory")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
     p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
                    help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
                         "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
@@ -219,7 +224,7 @@ def evaluate(run, args):
     data = args.data or run_info.get("data") or cfg["data"]
     ev = cfg["eval"]
     subset = args.subset or ev.get("gen_subset", "test")
-    n_avg = args.avg_last or ev.get("avg_last", 5)
+    n_avg = args.avg_last if args.avg_last is not None else ev.get("avg_last", 5)
     by_update = ev.get("avg_by", "epoch") == "update"
     device = "cpu" if args.cpu or visible_gpus() == 0 else "gpu"
     src, tgt = cfg.get("source_lang"), cfg.get("target_lang")

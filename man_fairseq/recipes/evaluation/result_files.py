@@ -19,7 +19,14 @@ def previous_path(run, name):
 
 def retire(run):
     """Rename RUN's result files to ``results.previous.*``, so that from now on a failure leaves
-    no result that looks current; returns the new paths."""
+    no result that looks current; returns the new paths.
+
+    A ``results.previous.*`` beside the file it would replace is not one this module left (a
+    success removes them): FileExistsError, and nothing is moved."""
+    for name in RESULT_FILES:
+        if (Path(run) / name).is_file() and previous_path(run, name).exists():
+            raise FileExistsError(f"{previous_path(run, name)} exists beside {name}; evaluate.sh keeps one earlier "
+                                  "result there: move one of them away first")
     moved = []
     for name in RESULT_FILES:
         if (Path(run) / name).is_file():

@@ -39,7 +39,7 @@ from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
-from ..options import SEEDS_HELP, parse_seeds
+from ..options import SEEDS_HELP, number, parse_seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
@@ -235,9 +235,9 @@ def main(argv=None):
                    "data-bin/gigaword-30k)")
     p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
     p.add_argument("--results-dir", default=str(REPO / "results"))
-    p.add_argument("--avg-last", type=int, default=None, help="override eval.avg_last (epoch checkpoints averaged)")
-    p.add_argument("--batch-size", type=int, default=128, help="fairseq-generate sentences per batch")
-    p.add_argument("--bootstrap-samples", type=int, default=1000)
+    p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last (epoch checkpoints averaged)")
+    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128, help="fairseq-generate sentences per batch")
+    p.add_argument("--bootstrap-samples", type=number("--bootstrap-samples", low=1), default=1000)
     p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
                    help="ROUGE studies: WordNet exception database of ROUGE-1.5.5 (default files2rouge: empty, as "
                         "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
@@ -245,7 +245,7 @@ def main(argv=None):
                    help="retrain and rescore the runs of the --families named (the Transformer only when "
                         "named) even when their record matches today's config")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
-    p.add_argument("--time-updates", type=int, default=None,
+    p.add_argument("--time-updates", type=number("--time-updates", low=1), default=None,
                    help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     from ..training.launch import split_fairseq_args
@@ -262,24 +262,26 @@ def main(argv=None):
         from ..training.launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
-    for flag, value in (("--avg-last", args.avg_last), ("--batch-size", args.batch_size)):
-        if value is not None and value < 1:
-            p.error(f"{flag} {value}: must be >= 1")
     try:
         args.seeds = parse_seeds(args.seeds)
     except ValueError as e:
         p.error(f"--seeds: {e}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
+    if not families:  # would train the baseline alone, for hours, on what is most likely a typo
+        p.error(f"--families {args.families!r} names no family; choose from {FAMILIES}")
     if unknown:
         p.error(f"unknown families {unknown}; choose from {FAMILIES}")
+    for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", results_dir)):
+        if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
+            p.error(f"{flag} {folder}: is a file, not a folder")
     named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
     families = [BASELINE] + [f for f in FAMILIES if f in families and f != BASELINE]
     try:
         manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
         cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in families}
         results_dir.mkdir(parents=True, exist_ok=True)
-        if args.time_updates:
+        if args.time_updates is not None:
             path = results_dir / f"{args.experiment}-timing-{args.device}.json"
 
             def write(rows):
@@ -319,7 +321,7 @@ def main(argv=None):
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
     except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
-            RecordError) as e:
+            RecordError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

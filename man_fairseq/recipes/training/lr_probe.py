@@ -42,7 +42,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..config import REPO, load_config
+from ..config import REPO, ConfigError, load_config
+from ..options import number
 from .launch import split_fairseq_args, train_args
 from ..tools import tool_env
 from ..workdir import MARKER, created
@@ -96,7 +97,7 @@ def binarize(text_prefix, src, tgt, dest):
     cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref",
            str(text_prefix), "--destdir", str(dest), "--joined-dictionary", "--workers", "1"]
     print("+ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tool_env())
     if proc.returncode != 0:
         raise ProbeError(f"fairseq-preprocess failed on --text {text_prefix} (exit {proc.returncode}): "
                          + (proc.stdout.strip().splitlines() or [""])[-1])
@@ -274,6 +275,8 @@ def run_probe(args):
         return finish(args, cfg, out, log.read_text().splitlines(True), prev.get("exit_code"),
                       prev.get("wall_seconds", 0.0), prev.get("time_limited", True), prev.get("command", []))
     src, tgt = cfg.get("source_lang") or "de", cfg.get("target_lang") or "en"
+    if args.data and not Path(args.data).is_dir():  # fairseq-train would fail on it, after the output is marked
+        raise ProbeError(f"--data {args.data}: no such folder (a binarized data-bin)")
     for lang in () if args.data else (src, tgt):
         if not Path(f"{args.text}.{lang}").is_file():
             raise ProbeError(f"--text: {args.text}.{lang} not found (pass --text PREFIX or --data DATA_BIN)")
@@ -334,16 +337,16 @@ def main(argv=None):
     p.add_argument("config", nargs="?", help="configs/<row>.yaml (or a row name)")
     p.add_argument("--norm", choices=["pre", "post", "config"], default="config",
                    help="force pre-/post-norm in encoder and decoder (default: as the config says)")
-    p.add_argument("--updates", type=int, default=300)
-    p.add_argument("--warmup", type=int, default=40, help="warm-up updates to the peak lr")
-    p.add_argument("--max-tokens", type=int, default=1536, help="tokens per batch (one process)")
+    p.add_argument("--updates", type=number("--updates", low=1), default=300)
+    p.add_argument("--warmup", type=number("--warmup", low=0), default=40, help="warm-up updates to the peak lr")
+    p.add_argument("--max-tokens", type=number("--max-tokens", low=1), default=1536, help="tokens per batch (one process)")
     p.add_argument("--paper-batch", action="store_true", help="keep the config's max-tokens")
-    p.add_argument("--lr", type=float, default=None, help="peak lr (default: the config's)")
-    p.add_argument("--min-drop", type=float, default=1.0,
+    p.add_argument("--lr", type=number("--lr", low=0, low_open=True, integer=False), default=None, help="peak lr (default: the config's)")
+    p.add_argument("--min-drop", type=number("--min-drop", integer=False), default=1.0,
                    help="how much the loss (bits) must fall, first window to last, to count as training")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--log-interval", type=int, default=10)
-    p.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+    p.add_argument("--log-interval", type=number("--log-interval", low=1), default=10)
+    p.add_argument("--time-limit", type=number("--time-limit", low=0, low_open=True, integer=False), default=None, metavar="MINUTES",
                    help="stop training after this many minutes and judge the updates logged so far "
                         "(for a slow, shared CPU); the report says where it stopped")
     p.add_argument("--analyse", action="store_true",
@@ -367,7 +370,7 @@ def main(argv=None):
         p.error("a config is required (or --plot)")
     try:
         return plot_only(args) if args.plot else run_probe(args)
-    except ProbeError as e:
+    except (ProbeError, ConfigError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
 
