@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from man_fairseq import textfile  # noqa: E402
 from man_fairseq.logging_setup import quiet_logging  # noqa: E402
 from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
-from man_fairseq.recipes.options import SEEDS_HELP, number, parse_seeds  # noqa: E402
+from man_fairseq.recipes.options import SEEDS_HELP, number, seeds  # noqa: E402
 from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 from man_fairseq.tables import mean_std, slug  # noqa: E402,F401
@@ -133,9 +133,9 @@ def build_parser():
     p.add_argument("--train-size", type=number("--train-size", low=1), default=3000, help="synthetic corpus: training pairs")
     p.add_argument("--eval-size", type=number("--eval-size", low=1), default=300, help="synthetic corpus: valid and test pairs each")
     p.add_argument("--threads", type=number("--threads", low=1), default=2)
-    p.add_argument("--seeds", default=None, help="training seeds, as scripts/reproduce.sh takes them: " + SEEDS_HELP
+    p.add_argument("--seeds", type=seeds, default=None, help="training seeds, as scripts/reproduce.sh takes them: " + SEEDS_HELP
                    .replace("(default %(default)s)", "(default: seed 1 alone); several report mean ± std"))
-    p.add_argument("--seed", type=int, default=None, help="one training seed S, the same as --seeds S, "
+    p.add_argument("--seed", type=number("--seed", low=1), default=None, help="one training seed S, the same as --seeds S, "
                    "(the synthetic corpus is fixed)")
     return p
 
@@ -146,13 +146,8 @@ def seeds_of(p, args):
         p.error(f"--seed {args.seed} and --seeds {args.seeds}: give one (--seeds N is seeds 1..N, "
                 "--seeds 3,4 that list, --seed S the seed S alone)")
     if args.seed is not None:
-        if args.seed < 1:
-            p.error(f"--seed {args.seed}: must be >= 1")
         return [args.seed]
-    try:
-        return parse_seeds(args.seeds or "1,")
-    except ValueError as e:
-        p.error(f"--seeds: {e}")
+    return args.seeds or [1]
 
 
 def train_and_score(name, model_args, seed, run_tag, data_bin, out, args):

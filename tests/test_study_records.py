@@ -6,7 +6,8 @@ import pytest
 
 from man_fairseq.recipes.studies import study_records as sr
 from man_fairseq.recipes.config import CONFIG_DIR, load_config
-from man_fairseq.recipes.studies.reproduce import FAMILIES, parse_seeds
+from man_fairseq.recipes.options import parse_seeds
+from man_fairseq.recipes.studies.reproduce import FAMILIES
 
 
 def record(family, seed, fp="f" * 16, bleu=30.0, n=3):

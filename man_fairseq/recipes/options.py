@@ -30,6 +30,14 @@ def parse_seeds(spec):
     return seeds
 
 
+def seeds(text):
+    """``--seeds`` as an argparse ``type``: :func:`parse_seeds`, its error argparse's one line."""
+    try:
+        return parse_seeds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {e}") from None
+
+
 def number(flag, low=None, high=None, integer=True, low_open=False):
     """An argparse ``type``: an int (``integer``) or a finite float within ``[low, high]``
     (``low_open``: ``> low``)."""

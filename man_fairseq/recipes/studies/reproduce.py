@@ -39,7 +39,7 @@ from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
-from ..options import SEEDS_HELP, number, parse_seeds
+from ..options import SEEDS_HELP, number, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
@@ -224,7 +224,7 @@ def main(argv=None):
                     "decode, score (sacreBLEU + tokenized BLEU, or ROUGE-1.5.5 as files2rouge), write one record "
                     "per run, and rebuild the table (paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    p.add_argument("--seeds", default="3", help=SEEDS_HELP)
+    p.add_argument("--seeds", type=seeds, default="3", help=SEEDS_HELP)
     p.add_argument("--families", default=",".join(FAMILIES),
                    help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
                         "it is the baseline of the significance test)")
@@ -262,10 +262,6 @@ def main(argv=None):
         from ..training.launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
-    try:
-        args.seeds = parse_seeds(args.seeds)
-    except ValueError as e:
-        p.error(f"--seeds: {e}")
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if not families:  # would train the baseline alone, for hours, on what is most likely a typo
