@@ -105,7 +105,7 @@ def test_cnndm_study_end_to_end_on_a_test_sample(tmp_path, rouge155_perl):
            "--families", "localness", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir",
            tmp_path / "results", "--test-sample", "12", "--bootstrap-samples", "100", "--",
            *TINY_MODEL, "--max-epoch", "1", "--max-tokens", "2000", "--warmup-updates", "4", "--lr", "0.003",
-           "--save-interval-updates", "0"]
+           "--save-interval-updates", "2"]
     run(cmd)
     results = tmp_path / "results"
     table = json.loads((results / "cnndm-cpu.json").read_text())
@@ -116,6 +116,8 @@ def test_cnndm_study_end_to_end_on_a_test_sample(tmp_path, rouge155_perl):
         scored = r["test_sets"]["test"]
         assert scored["sample"] == {"n": 12, "of": 30, "seed": 1} and scored["n_sentences"] == 12
         assert "12 of its 30 pairs sampled" in scored["name"]
+        # mid-epoch checkpoints are validated too: more curve points than epochs, which count once
+        assert r["epochs"] == 1 and len(r["valid_curve"]) > 1
         assert len((results / "cnndm-cpu" / f"{r['family']}-seed1.test.hyp").read_text().splitlines()) == 12
     assert {r["family"] for r in table["runs"]} == {"transformer", "localness"}
     # lead-3 on the same 12 articles: the first sentence of each is its reference, so ROUGE-1 recall is 1

@@ -17,7 +17,7 @@ from pathlib import Path
 from ...provenance import git_commit
 from ..config import REPO
 from ..evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
-from ..training.fairseq_log import epoch_seconds, model_params, valid_curve
+from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, valid_curve
 from ...textfile import read_lines
 
 
@@ -134,6 +134,6 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
               "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_at_end": os.getloadavg(),
               "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
               "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
-              "epochs": len(curve), "averaged_checkpoints": [Path(c).name for c in averaged],
+              "epochs": epochs_ended(run / "train.log"), "averaged_checkpoints": [Path(c).name for c in averaged],
               "valid_curve": curve, "test_sets": results}
     return record, hypotheses
