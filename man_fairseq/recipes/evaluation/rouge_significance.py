@@ -38,3 +38,25 @@ def paired_bootstrap(baseline, system, n_samples=1000, seed=BOOTSTRAP_SEED):
 def lead_words(article, n):
     """The lead baseline of headline generation: the article's first ``n`` tokens."""
     return " ".join(article.split()[:n])
+
+
+# sentence-final tokens of PTB-tokenized text, and what may close a sentence after them
+SENTENCE_END = {".", "!", "?"}
+CLOSERS = {"\'\'", "\'", "-rrb-", ")", "-rsb-", "]"}
+
+
+def lead_sentences(article, n):
+    """The lead baseline of news summarization (lead-3): the article's first ``n`` sentences. See et
+    al.'s text keeps no sentence boundaries in the article, so a sentence ends at a ``.``, ``!`` or
+    ``?`` token and the closing quotes or brackets that follow it (``... northeast ! '' says`` ends
+    after ``''``)."""
+    tokens, out, sentences = article.split(), [], 0
+    for i, tok in enumerate(tokens):
+        out.append(tok)
+        closing = tok in CLOSERS and len(out) > 1 and (out[-2] in SENTENCE_END or out[-2] in CLOSERS)
+        ends = (tok in SENTENCE_END or closing) and (i + 1 == len(tokens) or tokens[i + 1] not in CLOSERS)
+        if ends:
+            sentences += 1
+            if sentences == n:
+                break
+    return " ".join(out)

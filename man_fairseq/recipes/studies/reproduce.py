@@ -41,7 +41,7 @@ from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
 from ..options import SEEDS_HELP, number, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
-from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS  # noqa: F401  (reproduce.FAMILIES)
+from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import plot_study
 from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
@@ -65,7 +65,9 @@ def device_name(device):
 
 def scoring_config(cfg, experiment, args):
     """``cfg`` with the scoring options of the command line that change a score resolved into its
-    ``eval`` (so they are part of the fingerprint): ROUGE's exception database."""
+    ``eval`` (so they are part of the fingerprint): ROUGE's exception database, ``--test-sample``."""
+    if args.test_sample is not None:  # only when given: the committed records' fingerprints stay
+        cfg = dict(cfg, eval=dict(cfg["eval"], test_sample=args.test_sample))
     if experiment["metric"] != "rouge":
         return cfg  # the BLEU studies' fingerprints stay as their committed records have them
     return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
@@ -194,17 +196,17 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
         from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
 
         return summarization_table.build(experiment, EXPERIMENTS[experiment], current, stale, records_dir, args,
-                                         manifest, results_dir, FAMILIES, FAMILY_LABELS, log)
+                                         manifest, results_dir, families_of(experiment), FAMILY_LABELS, log)
     tgt = manifest["target_lang"]
     ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
     refs = {subset: read_lines(path) for subset, path in ref_files.items()}
     log("paired bootstrap against the Transformer of the same seed")
     boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
-    summary = study_table.summarize(current, FAMILIES, FAMILY_LABELS, boot)
+    summary = study_table.summarize(current, families_of(experiment), FAMILY_LABELS, boot)
     png = results_dir / f"{experiment}-valid-loss.png"
     panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
               for subset, release in manifest["test_sets"].items()]
-    plot_study(current, FAMILIES, FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
+    plot_study(current, families_of(experiment), FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
     first = next(iter(current[0]["test_sets"].values()))
     meta = dict(table_meta(EXPERIMENTS[experiment], current, records_dir, args), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
@@ -225,9 +227,10 @@ def main(argv=None):
                     "per run, and rebuild the table (paired bootstrap against the Transformer, PNG) from the records.")
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
     p.add_argument("--seeds", type=seeds, default="3", help=SEEDS_HELP)
-    p.add_argument("--families", default=",".join(FAMILIES),
-                   help=f"comma-separated subset of {','.join(FAMILIES)} (the Transformer is always run: "
-                        "it is the baseline of the significance test)")
+    p.add_argument("--families", default=None,
+                   help=f"comma-separated subset of {','.join(FAMILIES)} (default: every family the experiment has "
+                        "configs for, all six but for cnndm-cpu's transformer, man, localness; the Transformer is "
+                        "always run: it is the baseline of the significance test)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cpu for multi30k-cpu (its records were made there), else cuda when visible")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16", help="GPU precision (CPU: fp32)")
@@ -238,6 +241,9 @@ def main(argv=None):
     p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last (epoch checkpoints averaged)")
     p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128, help="fairseq-generate sentences per batch")
     p.add_argument("--bootstrap-samples", type=number("--bootstrap-samples", low=1), default=1000)
+    p.add_argument("--test-sample", type=number("--test-sample", low=0), default=None, metavar="N",
+                   help="score a fixed sample of N pairs of each test set (seeded, the same for every run; "
+                        "overrides eval.test_sample, e.g. cnndm-cpu's 2,000 validation articles; 0: all of them)")
     p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
                    help="ROUGE studies: WordNet exception database of ROUGE-1.5.5 (default files2rouge: empty, as "
                         "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
@@ -262,17 +268,19 @@ def main(argv=None):
         from ..training.launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
-    unknown = [f for f in families if f not in FAMILIES]
+    known = families_of(args.experiment)
+    families = [f.strip() for f in (args.families if args.families is not None else ",".join(known)).split(",")
+                if f.strip()]
+    unknown = [f for f in families if f not in known]
     if not families:  # would train the baseline alone, for hours, on what is most likely a typo
-        p.error(f"--families {args.families!r} names no family; choose from {FAMILIES}")
+        p.error(f"--families {args.families!r} names no family; choose from {known}")
     if unknown:
-        p.error(f"unknown families {unknown}; choose from {FAMILIES}")
+        p.error(f"unknown families {unknown} for {args.experiment}; choose from {known}")
     for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", results_dir)):
         if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
             p.error(f"{flag} {folder}: is a file, not a folder")
     named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
-    families = [BASELINE] + [f for f in FAMILIES if f in families and f != BASELINE]
+    families = [BASELINE] + [f for f in known if f in families and f != BASELINE]
     try:
         manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
         cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in families}
@@ -313,7 +321,7 @@ def main(argv=None):
                         record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
                                                     device_name(args.device), log)
                         log(f"wrote record {write_record(records_dir, record, hyps)}")
-        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in FAMILIES}
+        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in known}
         md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
         print(md.read_text())
     except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,

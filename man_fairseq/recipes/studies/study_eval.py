@@ -5,7 +5,8 @@ run's record (:mod:`study_records`).
 Metrics: ``bleu`` (detokenized sacreBLEU against the raw references and case-insensitive
 tokenized BLEU; the Multi30k studies) and ``rouge`` (ROUGE-1/2/L F1 of ROUGE-1.5.5 as files2rouge
 runs it, in the config's ``eval.rouge_order``, against the release's references that data-prep
-copies into the data folder; the summarization studies).
+copies into the data folder; the summarization studies). A config's ``eval.test_sample: N`` scores a
+fixed sample of N pairs of each test set (:mod:`..evaluation.test_sample`).
 """
 
 import datetime
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from ...provenance import git_commit
 from ..config import REPO
-from ..training.fairseq_log import epoch_seconds, model_params, valid_curve
+from ..evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
+from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, valid_curve
 from ...textfile import read_lines
 
 
@@ -23,13 +25,28 @@ class StudyEvalError(RuntimeError):
     pass
 
 
-def read_references(data, manifest, subset):
-    """The reference lines of ``subset`` (the record's ``references`` file, else ``SUBSET.raw.TGT``)."""
+def read_references(data, manifest, subset, ids=None):
+    """The reference lines of ``subset`` (the record's ``references`` file, else ``SUBSET.raw.TGT``),
+    only those of ``ids`` (a test sample) when given."""
     name = (manifest.get("references") or {}).get(subset, f"{subset}.raw.{manifest['target_lang']}")
+    return read_test_lines(data, name, f"the references of {subset}", ids)
+
+
+def read_test_lines(data, name, what, ids=None):
+    """(path, lines) of the data folder's text file ``name``; the lines of ``ids`` when given."""
     path = Path(data) / name
     if not path.is_file():
-        raise StudyEvalError(f"{path}: missing (the references of {subset}); prepare the data again")
-    return path, read_lines(path)
+        raise StudyEvalError(f"{path}: missing ({what}); prepare the data again")
+    lines = read_lines(path)
+    return path, lines if ids is None else [lines[i] for i in ids]
+
+
+def test_sample(cfg, manifest, subset):
+    """The sentence ids of ``subset`` a config scores (``eval.test_sample``), or None: all of them."""
+    n = cfg["eval"].get("test_sample")
+    if not n or n >= manifest["counts"][subset]:
+        return None
+    return sample_ids(manifest["counts"][subset], n)
 
 
 def score_bleu(hyps, refs, raw_refs, tgt, names):
@@ -82,9 +99,14 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
     tgt = manifest["target_lang"]
     results, hypotheses = {}, {}
     for subset, release_name in manifest["test_sets"].items():
-        cmd, ids, hyps, refs = decode(cfg, args.data, checkpoint, subset, device, args.precision, args.batch_size,
+        sample, data = test_sample(cfg, manifest, subset), args.data
+        if sample is not None:
+            data = sampled_split(args.data, subset, manifest["source_lang"], tgt, sample,
+                                 run / "eval" / f"{subset}-sample")
+            release_name += "; " + describe(len(sample), manifest["counts"][subset])
+        cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
                                       run / "eval" / f"generate-{subset}.txt")
-        ref_path, raw_refs = read_references(args.data, manifest, subset)
+        ref_path, raw_refs = read_references(args.data, manifest, subset, sample)
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "
                                  f"in {ref_path}")
@@ -96,6 +118,8 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
             scores, kept, line = score_bleu(hyps, refs, raw_refs, tgt, names)
         hypotheses[subset] = kept
         results[subset] = {"name": release_name, "n_sentences": len(hyps), **scores,
+                           **({"sample": {"n": len(sample), "of": manifest["counts"][subset], "seed": SAMPLE_SEED}}
+                              if sample is not None else {}),
                            "generate_command": [str(c) for c in cmd]}
         log(f"      {run.name} {release_name}: {line}")
     train_seconds, attempts = epoch_seconds(run / "train.log")
@@ -110,6 +134,6 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
               "threads": os.environ.get("OMP_NUM_THREADS", "unset"), "loadavg_at_end": os.getloadavg(),
               "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
               "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
-              "epochs": len(curve), "averaged_checkpoints": [Path(c).name for c in averaged],
+              "epochs": epochs_ended(run / "train.log"), "averaged_checkpoints": [Path(c).name for c in averaged],
               "valid_curve": curve, "test_sets": results}
     return record, hypotheses

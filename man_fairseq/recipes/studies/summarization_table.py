@@ -5,21 +5,29 @@ lead baseline and the published numbers for reference. Writes ``<experiment>.md`
 ``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
 """
 
-from pathlib import Path
+import json
 
 from ...tables import mean_std
-from ...textfile import read_lines
 from ..config import CONFIG_DIR, load_config
-from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_words, paired_bootstrap, per_document_f
+from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap, per_document_f
+from ..evaluation.test_sample import sample_ids
 from .experiments import BASELINE
+from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import plot_study
 from .study_records import read_hypotheses
 from .study_table import _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
-LEAD_WORDS = {"gigaword": 8}  # the usual lead baseline of headline generation: the first 8 words
-PAPER_ROWS = {"gigaword": ("man/t2-gigaword-transformer", "man/t2-gigaword-man")}
+# each corpus' usual lead baseline: headline generation's first 8 words, news summarization's lead-3
+LEADS = {"gigaword": ("Lead-8 (first 8 words of the article)", lambda article: lead_words(article, 8)),
+         "cnndm": ("Lead-3 (first 3 sentences of the article)", lambda article: lead_sentences(article, 3))}
+PAPER_ROWS = {"gigaword": ("man/t2-gigaword-transformer", "man/t2-gigaword-man"),
+              "cnndm": ("man/t2-cnndm-transformer", "man/t2-cnndm-man")}
+# what the published rows were trained and scored on
+PUBLISHED_DATA = {"gigaword": "the full 3.8M-pair training set, the same 1,951-pair test set",
+                  "cnndm": "the full 287k-pair training set, the standard 11,490-article test split (not the "
+                           "validation split scored here)"}
 
 
 def significance(records, records_dir, refs, n_samples):
@@ -71,26 +79,45 @@ def summarize(records, families, labels, boot):
     return summary
 
 
-def references_table(dataset, data, manifest, exception_db, order):
-    """Rows for the lead baseline (computed here) and the published numbers (from the configs)."""
+def record_samples(records, manifest):
+    """{subset: the sentence ids the runs scored (None: all)}, from their records, which must agree."""
+    samples = {}
+    for subset in manifest["test_sets"]:
+        specs = {json.dumps(r["test_sets"][subset].get("sample"), sort_keys=True)
+                 for r in records if subset in r["test_sets"]}
+        if len(specs) > 1:
+            raise StudyEvalError(f"the runs scored different samples of {subset} ({', '.join(sorted(specs))}): "
+                                 "rescore them with one config (eval.test_sample)")
+        spec = json.loads(specs.pop()) if specs else None
+        if spec and spec["of"] != manifest["counts"][subset]:
+            raise StudyEvalError(f"the runs' sample of {subset} was drawn from {spec['of']} pairs; the data "
+                                 f"folder's {subset} has {manifest['counts'][subset]}")
+        samples[subset] = sample_ids(spec["of"], spec["n"], spec["seed"]) if spec else None
+    return samples
+
+
+def references_table(dataset, data, manifest, exception_db, order, samples):
+    """Rows for the lead baseline (computed here, on the runs' test sample ``samples[subset]`` where
+    there is one) and the published numbers (from the configs)."""
     rows = []
-    if dataset in LEAD_WORDS:
-        n = LEAD_WORDS[dataset]
+    if dataset in LEADS:
+        what, lead_of = LEADS[dataset]
         for subset, release in manifest["test_sets"].items():
-            src = Path(data) / manifest["sources"][subset]
-            ref = Path(data) / manifest["references"][subset]
-            lead = [lead_words(line, n) for line in read_lines(src)]
+            _, articles = read_test_lines(data, manifest["sources"][subset], f"the articles of {subset}",
+                                          samples[subset])
+            _, refs = read_references(data, manifest, subset, samples[subset])
+            lead = [lead_of(line) for line in articles]
             from ... import scoring
 
-            r = scoring.rouge(lead, read_lines(ref), order=order, exception_db=exception_db)
-            rows.append({"what": f"Lead-{n} (first {n} words of the article), {release}", "metric":
+            r = scoring.rouge(lead, refs, order=order, exception_db=exception_db)
+            rows.append({"what": f"{what}, {release}", "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})
     for row in PAPER_ROWS.get(dataset, ()):
         cfg = load_config(CONFIG_DIR / f"{row}.yaml")
         pr = cfg["paper_results"]
         rows.append({"what": f"published: {cfg['row']} (MAN paper Table {cfg['table']}, full data, d=768, 6+6 layers)",
-                     "metric": "ROUGE-1.5.5 F1 via files2rouge on the full 3.8M-pair training set",
+                     "metric": f"ROUGE-1.5.5 F1 via files2rouge; {PUBLISHED_DATA[dataset]}",
                      **{k: pr[k] for k in KEYS}})
     return rows
 
@@ -140,13 +167,14 @@ def scored_checkpoints(records):
 
 
 def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
-    refs = {subset: read_lines(Path(args.data) / manifest["references"][subset])
-            for subset in manifest["test_sets"]}
+    samples = record_samples(current, manifest)
+    refs = {subset: read_references(args.data, manifest, subset, samples[subset])[1] for subset in manifest["test_sets"]}
     log("paired bootstrap over documents against the Transformer of the same seed")
     boot = significance(current, records_dir, refs, args.bootstrap_samples)
     summary = summarize(current, families, labels, boot)
     first = next(iter(current[0]["test_sets"].values()))
-    reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"])
+    reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"],
+                                      samples)
     png = results_dir / f"{experiment}.png"
     subset = next(iter(manifest["test_sets"]))
     panels = [(f"{NAMES[k]}, {manifest['test_sets'][subset]}",

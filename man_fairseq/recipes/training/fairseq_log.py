@@ -81,6 +81,13 @@ def epoch_seconds(train_log):
     return sum(seconds.values()), len(START_RE.findall(text))
 
 
+def epochs_ended(train_log):
+    """How many epochs the log says ended (each once, however often the run was resumed): the
+    validation curve has more points than that when checkpoints are saved mid-epoch."""
+    text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
+    return len({epoch for _, _, end, epoch in EPOCH_RE.findall(text) if end})
+
+
 def seconds_per_update(train_log):
     """(seconds per update, updates per epoch) from the progress lines of a simple-format log.
 
