@@ -32,7 +32,7 @@ from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 from man_fairseq.tables import mean_std, slug  # noqa: E402,F401
 
-# Same width, heads and depth; MAN halves the FFN to keep the parameter count (SPEC §1).
+# Same width, heads and depth; MAN halves the FFN to keep the parameter count (docs/man.md#sizes-the-halved-ffn).
 WIDTH = ["--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
          "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
          "--encoder-layers", "2", "--decoder-layers", "2"]

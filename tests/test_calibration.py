@@ -1,4 +1,4 @@
-"""Attention calibration (SPEC §4): formulas, padding, gradient routing, incremental decoding,
+"""Attention calibration (docs/calibration.md): formulas, padding, gradient routing, incremental decoding,
 options, and the real fairseq CLIs."""
 
 import datetime

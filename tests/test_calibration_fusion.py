@@ -1,4 +1,4 @@
-"""The fixed calibration fusion: the authors' ``a + lambda a^c`` is the default (SPEC §4, revised).
+"""The fixed calibration fusion: the authors' ``a + lambda a^c`` is the default (docs/calibration.md).
 
 The paper prints ``softmax(a + lambda a^c)``; a softmax over weights in [0, 1 + lambda e] is
 nearly uniform, so that form flattens a peaked cross-attention towards the uniform bound

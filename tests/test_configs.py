@@ -1,6 +1,7 @@
 """Every recipe config against the papers: the training and decoding commands it builds carry the
 paper's values (or the documented source of a value the paper does not give), and every results
-row of ``paper-tables.md`` has a config, an analysis or a README "not reproduced" line."""
+row of the papers' tables (as the maintainers transcribed them in ``../shared/paper-tables.md``,
+checked where that file is present) has a config, an analysis or a README "not reproduced" line."""
 
 import math
 
@@ -17,8 +18,9 @@ BY_NAME = {c["name"]: c for c in CONFIGS}
 
 
 def _family(name):
-    """The expected training/decoding values of a config, from paper-tables.md (P1-P4 hyper-parameter
-    sections); values the paper does not state are the documented choices of the config notes."""
+    """The expected training/decoding values of a config, from the papers' hyper-parameter sections
+    (each config's notes name the section); values the paper does not state are the documented
+    choices of the config notes."""
     if name.startswith("man-t2-"):
         cnndm = "cnndm" in name
         return dict(lr=1e-3 if cnndm else 8e-4, warmup=8000, updates=50000,

@@ -1,4 +1,4 @@
-"""Differentiable windows (SPEC §3): soft masks, AW / MW attention, model options, CLI."""
+"""Differentiable windows (docs/diffwin.md): soft masks, AW / MW attention, model options, CLI."""
 
 import itertools
 import math
@@ -35,7 +35,7 @@ def naive_J(n, b):
 
 
 def naive_mask(phi_l, phi_r, M):
-    """m = (phi_L M) * (phi_R M^T) + (phi_R M) * (phi_L M^T), as written in SPEC."""
+    """m = (phi_L M) * (phi_R M^T) + (phi_R M) * (phi_L M^T), as written in docs/diffwin.md."""
     return (phi_l @ M) * (phi_r @ M.T) + (phi_r @ M) * (phi_l @ M.T)
 
 
@@ -200,7 +200,7 @@ def make_attention(mode, dim=12, heads=3, mask_type="token", seg=3, temperature=
 
 
 def naive_window_attention(attn, query, key, kpm, mode, seg, temperature, causal, renormalize, union=False):
-    """Full AW/MW attention written out from SPEC §3, float64, one loop over the batch."""
+    """Full AW/MW attention written out from docs/diffwin.md, float64, one loop over the batch."""
     window = attn.bias_module if mode == "aw" else attn.post_softmax
     T, B, d = query.shape
     S = key.size(0)

@@ -1,4 +1,4 @@
-"""Localness (Gaussian bias, SPEC §2) and relative position representations (Shaw et al. 2018)."""
+"""Localness (Gaussian bias, docs/localness.md) and relative position representations (Shaw et al. 2018)."""
 
 import math
 
@@ -45,7 +45,7 @@ def randomise(module, seed=0):
 
 
 def naive_localness_bias(module, q, k, kpm, causal, query_start=0):
-    """The SPEC §2 formula with python loops (float64): -(j-P)^2/(2 sigma^2), sigma = D/2."""
+    """The docs/localness.md formula with python loops (float64): -(j-P)^2/(2 sigma^2), sigma = D/2."""
     b, h, t, d = q.shape
     s_len = k.size(2)
     w_p = module.centre_proj.weight

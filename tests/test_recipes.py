@@ -49,7 +49,7 @@ def test_every_paper_table_has_rows_and_names_are_unique():
         metric_keys = {"rouge": {"rouge1", "rouge2", "rougeL"}}.get(c["eval"]["metric"], {"bleu"})
         assert metric_keys <= set(c["paper_results"]), c["name"]
         if c["eval"]["metric"] == "rouge":
-            assert c["eval"]["no_repeat_ngram_size"] == 3  # trigram blocking (SPEC §1)
+            assert c["eval"]["no_repeat_ngram_size"] == 3  # trigram blocking (MAN paper §3.1.2)
 
 
 def test_headline_paper_numbers_come_from_configs():

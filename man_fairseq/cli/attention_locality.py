@@ -1,8 +1,9 @@
-"""Attention locality of the encoder self-attentions (MAN paper, Table 5; SPEC §1).
+"""Attention locality of the encoder self-attentions (MAN paper, Table 5).
 
 For every encoder layer and every self-attention sublayer of one or more trained models (e.g.
 a ``transformer_man_*`` model and a ``transformer`` baseline) it measures the share of
-attention a query gives to keys within ``|t - s| <= w``:
+attention a query gives to keys within ``|t - s| <= w``
+(docs/analysis.md#locality-attention-within-a-window-man-table-5):
 
     share_w(t) = sum_{s real, |t-s| <= w} p[t, s] / sum_{s real} p[t, s]
 

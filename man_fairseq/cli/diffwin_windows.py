@@ -1,4 +1,4 @@
-"""The learned windows of a differentiable-window model (Nguyen et al. 2020, P4; SPEC §3).
+"""The learned windows of a differentiable-window model (Nguyen et al. 2020, P4; docs/diffwin.md).
 
 Every sentence of a data split (or of ``--input-pairs``) is run teacher-forced on its reference.
 For every attention with a differentiable window (encoder self ``encoder_self``, decoder self

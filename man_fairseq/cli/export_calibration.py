@@ -1,4 +1,4 @@
-"""Attention-calibration analysis (Lu et al. 2021, P3: Figures 2, 6, 7 and Table 5; SPEC §4).
+"""Attention-calibration analysis (Lu et al. 2021, P3: Figures 2, 6, 7 and Table 5; docs/calibration.md).
 
 Every sentence of a data split is run teacher-forced on its reference translation, as in the
 paper's analysis. For each checkpoint of ``--path`` (a ``transformer_calibrated_*`` model, or any

@@ -1,4 +1,5 @@
-"""Joint loss of attention calibration (SPEC §4): one loss, one backward, exact routing.
+"""Joint loss of attention calibration: one loss, one backward, exact routing
+(docs/calibration.md#training-one-criterion-one-backward).
 
 Two decoder passes per batch:
 

@@ -1,4 +1,4 @@
-"""Attention calibration (``--arch transformer_calibrated_*``), SPEC §4.
+"""Attention calibration (``--arch transformer_calibrated_*``), docs/calibration.md.
 
 fairseq's Transformer whose encoder-decoder attention in every decoder layer carries a
 :class:`CalibrationTransform` (mask perturbation model + calibrated weights + fusion).

@@ -1,4 +1,4 @@
-"""Differentiable-window Transformer (``--arch transformer_diffwin_*``), SPEC §3.
+"""Differentiable-window Transformer (``--arch transformer_diffwin_*``), docs/diffwin.md.
 
 fairseq's Transformer whose encoder self-attention, decoder self-attention and cross-attention
 in the lower ``--diffwin-layers`` layers each get an additive (AW) or multiplicative (MW)

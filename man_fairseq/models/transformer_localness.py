@@ -1,4 +1,4 @@
-"""Localness-modelled Transformer (``--arch transformer_localness_*``), SPEC §2.
+"""Localness-modelled Transformer (``--arch transformer_localness_*``), docs/localness.md.
 
 fairseq's Transformer whose chosen attentions get the learnable Gaussian localness bias
 (:class:`LocalnessBias`) and, optionally, Shaw et al.'s relative position representations

@@ -1,4 +1,4 @@
-"""Mask Attention Networks (``--arch transformer_man_*``), SPEC §1.
+"""Mask Attention Networks (``--arch transformer_man_*``), docs/man.md.
 
 fairseq's Transformer with every layer replaced by a :class:`MANLayer`; the model class only
 wires options to modules.

@@ -1,7 +1,7 @@
 """The one attention core shared by every model family of man-fairseq.
 
-Every method in this project is "mask attention" (SPEC §0): it changes which keys a query may
-look at and how much. A multiplicative mask applied before the softmax is an additive logit
+Every method in this project is "mask attention" (docs/model-families.md#every-method-is-mask-attention):
+it changes which keys a query may look at and how much. A multiplicative mask applied before the softmax is an additive logit
 bias ``log M``, so the core takes
 
 * an optional **bias module** returning an additive logit bias broadcastable to

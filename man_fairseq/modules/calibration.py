@@ -1,4 +1,4 @@
-"""Attention calibration of the encoder-decoder attention (SPEC §4).
+"""Attention calibration of the encoder-decoder attention (docs/calibration.md#mask-calibrated-weights-and-fusion).
 
 One :class:`CalibrationTransform` is the ``post_softmax`` of the cross-attention of one decoder
 layer. From the original attention weights ``a`` (B, H, T, S) it computes

@@ -1,4 +1,4 @@
-"""Differentiable windows for dynamic local attention (SPEC §3).
+"""Differentiable windows for dynamic local attention (docs/diffwin.md#pointers-soft-masks-aw-and-mw).
 
 Each query ``t`` predicts two pointer distributions over the keys, for the left and the right
 boundary of its window::
@@ -9,7 +9,8 @@ boundary of its window::
 ``q`` and ``K`` are the attention's *inputs* (sublayer input at the queries, key input), ``d``
 the query-side model width. Pad keys, and future keys in decoder self-attention, are excluded
 from these softmaxes. Pointers (and the additive window's local logits) are shared by all heads:
-SPEC writes them with full-width projections and ``sqrt(d)``.
+the paper writes them with full-width projections and ``sqrt(d)``
+(docs/diffwin.md#choices-where-the-paper-leaves-room).
 
 The soft window mask is the expectation of the discrete window indicator over the two pointers::
 

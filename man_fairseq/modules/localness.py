@@ -1,5 +1,5 @@
 """Localness as a learnable Gaussian bias (Yang et al. 2018, "Modeling Localness for
-Self-Attention Networks"), SPEC §2.
+Self-Attention Networks"), docs/localness.md#the-gaussian-bias.
 
 For query ``t`` and key ``s`` of one head the additive logit bias is
 

@@ -1,6 +1,6 @@
 """Mask Attention Network layers: a configurable sequence of mask-attention sublayers.
 
-A sublayer is one of (SPEC §1):
+A sublayer is one of (docs/man.md#sublayers):
 
 * ``dman``  dynamic mask attention (:class:`DynamicMaskBias`),
 * ``san``   ordinary self-attention (all-ones mask),

@@ -1,4 +1,5 @@
-"""Mask modules of Mask Attention Networks (SPEC §1), as additive logit biases."""
+"""Mask modules of Mask Attention Networks, as additive logit biases (docs/man.md#dynamic-mask,
+docs/man.md#static-masks)."""
 
 import torch
 import torch.nn.functional as F

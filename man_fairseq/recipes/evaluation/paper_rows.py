@@ -1,7 +1,8 @@
 """Every results row of the four papers and what the recipes do with it.
 
-Keys are ``(paper, table, row)`` exactly as in the "Rows a reproduction config must cover" section
-of ``paper-tables.md`` (P1 = MAN, P2 = localness, P3 = calibration, P4 = differentiable window).
+Keys are ``(paper, table, row)``, named as in the maintainers' transcription of the papers' tables
+(below; P1 = MAN, P2 = localness, P3 = calibration, P4 = differentiable window:
+docs/model-families.md#the-four-papers-p1p4).
 Each row is one of
 
 * ``configs``: the config names that train it (a row with several columns, e.g. small/base/big or
@@ -11,8 +12,10 @@ Each row is one of
 * ``not reproduced``: a corpus outside the recipes, or another paper's system whose number the
   paper cites.
 
-``tests/test_configs.py`` checks this table against ``paper-tables.md`` (every row present, the
-configs' paper numbers printed in the row) and the README's "Every table row" section against it.
+``tests/test_configs.py`` checks this table (every row present, the configs' paper numbers printed
+in the row) and the README's "Every table row" section against the maintainers' transcription of
+the papers' tables, ``paper-tables.md`` beside the repository (``../shared/``, not part of it), and
+skips that check where the file is absent.
 """
 
 import re
