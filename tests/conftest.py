@@ -73,11 +73,12 @@ def child_env(env=None):
     return full_env
 
 
-def run_cli(args, cwd=None, timeout=300, check=True, env=None):
+def run_cli(args, cwd=None, timeout=900, check=True, env=None):
     """Run a console command (fairseq-train, ...) with this interpreter's bin dir first on PATH.
 
     On failure the assertion message carries the command's output; past ``timeout`` seconds the
-    command and everything it started are killed.
+    command and everything it started are killed (a hang guard, not a speed check: a 2-epoch toy
+    training took over 300 s on 2 cores shared with two trainings and other tests).
     """
     proc = run_bounded(args, timeout, cwd=cwd, env=child_env(env),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
