@@ -302,7 +302,10 @@ def run_study(args, families, records_dir):
     targets = {t: speed_table.record_path(records_dir, args.experiment, t) for t in args.threads}
     for path in targets.values():  # before any work: nothing measured for an hour is then refused
         if path.exists():
-            old = speed_table.read_record(path)  # a file of another kind is never replaced
+            try:
+                old = speed_table.read_record(path)
+            except speed_table.SpeedRecordError as e:  # a file of another kind is never replaced
+                raise SpeedError(f"{e}; not replaced") from e
             if not args.force:
                 raise SpeedError(f"{path} exists (measured {old.get('date')} on {old.get('cpu')}); pass --force "
                                  "to replace it")
