@@ -137,7 +137,7 @@ def test_every_repeat_runs_every_family_the_transformer_first(monkeypatch, tmp_p
 
 def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
     args = speed.parser().parse_args(["gigaword-cpu"])
-    args.runs_dir = tmp_path / "runs"
+    args.runs_dir, args.fairseq_args = tmp_path / "runs", []
     ckpt = args.runs_dir / "transformer-seed1" / "checkpoints" / "checkpoint_last.pt"
     ckpt.parent.mkdir(parents=True)
     ckpt.write_bytes(b"weights")
@@ -186,6 +186,29 @@ def test_a_record_is_replaced_only_with_force_and_never_another_file(tmp_path, c
     assert speed.main(argv + ["--threads", "1", "--force"]) == 2
     assert "no gigaword.json; prepare the data first" in capsys.readouterr().err
     assert json.loads((records / "gigaword-cpu-threads1.json").read_text()) == two_repeats()
+
+
+def test_update_readme_rebuilds_only_its_block(tmp_path, monkeypatch):
+    records = tmp_path / "results" / "speed"
+    records.mkdir(parents=True)
+    (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{speed_table.README_BEGIN}\nold\n{speed_table.README_END}\n\nthe rest\n")
+    monkeypatch.setattr(speed, "REPO", tmp_path)
+    md = speed.write_table("gigaword-cpu", records, update_readme=True)
+    block = speed_table.readme_block(records, FAMILY_LABELS)
+    assert readme.read_text() == f"# Title\n\n{block}\n\nthe rest\n" and "| gigaword-cpu | 1 | MAN" in block
+    assert md == records / "gigaword-cpu.md" and "| 1 | MAN (small, DMAN enc.) |" in md.read_text()
+
+
+def test_a_file_as_results_dir_is_refused(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.write_text("my notes\n")
+    with pytest.raises(SystemExit) as e:
+        speed.main(["gigaword-cpu", "--results-dir", str(mine)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"scripts/speed.sh: error: --results-dir: {mine} is a file, not a folder"
+    assert mine.read_text() == "my notes\n"
 
 
 def test_table_only_without_records_is_a_clear_error(tmp_path, capsys):

@@ -154,6 +154,8 @@ def checkpoints(families, cfgs, args, work, threads):
             found[fam] = {"path": str(trained), "trained": True, "finished": (run / ".train.done").is_file(),
                           "bytes": stat.st_size, "modified": datetime.datetime.fromtimestamp(
                               stat.st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")}
+            if args.fairseq_args:  # training takes them, the study's checkpoint was trained without them
+                log(f"note: {fam} decodes the study's checkpoint {trained}, not a model of the options after '--'")
             continue
         log(f"no trained checkpoint of {fam} ({trained}): decoding a model trained for one update")
         save = work / f"untrained-{fam}"
