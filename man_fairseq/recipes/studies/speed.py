@@ -82,7 +82,10 @@ def thread_env(threads):
 
 def run_measured(cmd, log_path, env):
     """Run ``cmd`` with its output in ``log_path``; (exit code, its output, its peak resident memory
-    in MiB: the ``ru_maxrss`` that ``os.wait4`` gives for that process, wall seconds)."""
+    in MiB: the ``ru_maxrss`` that ``os.wait4`` gives for that process, wall seconds).
+
+    Not :func:`..tools.run_tool`: that one relays each line through this process as it comes, which
+    would take CPU from the process measured; here the tool writes its file itself."""
     if shutil.which(cmd[0], path=env["PATH"]) is None:
         raise SpeedError(f"{cmd[0]} not found on PATH")
     start = time.monotonic()
