@@ -101,3 +101,22 @@ def seconds_per_update(train_log):
     if u1 <= u0:
         raise LogError(f"{train_log}: progress lines do not advance")
     return (w1 - w0) / (u1 - u0), size
+
+
+INNER_LINE_RE = re.compile(r"\| train_inner \| (.*)$", re.M)
+INNER_FIELD_RE = re.compile(r"(\w+)=([^,\s]+)")
+
+
+def train_intervals(train_log):
+    """[{"num_updates", "wps", "wpb", ...}] of every progress line (``train_inner``) of a simple-format
+    log, in order: fairseq's numbers for each ``--log-interval`` (``wps``: target tokens per second of
+    wall time since the previous line; ``wpb``: target tokens per update)."""
+    rows = []
+    for line in INNER_LINE_RE.findall(Path(train_log).read_text(errors="replace")):
+        fields = dict(INNER_FIELD_RE.findall(line))
+        try:
+            rows.append({"num_updates": int(fields["num_updates"]), "wps": float(fields["wps"]),
+                         "wpb": float(fields["wpb"])})
+        except (KeyError, ValueError):
+            raise LogError(f"{train_log}: a progress line without num_updates, wps and wpb: {line[:200]}") from None
+    return rows

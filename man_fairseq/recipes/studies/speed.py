@@ -1,0 +1,339 @@
+"""Each family's real cost where users pay it (``scripts/speed.sh EXPERIMENT``): training words/s, peak
+training memory and decoding sentences/s of every config of a study on the study's own data, against
+the Transformer of the same study, on one thread and on two.
+
+For each thread count, each repeat runs every family in turn, the Transformer first, so that a drift
+of the machine's load hits them alike (ratios are taken within a repeat):
+
+* **training**: fairseq-train with the family's config, its command built by the launcher of
+  ``scripts/train.sh`` (:func:`..training.launch.launch_command`), for ``--updates`` updates on the
+  data-bin with seed 1 (the same batches for every family), no validation, no checkpoint
+  (``--no-save``; its save folder is a temporary one). Words/s: fairseq's ``wps`` of each
+  ``--log-interval`` in its log; peak memory: the ``ru_maxrss`` of the fairseq-train process, from
+  ``os.wait4`` on it.
+* **decoding**: fairseq-generate with the config's generation settings
+  (:func:`..evaluation.decode.generate_args`) on a fixed sample of ``--decode-sentences`` pairs of
+  the data's first test set (:mod:`..evaluation.test_sample`), with the study's trained checkpoint
+  (``RUNS/<family>-seed1/checkpoints/checkpoint_last.pt``) when it exists, else with a model trained
+  for one update (the record says which). Sentences/s: fairseq-generate's own "Translated N
+  sentences ... (X sentences/s)" line (generation time only).
+
+``OMP_NUM_THREADS`` (and MKL's) is the thread count measured, for every fairseq process. Each thread
+count's record, ``RESULTS/speed/<experiment>-threads<T>.json``, holds every raw number; the table
+``RESULTS/speed/<experiment>.md`` (and with ``--update-readme`` the README's block) is rebuilt from
+the records alone (:mod:`speed_table`).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ...logging_setup import quiet_logging
+from ...provenance import cpu_model, git_commit
+from ..config import REPO, ConfigError, load_config
+from ..data.dataprep import PrepError
+from ..data.manifest import read_manifest
+from ..evaluation.decode import EvaluateError, generate_args, read_generate_output
+from ..evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
+from ..options import number
+from ..tools import tool_env
+from ..training.fairseq_log import LogError, train_intervals
+from . import speed_table
+from .experiments import BASELINE, EXPERIMENTS, FAMILY_LABELS, families_of
+
+SEED = 1  # every family's training: the same shuffling, so the same batches
+WARMUP_INTERVALS = 1  # logged intervals left out of words/s: the first updates are slow
+TRANSLATED_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([0-9.]+)s "
+                           r"\(([0-9.]+) sentences/s, ([0-9.]+) tokens/s\)")
+
+
+class SpeedError(RuntimeError):
+    pass
+
+
+def log(msg):
+    print(f"[speed {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def thread_counts(text):
+    """``--threads`` as an argparse ``type``: ``"1,2"`` -> [1, 2], distinct counts >= 1."""
+    try:
+        counts = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: a comma-separated list of thread counts") from None
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct thread counts, each >= 1")
+    return counts
+
+
+def thread_env(threads):
+    """The fairseq tools' environment with ``threads`` threads for torch (OpenMP, MKL)."""
+    return tool_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
+def run_measured(cmd, log_path, env):
+    """Run ``cmd`` with its output in ``log_path``; (exit code, its output, its peak resident memory
+    in MiB: the ``ru_maxrss`` that ``os.wait4`` gives for that process, wall seconds).
+
+    Not :func:`..tools.run_tool`: that one relays each line through this process as it comes, which
+    would take CPU from the process measured; here the tool writes its file itself."""
+    if shutil.which(cmd[0], path=env["PATH"]) is None:
+        raise SpeedError(f"{cmd[0]} not found on PATH")
+    start = time.monotonic()
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return proc.returncode, Path(log_path).read_text(errors="replace"), usage.ru_maxrss / 1024, time.monotonic() - start
+
+
+def failure(what, rc, text, log_path):
+    said = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "no output")
+    return SpeedError(f"{what} failed (exit code {rc}): {said[-300:]} (its output: {log_path})")
+
+
+def train_command(cfg, data, save_dir, extra):
+    from ..training.launch import launch_command
+
+    return launch_command(cfg, save_dir, nproc=1, device="cpu", precision="fp32", data=data, extra=extra)
+
+
+def measure_training(cfg, args, threads, work, tag):
+    """One fairseq-train of ``args.updates`` updates: {command, wps, wpb, num_updates, peak_rss_mib, seconds}."""
+    extra = ["--seed", SEED, "--max-update", args.updates, "--max-epoch", 0, "--log-interval", args.log_interval,
+             "--log-format", "simple", "--no-save", "--disable-validation"] + list(args.fairseq_args)
+    cmd = train_command(cfg, args.data, work / tag / "checkpoints", extra)
+    (work / tag).mkdir(parents=True)
+    log_path = work / tag / "train.log"
+    rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(threads))
+    if rc != 0:
+        raise failure(f"training {tag}", rc, text, log_path)
+    rows = train_intervals(log_path)
+    if len(rows) <= WARMUP_INTERVALS:
+        raise LogError(f"{log_path}: {len(rows)} progress line(s), need more than {WARMUP_INTERVALS} (warm-up): "
+                       "more --updates or a smaller --log-interval")
+    return {"command": [str(c) for c in cmd], "num_updates": [r["num_updates"] for r in rows],
+            "wps": [r["wps"] for r in rows], "wpb": [r["wpb"] for r in rows],
+            "peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1)}
+
+
+def measure_decoding(cfg, sample_data, subset, checkpoint, n, args, threads, work, tag):
+    """One fairseq-generate of the test sample: {command, sentences, tokens, seconds, sentences_per_s, ...}."""
+    cmd = ["fairseq-generate"] + generate_args(cfg, sample_data, checkpoint, subset, "cpu", "fp32", args.batch_size)
+    log_path = work / tag / "generate.txt"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(threads))
+    if rc != 0:
+        raise failure(f"decoding {tag}", rc, text, log_path)
+    ids, _, _ = read_generate_output(text)
+    said = TRANSLATED_RE.findall(text)
+    if len(ids) != n or not said:
+        raise SpeedError(f"decoding {tag}: {len(ids)} hypotheses for {n} sentences"
+                         + ("" if said else ", and no 'Translated N sentences' line") + f" (its output: {log_path})")
+    sentences, tokens, gen_seconds, per_s, _ = said[-1]
+    return {"command": [str(c) for c in cmd], "sentences": int(sentences.replace(",", "")),
+            "tokens": int(tokens.replace(",", "")), "generate_seconds": float(gen_seconds),
+            "sentences_per_s": float(per_s), "peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1)}
+
+
+def checkpoints(families, cfgs, args, work, threads):
+    """{family: {path, trained, ...}}: the study's trained checkpoint of each family, else a model
+    trained for one update in ``work`` (so that fairseq-generate has a checkpoint to load)."""
+    found = {}
+    for fam in families:
+        run = args.runs_dir / f"{fam}-seed1"
+        trained = run / "checkpoints" / "checkpoint_last.pt"
+        if trained.is_file():
+            stat = trained.stat()
+            found[fam] = {"path": str(trained), "trained": True, "finished": (run / ".train.done").is_file(),
+                          "bytes": stat.st_size, "modified": datetime.datetime.fromtimestamp(
+                              stat.st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")}
+            if args.fairseq_args:  # training takes them, the study's checkpoint was trained without them
+                log(f"note: {fam} decodes the study's checkpoint {trained}, not a model of the options after '--'")
+            continue
+        log(f"no trained checkpoint of {fam} ({trained}): decoding a model trained for one update")
+        save = work / f"untrained-{fam}"
+        extra = ["--seed", SEED, "--max-update", 1, "--max-epoch", 0, "--disable-validation",
+                 "--no-epoch-checkpoints"] + list(args.fairseq_args)
+        save.mkdir(parents=True)
+        rc, text, _, _ = run_measured(train_command(cfgs[fam], args.data, save, extra), save / "train.log",
+                                      thread_env(threads))
+        if rc != 0 or not (save / "checkpoint_last.pt").is_file():
+            raise failure(f"the one-update model of {fam}", rc, text, save / "train.log")
+        found[fam] = {"path": str(save / "checkpoint_last.pt"), "trained": False, "missing": str(trained),
+                      "instead": "a model trained for one update (seed 1) in the measurement's temporary folder"}
+    return found
+
+
+def measure(experiment, families, cfgs, args, threads, sample, ckpts, work):
+    """The record of one thread count: every family in every repeat, the Transformer first."""
+    subset, sample_data, ids = sample
+    record = {"kind": speed_table.RECORD_KIND, "version": speed_table.RECORD_VERSION, "experiment": experiment,
+              "threads": threads, "command": args.command, "commit": git_commit(), "cpu": cpu_model(),
+              "cpu_count": os.cpu_count(), "date": now(), "loadavg_before": list(os.getloadavg()),
+              "data": str(args.data), "families": families,
+              "configs": {f: os.path.relpath(cfgs[f]["_path"], REPO) for f in families},
+              "settings": {"repeats": args.repeats, "updates": args.updates, "log_interval": args.log_interval,
+                           "warmup_intervals": WARMUP_INTERVALS, "seed": SEED, "test_set": subset,
+                           "decode_sentences": len(ids), "sample_seed": SAMPLE_SEED, "batch_size": args.batch_size,
+                           "fairseq_args": list(args.fairseq_args)},
+              "checkpoints": ckpts, "runs": []}
+    for repeat in range(1, args.repeats + 1):
+        for fam in families:
+            tag = f"threads{threads}-repeat{repeat}-{fam}"
+            loadavg = list(os.getloadavg())
+            train = measure_training(cfgs[fam], args, threads, work, tag)
+            decode = measure_decoding(cfgs[fam], sample_data, subset, ckpts[fam]["path"], len(ids), args, threads,
+                                      work, tag)
+            record["runs"].append({"repeat": repeat, "family": fam, "loadavg": loadavg, "train": train,
+                                   "decode": decode})
+            log(f"{threads} thread(s), repeat {repeat}/{args.repeats}, {fam}: training "
+                f"{speed_table.train_words_per_s(record['runs'][-1], WARMUP_INTERVALS):,.0f} words/s, peak "
+                f"{train['peak_rss_mib']:,.0f} MiB; decoding {decode['sentences_per_s']:.1f} sentences/s"
+                + ("" if ckpts[fam]["trained"] else " (untrained model)"))
+    record["loadavg_after"] = list(os.getloadavg())
+    record["finished"] = now()
+    return record
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(path, content):
+    """Written whole or not at all: a run stopped midway leaves the earlier record as it was."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(content, indent=1) + "\n")
+    partial.replace(path)
+
+
+def write_table(experiment, records_dir, update_readme):
+    records = speed_table.read_records(records_dir, experiment)
+    if not records:
+        raise SpeedError(f"no speed record of {experiment} in {records_dir}: measure first "
+                         f"(scripts/speed.sh {experiment})")
+    md = records_dir / f"{experiment}.md"
+    md.write_text(speed_table.to_markdown(experiment, records, FAMILY_LABELS, EXPERIMENTS[experiment]["title"]))
+    log(f"wrote {md}")
+    if update_readme:
+        readme = REPO / "README.md"
+        text = readme.read_text(encoding="utf-8")
+        readme.write_text(speed_table.replace_readme_block(
+            text, speed_table.readme_block(records_dir, FAMILY_LABELS), readme), encoding="utf-8")
+        log(f"rebuilt the speed table of {readme} from {records_dir}")
+    return md
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="scripts/speed.sh",
+        description="Measure each family of a study against its Transformer on the study's real batches: "
+                    "training words/s, peak training memory, decoding sentences/s, interleaved, on each thread "
+                    "count; write one record per thread count and rebuild the table from the records.")
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    p.add_argument("--families", default=None,
+                   help="comma-separated subset of the study's families (default: all it has configs for; the "
+                        "Transformer is always measured, first: it is every ratio's baseline)")
+    p.add_argument("--threads", type=thread_counts, default="1,2", help="thread counts, e.g. 1,2 (default %(default)s)")
+    p.add_argument("--repeats", type=number("--repeats", low=1), default=3)
+    p.add_argument("--updates", type=number("--updates", low=1), default=60, help="training updates per run")
+    p.add_argument("--log-interval", type=number("--log-interval", low=1), default=10,
+                   help="updates per logged interval (the first is warm-up; default %(default)s)")
+    p.add_argument("--decode-sentences", type=number("--decode-sentences", low=1), default=200,
+                   help="test pairs decoded per run (a fixed sample of the first test set)")
+    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128,
+                   help="fairseq-generate sentences per batch (the studies' default)")
+    p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
+    p.add_argument("--runs-dir", default=None, help="the study's runs, for trained checkpoints (default runs/EXPERIMENT)")
+    p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
+    p.add_argument("--force", action="store_true", help="replace the records of the thread counts measured")
+    p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
+    p.add_argument("--update-readme", action="store_true",
+                   help="also rebuild the README's real-batch speed table from every record in RESULTS/speed/")
+    p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
+    return p
+
+
+def main(argv=None):
+    quiet_logging()
+    from ..training.launch import split_fairseq_args
+
+    p = parser()
+    full = list(sys.argv[1:] if argv is None else argv)
+    ours, fairseq_args = split_fairseq_args(full)
+    args = p.parse_args(ours)
+    args.fairseq_args, args.command = fairseq_args, "scripts/speed.sh " + shlex.join(str(a) for a in full)
+    exp = EXPERIMENTS[args.experiment]
+    if args.updates < (WARMUP_INTERVALS + 1) * args.log_interval:
+        p.error(f"--updates {args.updates} with --log-interval {args.log_interval}: need at least "
+                f"{(WARMUP_INTERVALS + 1) * args.log_interval} updates (the first interval is warm-up)")
+    known = families_of(args.experiment)
+    named = [f.strip() for f in (args.families if args.families is not None else ",".join(known)).split(",") if f.strip()]
+    if not named:
+        p.error(f"--families {args.families!r} names no family; choose from {known}")
+    unknown = [f for f in named if f not in known]
+    if unknown:
+        p.error(f"unknown families {unknown} for {args.experiment}; choose from {known}")
+    families = [BASELINE] + [f for f in known if f in named and f != BASELINE]
+    args.data = Path(args.data or exp["data"]).resolve()
+    args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
+    records_dir = Path(args.results_dir).resolve() / "speed"
+    for folder in (records_dir.parent, records_dir):
+        if folder.exists() and not folder.is_dir():
+            p.error(f"--results-dir: {folder} is a file, not a folder")
+    try:
+        if not args.table_only:
+            run_study(args, families, records_dir)
+        md = write_table(args.experiment, records_dir, args.update_readme)
+        print(md.read_text())
+    except (SpeedError, LogError, PrepError, ConfigError, EvaluateError, speed_table.SpeedRecordError, OSError) as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run_study(args, families, records_dir):
+    """Measure every thread count, writing each one's record as it completes."""
+    exp = EXPERIMENTS[args.experiment]
+    targets = {t: speed_table.record_path(records_dir, args.experiment, t) for t in args.threads}
+    for path in targets.values():  # before any work: nothing measured for an hour is then refused
+        if path.exists():
+            try:
+                old = speed_table.read_record(path)
+            except speed_table.SpeedRecordError as e:  # a file of another kind is never replaced
+                raise SpeedError(f"{e}; not replaced") from e
+            if not args.force:
+                raise SpeedError(f"{path} exists (measured {old.get('date')} on {old.get('cpu')}); pass --force "
+                                 "to replace it")
+    manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
+    cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in families}
+    records_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="man-fairseq-speed-"))
+    try:
+        subset = next(iter(manifest["test_sets"]))
+        ids = sample_ids(manifest["counts"][subset], args.decode_sentences)
+        sample_data = sampled_split(args.data, subset, manifest["source_lang"], manifest["target_lang"], ids,
+                                    work / "sample")
+        ckpts = checkpoints(families, cfgs, args, work, args.threads[0])
+        for threads in args.threads:
+            record = measure(args.experiment, families, cfgs, args, threads, (subset, sample_data, ids), ckpts, work)
+            write_json(targets[threads], record)
+            log(f"wrote {targets[threads]}")
+            write_table(args.experiment, records_dir, False)  # the table never lags its records
+    except BaseException:
+        log(f"stopped; the logs of its runs are kept in {work}")
+        raise
+    shutil.rmtree(work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The tables of ``scripts/speed.sh`` (:mod:`speed`), rebuilt from its records alone.
+
+A record (``results/speed/<experiment>-threads<T>.json``) holds one interleaved measurement at one
+thread count: every raw number of every (repeat, family) run. From it, per family: training words/s
+(the median of fairseq's logged ``wps`` intervals after the warm-up ones), peak resident memory of
+fairseq-train, and fairseq-generate's sentences/s; each as its median over repeats with the min–max,
+and as a ratio to the Transformer *of the same repeat* (the families ran one after the other, so a
+load drift hits a repeat's runs alike), median and min–max of those ratios.
+
+Written here: ``results/speed/<experiment>.md`` (every thread count of one study) and the block of
+the README's "Speed" section between :data:`README_BEGIN` and :data:`README_END` (every study).
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+RECORD_KIND = "man-fairseq real-batch speed"
+RECORD_VERSION = 1
+README_BEGIN = ("<!-- speed-table begin: generated from results/speed/*.json by "
+                "`scripts/speed.sh EXPERIMENT --table-only --update-readme`; tests/test_speed.py checks it -->")
+README_END = "<!-- speed-table end -->"
+QUANTITIES = (("train", "training words/s"), ("memory", "peak training memory"), ("decode", "decoding sentences/s"))
+
+
+class SpeedRecordError(ValueError):
+    pass
+
+
+def record_path(records_dir, experiment, threads):
+    return Path(records_dir) / f"{experiment}-threads{threads}.json"
+
+
+def read_record(path):
+    """A record of ours; :class:`SpeedRecordError` naming the file otherwise."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpeedRecordError(f"{path}: not a readable speed record ({e})") from e
+    if not isinstance(record, dict) or record.get("kind") != RECORD_KIND:
+        raise SpeedRecordError(f"{path}: not a speed record of scripts/speed.sh (no kind {RECORD_KIND!r})")
+    return record
+
+
+def read_records(records_dir, experiment=None):
+    """Every record in ``records_dir`` (of ``experiment`` only, when given), by study then threads."""
+    paths = sorted(Path(records_dir).glob(f"{experiment or '*'}-threads*.json")) if Path(records_dir).is_dir() else []
+    records = [read_record(p) for p in paths]
+    return sorted(records, key=lambda r: (r["experiment"], r["threads"]))
+
+
+# ------------------------------------------------------------------------------------ numbers
+
+def train_words_per_s(run, warmup):
+    """The median of fairseq's ``wps`` over the logged intervals after the ``warmup`` first ones."""
+    return statistics.median(run["train"]["wps"][warmup:])
+
+
+def run_values(run, warmup):
+    """{quantity: value} of one (repeat, family) run."""
+    return {"train": train_words_per_s(run, warmup), "memory": run["train"]["peak_rss_mib"],
+            "decode": run["decode"]["sentences_per_s"]}
+
+
+def spread(values):
+    """{"median", "min", "max", "n"} of ``values``."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(record):
+    """[{family, threads, trained, same_batches, out_len, <quantity>: spread, <quantity>_ratio: spread}]
+    of a record, its families in their order (the Transformer first); the Transformer's ratios are None."""
+    warmup = record["settings"]["warmup_intervals"]
+    baseline = record["families"][0]
+    by_repeat = {}
+    for run in record["runs"]:
+        by_repeat.setdefault(run["repeat"], {})[run["family"]] = run
+    rows = []
+    for fam in record["families"]:
+        repeats = [runs for runs in by_repeat.values() if fam in runs and baseline in runs]
+        values = [run_values(runs[fam], warmup) for runs in repeats]
+        base = [run_values(runs[baseline], warmup) for runs in repeats]
+        row = {"family": fam, "threads": record["threads"], "trained": record["checkpoints"][fam]["trained"],
+               "same_batches": all(runs[fam]["train"]["wpb"] == runs[baseline]["train"]["wpb"] for runs in repeats),
+               "out_len": spread([runs[fam]["decode"]["tokens"] / runs[fam]["decode"]["sentences"] for runs in repeats])}
+        for q, _ in QUANTITIES:
+            row[q] = spread([v[q] for v in values])
+            row[q + "_ratio"] = None if fam == baseline else spread([v[q] / b[q] for v, b in zip(values, base)])
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------ text
+
+def fmt_value(s, quantity):
+    digits = {"train": 0, "memory": 0, "decode": 1}[quantity]
+    one = (lambda v: f"{v:,.{digits}f}")
+    unit = " MiB" if quantity == "memory" else ""
+    text = one(s["median"]) + unit
+    return text if s["n"] == 1 else f"{text} ({one(s['min'])}–{one(s['max'])})"
+
+
+def fmt_ratio(s):
+    if s is None:
+        return "1"
+    text = f"{s['median']:.2f}×"
+    return text if s["n"] == 1 else f"{text} ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def table_rows(rows, labels, lead=()):
+    """Markdown rows: ``lead`` cells, the family, then each quantity's value and ratio."""
+    lines = []
+    for row in rows:
+        cells = list(lead) + [labels.get(row["family"], row["family"])]
+        for q, _ in QUANTITIES:
+            ratio = fmt_ratio(row[q + "_ratio"])
+            if q == "train" and not row["same_batches"]:
+                ratio += " ‡"
+            if q == "decode" and not row["trained"]:
+                ratio += " †"
+            cells += [fmt_value(row[q], q), ratio]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def header(lead):
+    names = list(lead) + ["family"] + [c for _, name in QUANTITIES for c in (name, "× Transformer")]
+    return ["| " + " | ".join(names) + " |", "|" + "|".join("---" if i <= len(lead) else "---:"
+                                                           for i in range(len(names))) + "|"]
+
+
+def footnotes(summaries):
+    notes = []
+    if any(not row["trained"] for rows in summaries for row in rows):
+        notes.append("† decoded an **untrained** model (no trained checkpoint of the study was found): its output "
+                     "lengths are not a trained model's, so its decoding speed says little of what users pay.")
+    if any(not row["same_batches"] for rows in summaries for row in rows):
+        notes.append("‡ its batches differed from the Transformer's (fairseq's words per batch differ): "
+                     "the training ratio compares different work.")
+    return notes
+
+
+def provenance(record):
+    s = record["settings"]
+    load = lambda v: f"{v[0]:.2f}"  # noqa: E731  (the 1-minute load average)
+    return (f"{record['threads']} thread{'s' if record['threads'] > 1 else ''}: `{record['command']}` — commit "
+            f"{record['commit']}, {record['cpu']} ({record['cpu_count']} cores), {record['date']}, load average "
+            f"{load(record['loadavg_before'])} before → {load(record['loadavg_after'])} after; {s['repeats']} repeat(s), "
+            f"{s['updates']} updates logged every {s['log_interval']} (first {s['warmup_intervals']} interval(s) "
+            f"warm-up), {s['decode_sentences']} sentences of `{s['test_set']}` decoded at batch {s['batch_size']}")
+
+
+def to_markdown(experiment, records, labels, title=None):
+    """``results/speed/<experiment>.md`` from the experiment's records."""
+    summaries = [summarize(r) for r in records]
+    lines = [f"# Speed on real batches: {experiment}", ""]
+    if title:
+        lines += [title, ""]
+    lines += ["Written by `scripts/speed.sh` from the records beside this file (never by hand). Each family "
+              "trains fairseq-train on the study's data-bin with its own config (the same batches: seed 1) "
+              "and decodes a fixed test sample with fairseq-generate at its config's beam, length penalty and "
+              "length limits, interleaved with the Transformer of the same study in every repeat. Training "
+              "words/s: fairseq's `wps` (target tokens per second), median over the logged intervals after "
+              "the warm-up; peak training memory: the peak resident set of the fairseq-train process "
+              "(`ru_maxrss` from `os.wait4`); decoding: fairseq-generate's own sentences/s (generation time "
+              "only). Values: median over repeats (min–max); ratios: to the Transformer of the same repeat, "
+              "median (min–max).", ""]
+    lines += [f"- {provenance(r)}" for r in records] + [""]
+    lines += header(["threads"])
+    for record, rows in zip(records, summaries):
+        lines += table_rows(rows, labels, lead=[str(record["threads"])])
+    lines += [""]
+    lines += [n + "\n" for n in footnotes(summaries)]
+    lines += ["Output length (tokens per decoded sentence, median over repeats): " + "; ".join(
+        f"{labels.get(row['family'], row['family'])} {row['out_len']['median']:.1f} ({rec['threads']} thr.)"
+        for rec, rows in zip(records, summaries) for row in rows) + ".", ""]
+    return "\n".join(lines)
+
+
+def readme_block(records_dir, labels):
+    """The README's generated block: every study's records in one table (a line saying so when none)."""
+    records = read_records(records_dir)
+    lines = [README_BEGIN]
+    if not records:
+        lines += ["No real-batch measurement is recorded yet (`results/speed/` holds no record): the numbers "
+                  "must come from an idle machine, see [docs/benchmarks.md](docs/benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)."]
+    else:
+        summaries = [summarize(r) for r in records]
+        lines += ["Made by `scripts/speed.sh EXPERIMENT` on each study's own data-bin and configs (method in "
+                  "[docs/benchmarks.md](docs/benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
+                  "repeats (min–max), ratios to the Transformer of the same repeat.", ""]
+        lines += header(["study", "threads"])
+        for record, rows in zip(records, summaries):
+            lines += table_rows(rows, labels, lead=[record["experiment"], str(record["threads"])])
+        lines += [""] + [n + "\n" for n in footnotes(summaries)] + [
+            "Machines: " + "; ".join(f"{r['experiment']} {r['threads']} thr.: {r['cpu']}, {r['date'][:10]}, "
+                                     f"commit {r['commit']}" for r in records)
+            + ". Details: `results/speed/EXPERIMENT.md`."]
+    return "\n".join(lines + [README_END])
+
+
+def replace_readme_block(text, block, where="README.md"):
+    """``text`` with its generated block replaced by ``block``."""
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise SpeedRecordError(f"{where}: no speed-table block (the lines {README_BEGIN!r} ... {README_END!r})")
+    return text[:start] + block + text[end + len(README_END):]
+
+
+def readme_section(text, where="README.md"):
+    """The generated block as ``text`` has it."""
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        raise SpeedRecordError(f"{where}: no speed-table block (the lines {README_BEGIN!r} ... {README_END!r})")
+    return text[start:end + len(README_END)]

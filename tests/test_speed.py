@@ -1,0 +1,275 @@
+"""``scripts/speed.sh``: each family against the Transformer on a study's real batches. The numbers
+and tables from hand-made records, the interleaving, the refusals, the README's table against the
+committed records, and one real short measurement of a tiny model on toy data (nothing timed is
+asserted)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, TINY_MODEL, run_cli
+from man_fairseq.recipes.studies import speed, speed_table
+from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
+from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
+
+
+def run_of(repeat, family, wps, memory, per_s, wpb=(100.0, 100.0, 100.0), tokens=50):
+    return {"repeat": repeat, "family": family, "loadavg": [0.1, 0.1, 0.1],
+            "train": {"wps": list(wps), "wpb": list(wpb), "num_updates": [2, 4, 6], "peak_rss_mib": memory},
+            "decode": {"sentences": 10, "tokens": tokens, "sentences_per_s": per_s}}
+
+
+def record(runs, threads=1, families=("transformer", "man"), trained=True, experiment="gigaword-cpu"):
+    return {"kind": speed_table.RECORD_KIND, "version": 1, "experiment": experiment, "threads": threads,
+            "command": f"scripts/speed.sh {experiment}", "commit": "abc1234", "cpu": "Test CPU", "cpu_count": 2,
+            "date": "2026-11-25T10:00:00+00:00", "loadavg_before": [0.05, 0, 0], "loadavg_after": [0.5, 0, 0],
+            "families": list(families),
+            "settings": {"repeats": 2, "updates": 6, "log_interval": 2, "warmup_intervals": 1, "seed": 1,
+                         "test_set": "test", "decode_sentences": 10, "batch_size": 128},
+            "checkpoints": {f: {"trained": trained} for f in families}, "runs": runs}
+
+
+def two_repeats():
+    """Repeat 2 runs everything 20 % slower (a load drift): the ratios stay those of repeat 1."""
+    return record([run_of(1, "transformer", [5, 1000, 1200], 500, 10.0), run_of(1, "man", [1, 800, 900], 600, 8.0),
+                   run_of(2, "transformer", [5, 800, 960], 500, 8.0), run_of(2, "man", [1, 560, 640], 550, 7.2)])
+
+
+def test_numbers_and_ratios_come_from_each_repeat():
+    transformer, man = speed_table.summarize(two_repeats())
+    # words/s of a run: the median of its intervals after the warm-up one
+    assert transformer["train"] == {"median": 990.0, "min": 880.0, "max": 1100.0, "n": 2}
+    assert transformer["train_ratio"] is None and man["family"] == "man"
+    # man/transformer in repeat 1: 850/1100, in repeat 2: 600/880; never 725/990 across repeats
+    assert man["train_ratio"]["min"] == pytest.approx(600 / 880) and man["train_ratio"]["max"] == pytest.approx(850 / 1100)
+    assert man["train_ratio"]["median"] == pytest.approx((600 / 880 + 850 / 1100) / 2)
+    assert man["memory"] == {"median": 575.0, "min": 550, "max": 600, "n": 2}
+    assert man["memory_ratio"]["min"] == pytest.approx(1.1) and man["memory_ratio"]["max"] == pytest.approx(1.2)
+    assert man["decode_ratio"]["min"] == pytest.approx(0.8) and man["decode_ratio"]["max"] == pytest.approx(0.9)
+    assert man["out_len"]["median"] == 5.0 and man["same_batches"] and man["trained"]
+    md = speed_table.to_markdown("gigaword-cpu", [two_repeats()], FAMILY_LABELS)
+    assert ("| 1 | MAN (small, DMAN enc.) | 725 (600–850) | 0.73× (0.68–0.77) | 575 MiB (550–600) | 1.15× (1.10–1.20) "
+            "| 7.6 (7.2–8.0) | 0.85× (0.80–0.90) |") in md
+    assert "| 1 | Transformer (small) | 990 (880–1,100) | 1 | 500 MiB (500–500) | 1 |" in md
+    assert "untrained" not in md and "‡" not in md and "`scripts/speed.sh gigaword-cpu` — commit abc1234" in md
+
+
+def test_an_untrained_model_and_other_batches_are_marked():
+    one = record([run_of(1, "transformer", [5, 1000], 500, 10.0), run_of(1, "man", [1, 800], 600, 8.0, wpb=[90, 100])],
+                 trained=False)
+    man = speed_table.summarize(one)[1]
+    assert not man["same_batches"] and not man["trained"] and man["train_ratio"]["n"] == 1
+    md = speed_table.to_markdown("gigaword-cpu", [one], FAMILY_LABELS)
+    assert "| 1 | MAN (small, DMAN enc.) | 800 | 0.80× ‡ | 600 MiB | 1.20× | 8.0 | 0.80× † |" in md
+    assert "† decoded an **untrained** model" in md and "‡ its batches differed" in md
+
+
+def test_readme_block_lists_every_record_and_is_replaced_in_place(tmp_path):
+    records = tmp_path / "speed"
+    records.mkdir()
+    (records / "gigaword-cpu-threads2.json").write_text(json.dumps(dict(two_repeats(), threads=2)))
+    (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
+    (records / "cnndm-cpu-threads1.json").write_text(json.dumps(dict(two_repeats(), experiment="cnndm-cpu")))
+    block = speed_table.readme_block(records, FAMILY_LABELS)
+    rows = [line for line in block.splitlines() if line.startswith("| ") and "MAN" in line]
+    assert [r.split(" | ")[:2] for r in rows] == [["| cnndm-cpu", "1"], ["| gigaword-cpu", "1"], ["| gigaword-cpu", "2"]]
+    text = f"intro\n{speed_table.README_BEGIN}\nold table\n{speed_table.README_END}\nafter\n"
+    new = speed_table.replace_readme_block(text, block)
+    assert new == f"intro\n{block}\nafter\n" and speed_table.readme_section(new) == block
+    with pytest.raises(speed_table.SpeedRecordError, match="README.md: no speed-table block"):
+        speed_table.replace_readme_block("no markers\n", block)
+
+
+def test_readme_speed_table_is_what_the_committed_records_give():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert speed_table.readme_section(readme) == speed_table.readme_block(REPO / "results" / "speed", FAMILY_LABELS), (
+        "README's real-batch speed table differs from results/speed/: run "
+        "scripts/speed.sh EXPERIMENT --table-only --update-readme")
+    speed_section = readme[readme.index("## Speed"):readme.index("**Synthetic batches**")]
+    assert speed_table.README_BEGIN in speed_section  # the real-batch table comes first, the synthetic one after
+
+
+def test_train_intervals_reads_fairseq_progress_lines(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "2026-11-25 10:00:01 | INFO | train_inner | epoch 001:      2 / 7 loss=9.1, nll_loss=9, ppl=512, wps=1234.5, "
+        "ups=0.5, wpb=2469, bsz=80, num_updates=2, lr=1e-05, gnorm=3.1, train_wall=4, wall=9\n"
+        "2026-11-25 10:00:05 | INFO | train | epoch 001 | loss 9 | wps 1100 | wpb 2400 | num_updates 7\n"
+        "2026-11-25 10:00:09 | INFO | train_inner | epoch 002:      1 / 7 loss=8.9, nll_loss=8.8, ppl=450, wps=1300, "
+        "ups=0.52, wpb=2500.5, bsz=81, num_updates=8, lr=2e-05, gnorm=2.9, train_wall=4, wall=17\n")
+    assert train_intervals(log) == [{"num_updates": 2, "wps": 1234.5, "wpb": 2469.0},
+                                    {"num_updates": 8, "wps": 1300.0, "wpb": 2500.5}]
+    log.write_text("2026-11-25 10:00:01 | INFO | train_inner | epoch 001:  2 / 7 loss=9.1, num_updates=2, wall=9\n")
+    with pytest.raises(LogError, match="without num_updates, wps and wpb"):
+        train_intervals(log)
+
+
+def test_every_repeat_runs_every_family_the_transformer_first(monkeypatch, tmp_path):
+    calls = []
+
+    def train(cfg, args, threads, work, tag):
+        calls.append(("train", threads, tag))
+        return {"wps": [1.0, 2.0], "wpb": [1.0, 1.0], "peak_rss_mib": 1.0}
+
+    def decode(cfg, data, subset, checkpoint, n, args, threads, work, tag):
+        calls.append(("decode", threads, tag))
+        return {"sentences_per_s": 1.0}
+
+    monkeypatch.setattr(speed, "measure_training", train)
+    monkeypatch.setattr(speed, "measure_decoding", decode)
+    monkeypatch.setattr(speed, "log", lambda msg: None)
+    args = speed.parser().parse_args(["gigaword-cpu", "--repeats", "2"])
+    args.fairseq_args, args.command, args.data = [], "scripts/speed.sh gigaword-cpu", tmp_path
+    cfgs = {f: {"_path": str(REPO / "configs" / f"{f}.yaml")} for f in ("transformer", "localness")}
+    ckpts = {f: {"path": "x.pt", "trained": True} for f in cfgs}
+    rec = speed.measure("gigaword-cpu", ["transformer", "localness"], cfgs, args, 2, ("test", tmp_path, [0, 1]),
+                        ckpts, tmp_path)
+    assert [(r["repeat"], r["family"]) for r in rec["runs"]] == [
+        (1, "transformer"), (1, "localness"), (2, "transformer"), (2, "localness")]
+    assert calls[:4] == [("train", 2, "threads2-repeat1-transformer"), ("decode", 2, "threads2-repeat1-transformer"),
+                         ("train", 2, "threads2-repeat1-localness"), ("decode", 2, "threads2-repeat1-localness")]
+    assert rec["threads"] == 2 and rec["settings"]["decode_sentences"] == 2 and len(rec["loadavg_after"]) == 3
+    assert speed.thread_env(2)["OMP_NUM_THREADS"] == "2" == speed.thread_env(2)["MKL_NUM_THREADS"]
+
+
+def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
+    args = speed.parser().parse_args(["gigaword-cpu"])
+    args.runs_dir, args.fairseq_args = tmp_path / "runs", []
+    ckpt = args.runs_dir / "transformer-seed1" / "checkpoints" / "checkpoint_last.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"weights")
+    found = speed.checkpoints(["transformer"], {}, args, tmp_path / "work", 1)
+    assert found["transformer"]["path"] == str(ckpt) and found["transformer"]["trained"]
+    assert found["transformer"]["bytes"] == 7 and not found["transformer"]["finished"]
+    assert not (tmp_path / "work").exists()  # nothing trained
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--families", "man,sman3"], "unknown families ['sman3'] for gigaword-cpu; choose from ['transformer', 'man', "
+                                  "'sman2', 'localness', 'diffwin', 'calibration']"),
+    (["--families", " , "], "--families ' , ' names no family; choose from ['transformer', 'man', 'sman2', "
+                            "'localness', 'diffwin', 'calibration']"),
+    (["--threads", "0"], "argument --threads: invalid value '0': distinct thread counts, each >= 1"),
+    (["--threads", "1,1"], "argument --threads: invalid value '1,1': distinct thread counts, each >= 1"),
+    (["--threads", "one"], "argument --threads: invalid value 'one': a comma-separated list of thread counts"),
+    (["--repeats", "0"], "argument --repeats: invalid value '0': must be >= 1"),
+    (["--decode-sentences", "0"], "argument --decode-sentences: invalid value '0': must be >= 1"),
+    (["--updates", "15"], "--updates 15 with --log-interval 10: need at least 20 updates (the first interval is warm-up)"),
+])
+def test_bad_input_is_one_argparse_line(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        speed.main(["gigaword-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r"), *argv])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"scripts/speed.sh: error: {message}"
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_record_is_replaced_only_with_force_and_never_another_file(tmp_path, capsys):
+    records = tmp_path / "r" / "speed"
+    records.mkdir(parents=True)
+    (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
+    (records / "gigaword-cpu-threads2.json").write_text('{"my": "notes"}\n')
+    argv = ["gigaword-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r")]
+    assert speed.main(argv + ["--threads", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ERROR: {records / 'gigaword-cpu-threads1.json'} exists (measured 2026-11-25T10:00:00+00:00 on Test CPU); "
+        "pass --force to replace it")
+    assert speed.main(argv + ["--threads", "2", "--force"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ERROR: {records / 'gigaword-cpu-threads2.json'}: not a speed record of scripts/speed.sh "
+        "(no kind 'man-fairseq real-batch speed'); not replaced")
+    assert (records / "gigaword-cpu-threads2.json").read_text() == '{"my": "notes"}\n'
+    # with --force and a record of ours, the work goes on as far as the missing data
+    assert speed.main(argv + ["--threads", "1", "--force"]) == 2
+    assert "no gigaword.json; prepare the data first" in capsys.readouterr().err
+    assert json.loads((records / "gigaword-cpu-threads1.json").read_text()) == two_repeats()
+
+
+def test_update_readme_rebuilds_only_its_block(tmp_path, monkeypatch):
+    records = tmp_path / "results" / "speed"
+    records.mkdir(parents=True)
+    (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{speed_table.README_BEGIN}\nold\n{speed_table.README_END}\n\nthe rest\n")
+    monkeypatch.setattr(speed, "REPO", tmp_path)
+    md = speed.write_table("gigaword-cpu", records, update_readme=True)
+    block = speed_table.readme_block(records, FAMILY_LABELS)
+    assert readme.read_text() == f"# Title\n\n{block}\n\nthe rest\n" and "| gigaword-cpu | 1 | MAN" in block
+    assert md == records / "gigaword-cpu.md" and "| 1 | MAN (small, DMAN enc.) |" in md.read_text()
+
+
+def test_a_file_as_results_dir_is_refused(tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.write_text("my notes\n")
+    with pytest.raises(SystemExit) as e:
+        speed.main(["gigaword-cpu", "--results-dir", str(mine)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"scripts/speed.sh: error: --results-dir: {mine} is a file, not a folder"
+    assert mine.read_text() == "my notes\n"
+
+
+def test_table_only_without_records_is_a_clear_error(tmp_path, capsys):
+    assert speed.main(["cnndm-cpu", "--table-only", "--results-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"ERROR: no speed record of cnndm-cpu in {tmp_path / 'speed'}: measure first (scripts/speed.sh cnndm-cpu)")
+
+
+@pytest.fixture(scope="module")
+def gigaword_like_bin(toy_raw, tmp_path_factory):
+    """The toy corpus as a Gigaword data folder (article -> title, joined dictionary, its record)."""
+    from man_fairseq.recipes.data.manifest import write_manifest
+
+    root = tmp_path_factory.mktemp("giga")
+    for split in ("train", "valid", "test"):
+        for side, lang in (("src", "article"), ("tgt", "title")):
+            os.symlink(toy_raw / f"{split}.{side}", root / f"{split}.{lang}")
+    data = root / "bin"
+    run_cli(["fairseq-preprocess", "--source-lang", "article", "--target-lang", "title", "--trainpref", root / "train",
+             "--validpref", root / "valid", "--testpref", root / "test", "--destdir", data, "--joined-dictionary",
+             "--workers", "1"])
+    counts = {"train": 400, "valid": 40, "test": 20}
+    write_manifest(data, "gigaword", "article", "title", counts, counts, {"train": None}, {"test": "toy test"})
+    return data
+
+
+def test_a_real_short_measurement_end_to_end(gigaword_like_bin, tmp_path):
+    results, temp = tmp_path / "results", tmp_path / "tmp"
+    temp.mkdir()
+    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.speed", "gigaword-cpu", "--families", "man",
+           "--threads", "1", "--repeats", "1", "--updates", "4", "--log-interval", "2", "--decode-sentences", "6",
+           "--data", gigaword_like_bin, "--runs-dir", tmp_path / "runs", "--results-dir", results, "--",
+           *TINY_MODEL, "--max-tokens", "500"]
+    env = {**os.environ, "TMPDIR": str(temp), "PYTHONDONTWRITEBYTECODE": "1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.run([str(c) for c in cmd], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    rec = speed_table.read_record(results / "speed" / "gigaword-cpu-threads1.json")
+    assert rec["families"] == ["transformer", "man"] and rec["threads"] == 1 and rec["cpu_count"] == os.cpu_count()
+    assert rec["command"].startswith("scripts/speed.sh gigaword-cpu --families man --threads 1")
+    assert rec["commit"] and rec["cpu"] and len(rec["loadavg_before"]) == len(rec["loadavg_after"]) == 3
+    assert [(r["repeat"], r["family"]) for r in rec["runs"]] == [(1, "transformer"), (1, "man")]
+    transformer, man = rec["runs"]
+    for r in rec["runs"]:
+        train = r["train"]
+        assert train["num_updates"] == [2, 4] and len(train["wps"]) == 2 and train["peak_rss_mib"] > 50
+        assert "--no-save" in train["command"] and train["command"][train["command"].index("--save-dir") + 1].startswith(str(temp))
+        assert train["command"][train["command"].index("--arch") + 1] == {
+            "transformer": "transformer_iwslt_de_en", "man": "transformer_man_small"}[r["family"]]
+        decode = r["decode"]
+        assert decode["sentences"] == 6 and decode["sentences_per_s"] > 0 and decode["tokens"] >= 6
+        assert decode["command"][decode["command"].index("--beam") + 1] == "5"  # the config's generation settings
+        assert decode["command"][decode["command"].index("--no-repeat-ngram-size") + 1] == "3"
+    assert man["train"]["wpb"] == transformer["train"]["wpb"]  # the same batches
+    assert all(not c["trained"] for c in rec["checkpoints"].values())
+    assert not list(temp.glob("man-fairseq-speed-*"))  # its checkpoints and logs lived there, removed
+    md = (results / "speed" / "gigaword-cpu.md").read_text()
+    assert md == speed_table.to_markdown("gigaword-cpu", [rec], FAMILY_LABELS,
+                                         speed.EXPERIMENTS["gigaword-cpu"]["title"])
+    assert "| 1 | MAN (small, DMAN enc.) |" in md and "† decoded an **untrained** model" in md
+    again = subprocess.run([str(c) for c in cmd[:cmd.index("--")] + ["--table-only"]], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert again.returncode == 0 and (results / "speed" / "gigaword-cpu.md").read_text() == md
