@@ -114,15 +114,18 @@ def test_demo_user_data_that_is_not_utf8_is_named(tmp_path):
 
 
 def test_raw_references_that_are_not_utf8_stop_scoring_naming_the_file(tmp_path):
-    from man_fairseq.recipes.evaluation.evaluate import score
+    from man_fairseq.recipes.evaluation.evaluate import score_decoded
 
     refs = write_latin1(tmp_path / "test.raw.de")
     cfg = {"eval": {"metric": "bleu_wmt", "gen_subset": "test"}, "target_lang": "de"}
     hyps = ["Ein Hund läuft .", "Zwei Männer stehen .", "Ein Mädchen spielt ."]
     with pytest.raises(textfile.NotUtf8Error, match=rf"{refs}: line {FIRST_BAD} is not UTF-8"):
-        score(cfg, hyps, hyps, tmp_path)
+        score_decoded(cfg, tmp_path, "test", hyps, hyps, tmp_path)
     refs.write_text("\n".join(LATIN1) + "\n", encoding="utf-8")
-    assert score(cfg, hyps, hyps, tmp_path)["_raw_refs"] == LATIN1
+    scores, details = score_decoded(cfg, tmp_path, "test", hyps, hyps, tmp_path)
+    # sacreBLEU read the raw references: the detokenized hypotheses are their lines
+    assert (tmp_path / "test.detok.hyp").read_text().splitlines() == LATIN1
+    assert details["sacrebleu_references"] == f"raw references {refs}" and scores["sacrebleu"] == 100.0
 
 
 def test_analysis_input_pairs_that_are_not_utf8_are_named(tmp_path):

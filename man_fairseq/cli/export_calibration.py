@@ -121,10 +121,95 @@ class CrossAttentionRecorder:
             h.remove()
 
 
+class CalibrationTables:
+    """What a calibrated model's batches add up to: per-layer JSD / entropy / mask sums over the real
+    (sentence, target token, head) rows, the JSD binned by the shape of ``a``, each sentence's mask
+    (``masks.pt``) and the heat maps of the first ``num_heatmaps`` sentences."""
+
+    def __init__(self, num_layers, src_dict, tgt_dict, model_dir, num_heatmaps, title):
+        self.src_dict, self.tgt_dict = src_dict, tgt_dict
+        self.model_dir, self.num_heatmaps, self.title = model_dir, num_heatmaps, title
+        self.sums, self.rows_total, self.heatmaps = None, 0, 0
+        self.binned = BinnedJSD(num_layers)
+        self.masks: Dict[int, Dict] = {}
+        os.makedirs(os.path.join(model_dir, "heatmaps"), exist_ok=True)
+
+    def add(self, captured, sample, src_real, tgt_real):
+        layer_rows, n_rows = layer_statistics(captured, src_real, tgt_real)
+        sums = self.sums
+        self.sums = layer_rows if sums is None else [{k: s[k] + r[k] for k in s} for s, r in zip(sums, layer_rows)]
+        self.rows_total += n_rows
+        row_mask = tgt_real[:, None, :].expand(-1, captured[0]["attn"].size(1), -1)
+        for layer, c in enumerate(captured):
+            a, fused = normalised_rows(c, src_real)
+            self.binned.add(layer, a, fused, row_mask)
+        stacked = torch.stack([c["m"] for c in captured], 1).float().cpu()  # (B, L, H, T, S)
+        src_tokens = sample["net_input"]["src_tokens"]
+        for b, sid in enumerate(sample["id"].tolist()):
+            src_idx = src_real[b].nonzero().squeeze(-1).cpu()
+            tgt_len = int(tgt_real[b].sum())
+            mask = stacked[b][:, :, :tgt_len].index_select(-1, src_idx).contiguous()
+            src = [self.src_dict[i] for i in src_tokens[b][src_real[b]].tolist()]
+            tgt = [self.tgt_dict[i] for i in sample["target"][b][:tgt_len].tolist()]
+            self.masks[sid] = {"mask": mask, "src": src, "tgt": tgt}
+            if self.heatmaps < self.num_heatmaps:
+                save_heatmap(os.path.join(self.model_dir, "heatmaps", f"{sid}.png"), mask, src, tgt,
+                             f"{self.title}, sentence {sid}")
+                self.heatmaps += 1
+
+    def result(self, fusion) -> Dict:
+        """The model's entries of calibration_stats.json; writes ``masks.pt``."""
+        torch.save(self.masks, os.path.join(self.model_dir, "masks.pt"))
+        rows = max(self.rows_total, 1)
+        table = [{"layer": i + 1, **{k: v / rows for k, v in s.items()}} for i, s in enumerate(self.sums or [])]
+        for r in table:
+            r["entropy_change"] = r["entropy_calibrated"] - r["entropy_original"]
+        return dict(fusion=fusion, rows_per_layer=self.rows_total, layers=table,
+                    entropy_change_all=sum(r["entropy_change"] for r in table) / max(len(table), 1),
+                    jsd_bins=self.binned.tables())
+
+
+def analyse_batch(model, sample, args, pads, kendall, tables, recorder, embeddings) -> int:
+    """One batch teacher-forced: its Kendall-τ sums (sentences with id < ``--kendall-sentences``) and,
+    for a calibrated model, its share of ``tables``; returns its number of sentences."""
+    from man_fairseq.modules.calibration import CALIBRATED, calibration_mode
+
+    src_tokens = sample["net_input"]["src_tokens"]
+    src_real = src_tokens.ne(pads[0])
+    tgt_real = sample["target"].ne(pads[1])
+    ids = sample["id"].cpu()
+    kendall_rows = (ids < args.kendall_sentences)[:, None] & tgt_real.cpu()  # sentences with id < N
+    need_kendall = bool(kendall_rows.any())
+    embeddings.clear()
+    if recorder is not None:
+        recorder.probs = []
+    with torch.set_grad_enabled(need_kendall), calibration_mode(model, CALIBRATED) as cm:
+        net_output = model(**sample["net_input"])
+        if need_kendall:
+            lprobs = model.get_normalized_probs(net_output, log_probs=True)
+            token_lp = lprobs.gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
+            importance = source_importance(token_lp, embeddings["src"], tgt_real, args.importance)
+    if tables is not None:
+        series = {"attention": [c["attn"] for c in cm.captured],
+                  "calibrated": [c["calibrated"] for c in cm.captured],
+                  "mask": [c["m"] for c in cm.captured]}
+    else:
+        series = {"attention": recorder.probs}
+    if need_kendall:
+        key_mask = src_real[:, None, None, :].to(series["attention"][0].dtype)
+        for name, per_layer in series.items():
+            for layer, weights in enumerate(per_layer):
+                head_mean = (weights * key_mask).mean(1)  # pads are 0 in a, a_cal and m already
+                kendall.add(name, layer, head_mean.double(), importance, src_real, kendall_rows)
+    if tables is not None:
+        tables.add(cm.captured, sample, src_real, tgt_real)
+    return src_tokens.size(0)
+
+
 def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: str) -> Dict:
     from fairseq import utils
 
-    from man_fairseq.modules.calibration import CALIBRATED, calibration_mode, calibration_modules
+    from man_fairseq.modules.calibration import calibration_modules
 
     model, cfg, task = load_checkpoint(path, args.data, args.source_lang, args.target_lang)
     calibrated = bool(calibration_modules(model))
@@ -136,73 +221,23 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
     itr = batch_iterator(task, model, args.gen_subset, args.batch_size, input_pairs=args.input_pairs)
     progress = Progress(f"{label}: calibration analysis of {where(args)}", len(itr), args.log_interval)
     src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
-    num_layers = len(model.decoder.layers)
-    masks: Dict[int, Dict] = {}
-    sums, rows_total, heatmaps, sentences = None, 0, 0, 0
-    binned = BinnedJSD(num_layers)
     kendall = KendallSums()
     recorder = None if calibrated else CrossAttentionRecorder(model)
-    if calibrated:
-        os.makedirs(os.path.join(model_dir, "heatmaps"), exist_ok=True)
+    tables = CalibrationTables(len(model.decoder.layers), src_dict, tgt_dict, model_dir, args.num_heatmaps,
+                               f"{label}, {where(args)}") if calibrated else None
     embeddings: Dict[str, Tensor] = {}
 
     def keep_source_embeddings(module, inputs, output):
         embeddings.setdefault("src", output)  # the encoder's lookup comes first (shared tables too)
 
     emb_handle = model.encoder.embed_tokens.register_forward_hook(keep_source_embeddings)
+    sentences = 0
     try:
         for batch_index, sample in enumerate(itr, 1):
             if use_cuda:
                 sample = utils.move_to_cuda(sample)
-            src_tokens = sample["net_input"]["src_tokens"]
-            src_real = src_tokens.ne(src_dict.pad())
-            tgt_real = sample["target"].ne(tgt_dict.pad())
-            bsz = src_tokens.size(0)
-            ids = sample["id"].cpu()
-            kendall_rows = (ids < args.kendall_sentences)[:, None] & tgt_real.cpu()  # sentences with id < N
-            need_kendall = bool(kendall_rows.any())
-            embeddings.clear()
-            if recorder is not None:
-                recorder.probs = []
-            with torch.set_grad_enabled(need_kendall), calibration_mode(model, CALIBRATED) as cm:
-                net_output = model(**sample["net_input"])
-                if need_kendall:
-                    lprobs = model.get_normalized_probs(net_output, log_probs=True)
-                    token_lp = lprobs.gather(-1, sample["target"].unsqueeze(-1)).squeeze(-1)
-                    importance = source_importance(token_lp, embeddings["src"], tgt_real, args.importance)
-            if calibrated:
-                series = {"attention": [c["attn"] for c in cm.captured],
-                          "calibrated": [c["calibrated"] for c in cm.captured],
-                          "mask": [c["m"] for c in cm.captured]}
-            else:
-                series = {"attention": recorder.probs}
-            if need_kendall:
-                key_mask = src_real[:, None, None, :].to(series["attention"][0].dtype)
-                for name, per_layer in series.items():
-                    for layer, weights in enumerate(per_layer):
-                        head_mean = (weights * key_mask).mean(1)  # pads are 0 in a, a_cal and m already
-                        kendall.add(name, layer, head_mean.double(), importance, src_real, kendall_rows)
-
-            if calibrated:
-                layer_rows, n_rows = layer_statistics(cm.captured, src_real, tgt_real)
-                sums = layer_rows if sums is None else [{k: s[k] + r[k] for k in s} for s, r in zip(sums, layer_rows)]
-                rows_total += n_rows
-                row_mask = tgt_real[:, None, :].expand(-1, cm.captured[0]["attn"].size(1), -1)
-                for layer, c in enumerate(cm.captured):
-                    a, fused = normalised_rows(c, src_real)
-                    binned.add(layer, a, fused, row_mask)
-                stacked = torch.stack([c["m"] for c in cm.captured], 1).float().cpu()  # (B, L, H, T, S)
-                for b, sid in enumerate(sample["id"].tolist()):
-                    src_idx = src_real[b].nonzero().squeeze(-1).cpu()
-                    tgt_len = int(tgt_real[b].sum())
-                    mask = stacked[b][:, :, :tgt_len].index_select(-1, src_idx).contiguous()
-                    src = [src_dict[i] for i in src_tokens[b][src_real[b]].tolist()]
-                    tgt = [tgt_dict[i] for i in sample["target"][b][:tgt_len].tolist()]
-                    masks[sid] = {"mask": mask, "src": src, "tgt": tgt}
-                    if heatmaps < args.num_heatmaps:
-                        save_heatmap(os.path.join(model_dir, "heatmaps", f"{sid}.png"), mask, src, tgt,
-                                     f"{label}, {where(args)}, sentence {sid}")
-                        heatmaps += 1
+            bsz = analyse_batch(model, sample, args, (src_dict.pad(), tgt_dict.pad()), kendall, tables, recorder,
+                                embeddings)
             sentences += bsz
             progress.step(batch_index, bsz)
             if args.max_sentences is not None and sentences >= args.max_sentences:
@@ -215,13 +250,7 @@ def analyse_checkpoint(path: str, label: str, args, use_cuda: bool, model_dir: s
     result = {"label": label, "path": path, "arch": arch_name(cfg), "calibrated": calibrated,
               "sentences": sentences, "kendall": kendall.means() if args.kendall_sentences > 0 else None}
     if calibrated:
-        torch.save(masks, os.path.join(model_dir, "masks.pt"))
-        table = [{"layer": i + 1, **{k: v / max(rows_total, 1) for k, v in s.items()}} for i, s in enumerate(sums or [])]
-        for r in table:
-            r["entropy_change"] = r["entropy_calibrated"] - r["entropy_original"]
-        result.update(fusion=calibration_modules(model)[0].fusion, rows_per_layer=rows_total, layers=table,
-                      entropy_change_all=sum(r["entropy_change"] for r in table) / max(len(table), 1),
-                      jsd_bins=binned.tables())
+        result.update(tables.result(calibration_modules(model)[0].fusion))
     return result
 
 

@@ -3,7 +3,7 @@
 1. average the last N checkpoints (:mod:`man_fairseq.averaging`),
 2. decode the test set with fairseq-generate and the config's beam / length penalty /
    max length / trigram blocking,
-3. score with the paper's metric (see :mod:`man_fairseq.scoring`),
+3. score with the config's metric (:func:`.metric.score`),
 4. write ``RUN/results.json`` and ``RUN/results.md``.
 
 A failed evaluation never leaves an earlier result looking current (:mod:`.result_files`).
@@ -28,6 +28,7 @@ from ..options import number
 from ..training.launch import visible_gpus
 from . import result_files
 from .decode import EvaluateError, decode
+from .metric import Names, score
 from ... import rouge155, scoring, textfile
 from ...logging_setup import quiet_logging
 
@@ -98,38 +99,37 @@ def read_raw_references(path, subset=None):
     return lines
 
 
-def score(cfg, hyps, refs, data, rouge_implementation="rouge155", rouge_order=None, subset=None, names=None,
-          rouge_exception_db=None):
-    """The config's metric on the decoded ``hyps`` and tokenized ``refs`` of ``subset``; ``names``
-    (hypotheses, references) name them (their files) in errors."""
-    metric = cfg["eval"]["metric"]
-    tgt = cfg.get("target_lang")
-    subset = subset or cfg["eval"].get("gen_subset", "test")
-    if metric == "bleu_ci":
-        return {"metric": metric, "bleu": scoring.tokenized_bleu(hyps, refs, lowercase=True, names=names)}
-    if metric == "bleu_wmt":
-        out = {"metric": metric,
-               "bleu": scoring.tokenized_bleu(hyps, refs, compound=True, names=names),
-               "bleu_tokenized_no_compound_split": scoring.tokenized_bleu(hyps, refs, names=names)}
-        detok = scoring.moses_detokenize(hyps, tgt)
-        raw_ref_file = raw_reference_file(data, subset, tgt)
-        if raw_ref_file.is_file():
-            raw_refs, raw_name = read_raw_references(raw_ref_file), f"references {raw_ref_file}"
-            ref_note = f"raw references {raw_ref_file}"
-        else:
-            # Without the untokenized references (written by data-prep) fall back to detokenized
-            # tokenized references and say so: that is not the official sacreBLEU setting.
-            raw_name = "Moses-detokenized " + (names[1] if names else "references")
-            raw_refs = scoring.moses_detokenize(refs, tgt)
-            ref_note = "Moses-detokenized tokenized references (raw references not found)"
-        out.update(_detok_hyps=detok, _raw_refs=raw_refs, _raw_refs_name=raw_name, sacrebleu_references=ref_note)
-        return out
-    if metric == "rouge":
-        order = rouge_order or cfg["eval"].get("rouge_order", "hyp-ref")
-        return {"metric": metric, "rouge_order": order,
-                "rouge": scoring.rouge(hyps, refs, implementation=rouge_implementation, order=order, names=names,
-                                       exception_db=rouge_exception_db)}
-    raise ValueError(metric)
+def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rouge_implementation="rouge155",
+                  rouge_exception_db=None):
+    """The config's metric (:func:`.metric.score`) on the decoded ``hyps`` and tokenized ``refs`` of
+    ``subset`` (written to ``eval_dir``, named in errors), as results.json's (scores, details).
+    ``bleu_wmt``'s sacreBLEU reads the untokenized references data-prep writes beside the data, its
+    detokenized hypotheses are written to ``eval_dir/SUBSET.detok.hyp``."""
+    ev, tgt = cfg["eval"], cfg.get("target_lang")
+    raw_file, detok_file = raw_reference_file(data, subset, tgt), eval_dir / f"{subset}.detok.hyp"
+    # Without the untokenized references (written by data-prep) sacreBLEU falls back to detokenized
+    # tokenized references, and results.json says so: that is not the official sacreBLEU setting.
+    raw_refs = read_raw_references(raw_file) if ev["metric"] == "bleu_wmt" and raw_file.is_file() else None
+    names = Names(f"hypotheses {eval_dir / f'{subset}.hyp'}", f"references {eval_dir / f'{subset}.ref'}",
+                  detok_hyps=f"hypotheses {detok_file}", raw_refs=f"references {raw_file}")
+    scored = score(ev["metric"], hyps, refs, raw_refs=raw_refs, target_lang=tgt,
+                   rouge_order=rouge_order or ev.get("rouge_order", "hyp-ref"),
+                   rouge_implementation=rouge_implementation, rouge_exception_db=rouge_exception_db, names=names,
+                   keep_detokenized=lambda lines: detok_file.write_text("\n".join(lines) + "\n"))
+    details = {"metric": scored.metric}
+    if scored.metric == "rouge":
+        r = scored.rouge
+        details.update(rouge_order=scored.rouge_order, rouge=r, rouge_implementation=r["implementation"],
+                       rouge_exception_db=r.get("exception_db"))  # rouge155 only
+        return {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}, details
+    details["bleu"] = scored.bleu
+    if scored.metric == "bleu_ci":
+        return {"bleu": scored.bleu["bleu"]}, details
+    details.update(bleu_tokenized_no_compound_split=scored.bleu_no_compound_split,
+                   sacrebleu_references=f"raw references {raw_file}" if raw_refs is not None else
+                   "Moses-detokenized tokenized references (raw references not found)",
+                   sacrebleu=scored.sacrebleu, sacrebleu_signature=scored.sacrebleu["signature"])
+    return {"bleu": scored.bleu["bleu"], "sacrebleu": scored.sacrebleu["bleu"]}, details
 
 
 def check_before_decoding(cfg, data, subset, rouge_implementation):
@@ -274,23 +274,8 @@ def evaluate(run, args):
     hyp_file.write_text("\n".join(hyps) + "\n")
     ref_file.write_text("\n".join(refs) + "\n")
 
-    details = score(cfg, hyps, refs, data, args.rouge_implementation, args.rouge_order, subset,
-                    names=(f"hypotheses {hyp_file}", f"references {ref_file}"), rouge_exception_db=args.rouge_exception_db)
-    metric = details["metric"]
-    if metric == "bleu_wmt":
-        detok_hyps, raw_refs = details.pop("_detok_hyps"), details.pop("_raw_refs")
-        detok_file = eval_dir / f"{subset}.detok.hyp"
-        detok_file.write_text("\n".join(detok_hyps) + "\n")
-        details["sacrebleu"] = scoring.sacrebleu_detok(
-            detok_hyps, raw_refs, names=(f"hypotheses {detok_file}", details.pop("_raw_refs_name")))
-        scores = {"bleu": details["bleu"]["bleu"], "sacrebleu": details["sacrebleu"]["bleu"]}
-        details["sacrebleu_signature"] = details["sacrebleu"]["signature"]
-    elif metric == "bleu_ci":
-        scores = {"bleu": details["bleu"]["bleu"]}
-    else:
-        scores = {k: details["rouge"][k] for k in ("rouge1", "rouge2", "rougeL")}
-        details["rouge_implementation"] = details["rouge"]["implementation"]
-        details["rouge_exception_db"] = details["rouge"].get("exception_db")  # rouge155 only
+    scores, details = score_decoded(cfg, data, subset, hyps, refs, eval_dir, args.rouge_order,
+                                    args.rouge_implementation, args.rouge_exception_db)
 
     result.update({
         "n_sentences": len(hyps), "checkpoint": str(checkpoint), "averaged": averaged,

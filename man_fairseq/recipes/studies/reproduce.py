@@ -218,8 +218,7 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
                                    {"meta": meta, "summary": summary}, boot, current, stale, png, log)
 
 
-def main(argv=None):
-    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+def build_parser():
     p = argparse.ArgumentParser(
         prog="scripts/reproduce.sh",
         description="Train every family and the Transformer on Multi30k or Gigaword for several seeds, average, "
@@ -254,15 +253,24 @@ def main(argv=None):
     p.add_argument("--time-updates", type=number("--time-updates", low=1), default=None,
                    help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
+    return p
+
+
+def parse_args(argv=None):
+    """The command line, checked before any work: ``args`` with ``data``, ``runs_dir``, ``results_dir``
+    (resolved paths), ``device``, ``fairseq_args`` (after ``--``), ``families`` (the baseline first, then
+    the experiment's order) and ``named`` (the families the command line names: what ``--force`` retrains).
+    A mistake is argparse's one line and exit status 2."""
     from ..training.launch import split_fairseq_args
 
+    p = build_parser()
     argv, fairseq_args = split_fairseq_args(argv)
     args = p.parse_args(argv)
     args.fairseq_args = fairseq_args
     exp = EXPERIMENTS[args.experiment]
     args.data = Path(args.data or exp["data"]).resolve()
     args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
-    results_dir = Path(args.results_dir).resolve()
+    args.results_dir = Path(args.results_dir).resolve()
     args.device = args.device or exp.get("device")
     if args.device is None:
         from ..training.launch import visible_gpus
@@ -276,53 +284,74 @@ def main(argv=None):
         p.error(f"--families {args.families!r} names no family; choose from {known}")
     if unknown:
         p.error(f"unknown families {unknown} for {args.experiment}; choose from {known}")
-    for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", results_dir)):
+    for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", args.results_dir)):
         if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
             p.error(f"{flag} {folder}: is a file, not a folder")
-    named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
-    families = [BASELINE] + [f for f in known if f in families and f != BASELINE]
+    args.named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
+    args.families = [BASELINE] + [f for f in known if f in families and f != BASELINE]
+    return args
+
+
+def write_timing(args, cfgs, manifest):
+    """``--time-updates``: each family's seconds per update into ``RESULTS/<experiment>-timing-<device>.json``,
+    rewritten after each family."""
+    path = args.results_dir / f"{args.experiment}-timing-{args.device}.json"
+
+    def write(rows):
+        out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "commit": git_commit(), "device": device_name(args.device), "loadavg": os.getloadavg(),
+               "data": str(args.data), "counts": manifest["counts"], "families": rows,
+               "note": "seconds per update measured between the first and last progress line "
+                       "(start-up excluded); epoch time = that x updates per epoch, extrapolated, "
+                       "training only (no validation, no checkpointing)"}
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        log(f"wrote {path}")
+    time_families(args.families, cfgs, args, on_family=write)
+
+
+def run_study(args, cfgs, manifest):
+    """Train, evaluate and record every (seed, family) run whose record does not match today's config
+    (all of ``--families`` with ``--force``); a run another process holds is left to it."""
+    from .study_records import matching_record, write_record
+
+    exp = EXPERIMENTS[args.experiment]
+    records_dir = args.results_dir / args.experiment
+    for seed in args.seeds:
+        for fam in args.families:
+            fp = record_fingerprint(cfgs[fam], args, seed)
+            force = args.force and fam in args.named
+            with run_lock(args.runs_dir, f"{fam}-seed{seed}") as ours:
+                if not ours:
+                    log(f"skip  {fam}-seed{seed}: another scripts/reproduce.sh is running it now "
+                        f"(lock {args.runs_dir / f'.{fam}-seed{seed}.lock'}); its record joins the table "
+                        "when it finishes (--table-only)")
+                    continue
+                if not force and matching_record(records_dir, fam, seed, fp):
+                    log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
+                    continue
+                run = args.runs_dir / f"{fam}-seed{seed}"
+                train_run(cfgs[fam], run, seed, args, record_fingerprint(cfgs[fam], args, seed, True), force)
+                record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
+                                            device_name(args.device), log)
+                log(f"wrote record {write_record(records_dir, record, hyps)}")
+
+
+def main(argv=None):
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+    args = parse_args(argv)
+    exp = EXPERIMENTS[args.experiment]
     try:
         manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
-        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in families}
-        results_dir.mkdir(parents=True, exist_ok=True)
+        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in args.families}
+        args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:
-            path = results_dir / f"{args.experiment}-timing-{args.device}.json"
-
-            def write(rows):
-                out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                       "commit": git_commit(), "device": device_name(args.device), "loadavg": os.getloadavg(),
-                       "data": str(args.data), "counts": manifest["counts"], "families": rows,
-                       "note": "seconds per update measured between the first and last progress line "
-                               "(start-up excluded); epoch time = that x updates per epoch, extrapolated, "
-                               "training only (no validation, no checkpointing)"}
-                path.write_text(json.dumps(out, indent=1) + "\n")
-                log(f"wrote {path}")
-            time_families(families, cfgs, args, on_family=write)
+            write_timing(args, cfgs, manifest)
             return 0
         if not args.table_only:
-            from .study_records import matching_record, write_record
-
-            records_dir = results_dir / args.experiment
-            for seed in args.seeds:
-                for fam in families:
-                    fp = record_fingerprint(cfgs[fam], args, seed)
-                    force = args.force and fam in named
-                    with run_lock(args.runs_dir, f"{fam}-seed{seed}") as ours:
-                        if not ours:
-                            log(f"skip  {fam}-seed{seed}: another scripts/reproduce.sh is running it now "
-                                f"(lock {args.runs_dir / f'.{fam}-seed{seed}.lock'}); its record joins the table "
-                                "when it finishes (--table-only)")
-                            continue
-                        if not force and matching_record(records_dir, fam, seed, fp):
-                            log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
-                            continue
-                        run = args.runs_dir / f"{fam}-seed{seed}"
-                        train_run(cfgs[fam], run, seed, args, record_fingerprint(cfgs[fam], args, seed, True), force)
-                        record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
-                                                    device_name(args.device), log)
-                        log(f"wrote record {write_record(records_dir, record, hyps)}")
-        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in known}
-        md = build_table(args.experiment, all_cfgs, args, manifest, results_dir)
+            run_study(args, cfgs, manifest)
+        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args)
+                    for f in families_of(args.experiment)}
+        md = build_table(args.experiment, all_cfgs, args, manifest, args.results_dir)
         print(md.read_text())
     except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
             RecordError, OSError) as e:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ...provenance import git_commit
 from ..config import REPO
+from ..evaluation.metric import Names, score
 from ..evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
 from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, valid_curve
 from ...textfile import read_lines
@@ -49,24 +50,27 @@ def test_sample(cfg, manifest, subset):
     return sample_ids(manifest["counts"][subset], n)
 
 
-def score_bleu(hyps, refs, raw_refs, tgt, names):
-    from ... import scoring
-
-    detok = scoring.moses_detokenize(hyps, tgt)
-    tok_bleu = scoring.tokenized_bleu(hyps, refs, lowercase=True, names=(names[0], "tokenized references"))
-    sacre = scoring.sacrebleu_detok(detok, raw_refs, names=names)
-    scores = {"bleu_tok_ci": tok_bleu["bleu"], "sacrebleu": sacre["bleu"],
-              "sacrebleu_signature": sacre["signature"], "tokenized_bleu_details": tok_bleu}
-    return scores, detok, f"sacreBLEU {sacre['bleu']:.2f}, tokenized BLEU {tok_bleu['bleu']:.2f}"
+# an experiment's metric (experiments.py) as the score step names it (a config's eval.metric)
+EXPERIMENT_METRICS = {"bleu": "bleu_ci", "rouge": "rouge"}
 
 
-def score_rouge(hyps, raw_refs, order, exception_db, names):
-    from ... import scoring
-
-    r = scoring.rouge(hyps, raw_refs, order=order, exception_db=exception_db, names=names)
-    scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
-    scores.update(rouge_order=order, exception_db=r["exception_db"], rouge_implementation=r["implementation"])
-    return scores, hyps, f"ROUGE-1/2/L {r['rouge1']:.2f}/{r['rouge2']:.2f}/{r['rougeL']:.2f}"
+def score_test_set(metric, hyps, refs, raw_refs, ref_path, cfg, manifest, args, hyp_name):
+    """One test set's scores for the run's record (:func:`..evaluation.metric.score`), the hypotheses
+    the record keeps (detokenized for BLEU) and a line for the log. BLEU: case-insensitive tokenized
+    BLEU on the tokenized references, sacreBLEU on the raw ones; ROUGE: against the raw references."""
+    if metric == "rouge":
+        order = cfg["eval"].get("rouge_order", "hyp-ref")
+        scored = score("rouge", hyps, raw_refs, rouge_order=order, rouge_exception_db=args.rouge_exception_db,
+                       names=Names(hyp_name, f"references {ref_path}"))
+        r = scored.rouge
+        scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
+        scores.update(rouge_order=order, exception_db=r["exception_db"], rouge_implementation=r["implementation"])
+        return scores, hyps, scored.summary()
+    scored = score(EXPERIMENT_METRICS[metric], hyps, refs, raw_refs=raw_refs, target_lang=manifest["target_lang"],
+                   names=Names(hyp_name, "tokenized references", raw_refs=f"references {ref_path}"))
+    scores = {"bleu_tok_ci": scored.bleu["bleu"], "sacrebleu": scored.sacrebleu["bleu"],
+              "sacrebleu_signature": scored.sacrebleu["signature"], "tokenized_bleu_details": scored.bleu}
+    return scores, scored.detokenized, scored.summary()
 
 
 def average_checkpoints(cfg, run, avg_last):
@@ -110,12 +114,8 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "
                                  f"in {ref_path}")
-        names = (f"hypotheses of {run.name} {subset}", f"references {ref_path}")
-        if metric == "rouge":
-            scores, kept, line = score_rouge(hyps, raw_refs, cfg["eval"].get("rouge_order", "hyp-ref"),
-                                             args.rouge_exception_db, names)
-        else:
-            scores, kept, line = score_bleu(hyps, refs, raw_refs, tgt, names)
+        scores, kept, line = score_test_set(metric, hyps, refs, raw_refs, ref_path, cfg, manifest, args,
+                                            f"hypotheses of {run.name} {subset}")
         hypotheses[subset] = kept
         results[subset] = {"name": release_name, "n_sentences": len(hyps), **scores,
                            **({"sample": {"n": len(sample), "of": manifest["counts"][subset], "seed": SAMPLE_SEED}}

@@ -9,6 +9,7 @@ import json
 
 from ...tables import mean_std
 from ..config import CONFIG_DIR, load_config
+from ..evaluation.metric import score
 from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap, per_document_f
 from ..evaluation.test_sample import sample_ids
 from .experiments import BASELINE
@@ -107,9 +108,7 @@ def references_table(dataset, data, manifest, exception_db, order, samples):
                                           samples[subset])
             _, refs = read_references(data, manifest, subset, samples[subset])
             lead = [lead_of(line) for line in articles]
-            from ... import scoring
-
-            r = scoring.rouge(lead, refs, order=order, exception_db=exception_db)
+            r = score("rouge", lead, refs, rouge_order=order, rouge_exception_db=exception_db).rouge
             rows.append({"what": f"{what}, {release}", "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})
