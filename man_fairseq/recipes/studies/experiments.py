@@ -43,3 +43,17 @@ EXPERIMENTS = {
 def families_of(experiment):
     """The families ``experiment`` has configs for, the baseline first (every family by default)."""
     return EXPERIMENTS[experiment].get("families", FAMILIES)
+
+
+def parse_families(experiment, text):
+    """(the families ``--families`` names, the families to run: the baseline first, then the named
+    ones in the study's order). ValueError says what is wrong: none named (it would run the baseline
+    alone, most likely a typo) or one the experiment has no config for."""
+    known = families_of(experiment)
+    named = [f.strip() for f in (text if text is not None else ",".join(known)).split(",") if f.strip()]
+    if not named:
+        raise ValueError(f"--families {text!r} names no family; choose from {known}")
+    unknown = [f for f in named if f not in known]
+    if unknown:
+        raise ValueError(f"unknown families {unknown} for {experiment}; choose from {known}")
+    return named, [BASELINE] + [f for f in known if f in named and f != BASELINE]

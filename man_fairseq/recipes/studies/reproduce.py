@@ -41,7 +41,7 @@ from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
 from ..options import SEEDS_HELP, number, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
-from .experiments import BASELINE, EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of  # noqa: F401  (reproduce.FAMILIES)
+from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import plot_study
 from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
@@ -276,19 +276,14 @@ def parse_args(argv=None):
         from ..training.launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
-    known = families_of(args.experiment)
-    families = [f.strip() for f in (args.families if args.families is not None else ",".join(known)).split(",")
-                if f.strip()]
-    unknown = [f for f in families if f not in known]
-    if not families:  # would train the baseline alone, for hours, on what is most likely a typo
-        p.error(f"--families {args.families!r} names no family; choose from {known}")
-    if unknown:
-        p.error(f"unknown families {unknown} for {args.experiment}; choose from {known}")
+    try:
+        named, args.families = parse_families(args.experiment, args.families)
+    except ValueError as e:
+        p.error(str(e))
     for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", args.results_dir)):
         if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
             p.error(f"{flag} {folder}: is a file, not a folder")
-    args.named = set(families)  # --force applies to these; the baseline runs too, retrained only when named
-    args.families = [BASELINE] + [f for f in known if f in families and f != BASELINE]
+    args.named = set(named)  # --force applies to these; the baseline runs too, retrained only when named
     return args
 
 

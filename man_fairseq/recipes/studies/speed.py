@@ -48,7 +48,7 @@ from ..options import number
 from ..tools import tool_env
 from ..training.fairseq_log import LogError, train_intervals
 from . import speed_table
-from .experiments import BASELINE, EXPERIMENTS, FAMILY_LABELS, families_of
+from .experiments import EXPERIMENTS, FAMILY_LABELS, parse_families
 
 SEED = 1  # every family's training: the same shuffling, so the same batches
 WARMUP_INTERVALS = 1  # logged intervals left out of words/s: the first updates are slow
@@ -276,14 +276,10 @@ def main(argv=None):
     if args.updates < (WARMUP_INTERVALS + 1) * args.log_interval:
         p.error(f"--updates {args.updates} with --log-interval {args.log_interval}: need at least "
                 f"{(WARMUP_INTERVALS + 1) * args.log_interval} updates (the first interval is warm-up)")
-    known = families_of(args.experiment)
-    named = [f.strip() for f in (args.families if args.families is not None else ",".join(known)).split(",") if f.strip()]
-    if not named:
-        p.error(f"--families {args.families!r} names no family; choose from {known}")
-    unknown = [f for f in named if f not in known]
-    if unknown:
-        p.error(f"unknown families {unknown} for {args.experiment}; choose from {known}")
-    families = [BASELINE] + [f for f in known if f in named and f != BASELINE]
+    try:
+        families = parse_families(args.experiment, args.families)[1]
+    except ValueError as e:
+        p.error(str(e))
     args.data = Path(args.data or exp["data"]).resolve()
     args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
     records_dir = Path(args.results_dir).resolve() / "speed"
