@@ -100,6 +100,7 @@ def option_flags(args, default_device=None):
     flags += [f"--batch-size {args.batch_size}"] if args.batch_size != DEFAULT_RUN_OPTIONS["batch_size"] else []
     flags += [f"--device {args.device}"] if args.device != (default_device or "cpu") else []
     flags += [f"--precision {args.precision}"] if args.device != "cpu" else []
+    flags += [f"--test-sample {args.test_sample}"] if getattr(args, "test_sample", None) is not None else []
     return "".join(" " + f for f in flags)
 
 

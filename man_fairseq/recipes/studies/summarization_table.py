@@ -15,7 +15,7 @@ from ..evaluation.test_sample import sample_ids
 from .experiments import BASELINE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import plot_study
-from .study_records import read_hypotheses
+from .study_records import option_flags, read_hypotheses
 from .study_table import _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
 
 KEYS = ("rouge1", "rouge2", "rougeL")
@@ -181,6 +181,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     plot_study(current, families, labels, panels, png, exp["title"].split(":")[0])
     meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
+                       + option_flags(args, exp.get("device"))
                        + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
             "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
             "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
