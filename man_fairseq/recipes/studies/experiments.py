@@ -25,7 +25,7 @@ EXPERIMENTS = {
     "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
                      "dataset": "gigaword", "metric": "rouge", "device": "cpu",
                      "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
-                                "--allow-nonstandard-splits --bpe-merges 8000",
+                                "--allow-nonstandard-splits --bpe-merges 8000 --dest data-bin/gigaword-30k",
                      "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
                               "every family against the Transformer"},
     # the families a CPU budget allows on 400-token sources (issue-level choice: the Transformer, MAN
@@ -34,7 +34,7 @@ EXPERIMENTS = {
                   "dataset": "cnndm", "metric": "rouge", "device": "cpu",
                   "families": ["transformer", "man", "localness"],
                   "prepare": "data-prep/prepare-cnndm.sh --from ../shared/data/cnndm-see "
-                             "--allow-nonstandard-splits --bpe-merges 16000",
+                             "--allow-nonstandard-splits --bpe-merges 16000 --dest data-bin/cnndm-40k",
                   "title": "CNN/DailyMail on a 2-core CPU (40,000 training pairs, articles cut to 400 tokens, "
                            "d=256, 3+3 layers): Transformer, MAN and localness"},
 }
