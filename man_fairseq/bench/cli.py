@@ -11,7 +11,7 @@ from typing import Dict, List
 from man_fairseq.bench.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
                                      TINY_OVERRIDES, baseline_key, case_key)
 from man_fairseq.bench.model import USER_DIR
-from man_fairseq.bench.report import render
+from man_fairseq.bench.report import ReportInput, Settings, render
 from man_fairseq.provenance import git_commit
 from man_fairseq.bench.workers import log, spawn
 
@@ -213,8 +213,16 @@ def main(argv=None, description="", epilog=""):
                 log(f"  {m['label']}: {r['params'] / 1e6:.2f}M params, {r['train_tok_s']:.0f} tok/s train, "
                     f"{mem}, {r['decode_sent_s']:.2f} sent/s decode")
 
-    report = render(args, widths, runs, results, skipped, defaults_used, threads, iters, warmup, max_tokens,
-                    decode_sentences, decode_len, decode_iters, header_load, time.time() - started, commit)
+    settings = Settings(
+        device=args.device, dtype=args.dtype, backend=args.backend, backends=backends, widths=widths, threads=threads,
+        seed=args.seed, clock=args.clock, dict_size=args.dict_size, iters=iters, warmup=warmup, max_tokens=max_tokens,
+        len_mean=args.len_mean, len_std=args.len_std, len_max=args.len_max, beam=args.beam,
+        decode_sentences=decode_sentences, decode_len=decode_len, decode_iters=decode_iters,
+        decode_warmup=args.decode_warmup, memory_iters=args.memory_iters, model_args=args.model_args,
+        model_options=model_args, defaults_used=defaults_used,
+    )
+    report = render(ReportInput(settings=settings, runs=runs, results=results, skipped=skipped,
+                                load_before=header_load, elapsed=time.time() - started, commit=commit))
     print(report)
     if args.output:
         Path(args.output).write_text(report)
