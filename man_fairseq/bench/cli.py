@@ -6,12 +6,12 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from man_fairseq.bench.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
                                      TINY_OVERRIDES, baseline_key, case_key)
 from man_fairseq.bench.model import USER_DIR
-from man_fairseq.bench.report import render
+from man_fairseq.bench.report import ReportInput, Run, Settings, render
 from man_fairseq.provenance import git_commit
 from man_fairseq.bench.workers import log, spawn
 
@@ -28,11 +28,7 @@ def registered(user_dir: str):
     return set(ARCH_MODEL_REGISTRY), set(CRITERION_REGISTRY)
 
 
-
-def main(argv=None, description="", epilog=""):
-    from man_fairseq.logging_setup import quiet_logging
-
-    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+def build_parser(description="", epilog="") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=epilog)
     p.add_argument("--cases", default="all",
@@ -79,21 +75,28 @@ def main(argv=None, description="", epilog=""):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", default=None, help="also write the Markdown report to this file")
     p.add_argument("--json", default=None, help="also write the raw per-model measurements as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def comma_list(value: str) -> List[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def check_args(p: argparse.ArgumentParser, args) -> Tuple[List[str], List[str], List[str]]:
+    """The model options, widths and backends of ``args``; a usage error (exit 2) for what cannot run."""
     try:
-        model_args = shlex.split(args.model_args)
+        model_options = shlex.split(args.model_args)
     except ValueError as e:
         p.error(f"--model-args: {e}")
-    if model_args and not model_args[0].startswith("--"):
-        p.error(f"--model-args: expected fairseq options starting with --, got {model_args[0]!r}")
-
-    widths = [w.strip() for w in args.width.split(",") if w.strip()]
+    if model_options and not model_options[0].startswith("--"):
+        p.error(f"--model-args: expected fairseq options starting with --, got {model_options[0]!r}")
+    widths = comma_list(args.width)
     bad = [w for w in widths if w not in BASELINE_ARCH]
     if bad or not widths:
         p.error(f"--width: unknown {bad or args.width!r}; choose from {', '.join(BASELINE_ARCH)}")
     if "tiny" in widths and len(widths) > 1:
         p.error("--width tiny is a smoke test: run it alone")
-    backends = [b.strip() for b in args.backend.split(",") if b.strip()]
+    backends = comma_list(args.backend)
     bad = [b for b in backends if b not in ATTENTION_BACKENDS]
     if bad or not backends:
         p.error(f"--backend: unknown {bad or args.backend!r}; choose from {', '.join(ATTENTION_BACKENDS)}")
@@ -107,7 +110,13 @@ def main(argv=None, description="", epilog=""):
         p.error("--dtype fp16 is only supported with --device cuda (on CPU: bf16)")
     if args.clock == "process" and cuda:
         p.error("--clock process measures CPU time; use --clock wall with --device cuda")
-    threads = args.threads or os.cpu_count() or 1
+    return model_options, widths, backends
+
+
+def resolve_settings(p: argparse.ArgumentParser, args) -> Settings:
+    """The checked arguments with the device's defaults filled in (and listed, for the report)."""
+    model_options, widths, backends = check_args(p, args)
+    cuda = args.device == "cuda"
     defaults_used = []
 
     def default(name, cpu_value, cuda_value):
@@ -119,30 +128,37 @@ def main(argv=None, description="", epilog=""):
 
     # CPU defaults keep a base-width run of all cases to a few minutes on an idle 2-core machine;
     # they are few iterations, so the report lists them and more give steadier numbers
-    iters = default("iters", 2, 20)
-    warmup = default("warmup", 1, 5)
-    max_tokens = default("max_tokens", 1024, 4096)
-    decode_sentences = default("decode_sentences", 8, 64)
-    decode_len = default("decode_len", 10, 40)
-    decode_iters = default("decode_iters", 2, 5)
+    s = Settings(
+        device=args.device, dtype=args.dtype, backend=args.backend, backends=backends, widths=widths,
+        threads=args.threads or os.cpu_count() or 1, seed=args.seed, clock=args.clock, dict_size=args.dict_size,
+        iters=default("iters", 2, 20), warmup=default("warmup", 1, 5), max_tokens=default("max_tokens", 1024, 4096),
+        len_mean=args.len_mean, len_std=args.len_std, len_max=args.len_max, beam=args.beam,
+        decode_sentences=default("decode_sentences", 8, 64), decode_len=default("decode_len", 10, 40),
+        decode_iters=default("decode_iters", 2, 5), decode_warmup=args.decode_warmup,
+        memory_iters=args.memory_iters, model_args=args.model_args, model_options=model_options,
+        defaults_used=defaults_used,
+    )
     if widths == ["tiny"]:
         # smoke-test width: short sentences, small batches
-        max_tokens = args.max_tokens or 256
-        args.len_mean, args.len_std = 8.0, 3.0
-        decode_len = args.decode_len or 5
-        defaults_used = [d for d in defaults_used if not d.startswith(("--max-tokens", "--decode-len"))] + [
-            f"--decode-len {decode_len} (tiny)",
-            f"--max-tokens {max_tokens} (tiny)", "sentence length 8±3 (tiny)"]
+        s.max_tokens = args.max_tokens or 256
+        s.len_mean, s.len_std = 8.0, 3.0
+        s.decode_len = args.decode_len or 5
+        s.defaults_used = [d for d in defaults_used if not d.startswith(("--max-tokens", "--decode-len"))] + [
+            f"--decode-len {s.decode_len} (tiny)",
+            f"--max-tokens {s.max_tokens} (tiny)", "sentence length 8±3 (tiny)"]
+    return s
 
+
+def plan_runs(p: argparse.ArgumentParser, cases: str, s: Settings) -> Tuple[List[Run], List[str]]:
+    """The (case, width, arch, backend) runs to measure, and the cases skipped with the reason."""
     archs, criterions = registered(USER_DIR)
-    wanted = list(CASES) if args.cases == "all" else [c.strip() for c in args.cases.split(",") if c.strip()]
+    wanted = list(CASES) if cases == "all" else comma_list(cases)
     unknown = [c for c in wanted if c not in CASES]
     if unknown:
         p.error(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
-
     skipped = []
-    runs = []  # (case, width, arch, backend)
-    for requested in widths:
+    runs = []
+    for requested in s.widths:
         for name in wanted:
             case = CASES[name]
             width = case.width(requested)
@@ -159,67 +175,95 @@ def main(argv=None, description="", epilog=""):
                 log(msg)
                 skipped.append(msg)
                 continue
-            for backend in backends:
+            for backend in s.backends:
                 runs.append((case, width, arch, backend))
+    return runs, skipped
 
-    def common_spec(width):
-        return {
-            "dict_size": args.dict_size or DEFAULT_DICT_SIZE[width],
-            "device": args.device, "dtype": args.dtype, "threads": threads, "seed": args.seed,
-            "iters": iters, "warmup": warmup, "max_tokens": max_tokens,
-            "len_mean": args.len_mean, "len_std": args.len_std, "len_max": args.len_max,
-            "beam": args.beam, "decode_sentences": decode_sentences, "decode_len": decode_len,
-            "decode_iters": decode_iters, "decode_warmup": args.decode_warmup,
-            "memory_iters": args.memory_iters, "clock": args.clock,
-        }
 
-    def model_spec(key, label, arch, width, extra, criterion):
-        return {"key": key, "label": label, "arch": arch, "criterion": criterion,
-                "extra_args": (TINY_OVERRIDES if width == "tiny" else []) + model_args + extra}
+def common_spec(s: Settings, width: str) -> dict:
+    """The worker spec that every model of a width shares."""
+    return {
+        "dict_size": s.dict_size or DEFAULT_DICT_SIZE[width],
+        "device": s.device, "dtype": s.dtype, "threads": s.threads, "seed": s.seed,
+        "iters": s.iters, "warmup": s.warmup, "max_tokens": s.max_tokens,
+        "len_mean": s.len_mean, "len_std": s.len_std, "len_max": s.len_max,
+        "beam": s.beam, "decode_sentences": s.decode_sentences, "decode_len": s.decode_len,
+        "decode_iters": s.decode_iters, "decode_warmup": s.decode_warmup,
+        "memory_iters": s.memory_iters, "clock": s.clock,
+    }
 
-    # one group per (width, backend): the baseline of that width and the cases compared with it
+
+def model_spec(s: Settings, key, label, arch, width, extra, criterion) -> dict:
+    return {"key": key, "label": label, "arch": arch, "criterion": criterion,
+            "extra_args": (TINY_OVERRIDES if width == "tiny" else []) + s.model_options + extra}
+
+
+def group_runs(runs: List[Run], s: Settings) -> Dict[tuple, List[dict]]:
+    """One group per (width, backend): the baseline of that width and the cases compared with it."""
     groups: Dict[tuple, List[dict]] = {}
     for case, width, arch, backend in runs:
         group = groups.setdefault((width, backend), [
-            model_spec(baseline_key(width, backend), f"baseline {BASELINE_ARCH[width]}", BASELINE_ARCH[width],
+            model_spec(s, baseline_key(width, backend), f"baseline {BASELINE_ARCH[width]}", BASELINE_ARCH[width],
                        width, [], LS_CRITERION)])
-        group.append(model_spec(case_key(case.name, width, backend), f"{case.name} {arch} [{backend}]", arch, width,
-                                case.extra_args + ["--attention-backend", backend], case.criterion))
+        group.append(model_spec(s, case_key(case.name, width, backend), f"{case.name} {arch} [{backend}]", arch,
+                                width, case.extra_args + ["--attention-backend", backend], case.criterion))
+    return groups
 
+
+def measure_group(s: Settings, width: str, models: List[dict], results: Dict[str, dict]):
+    """Time the group's models in one worker, then each model's peak memory in a worker of its own."""
+    timing = spawn(dict(common_spec(s, width), mode="timing", models=models))
+    for m in models:
+        results[m["key"]] = dict(timing.get(m["key"], {"error": timing.get("error", "no result")}))
+    if s.memory_iters > 0:
+        for i, m in enumerate(models):
+            log(f"width {width}: peak memory [{i + 1}/{len(models)}] {m['label']} (own process)")
+            mem = spawn(dict(common_spec(s, width), mode="memory", models=[m]))
+            if "error" in mem:
+                results[m["key"]].setdefault("memory_error", mem["error"])
+            else:
+                results[m["key"]].update({k: v for k, v in mem.items() if k != "params"})
+
+
+def log_group(models: List[dict], results: Dict[str, dict]):
+    for m in models:
+        r = results[m["key"]]
+        if "error" in r:
+            log(f"  {m['label']}: FAILED: {r['error']}")
+        else:
+            mem = f"{r['train_peak_bytes'] / 2**20:.0f} MiB peak" if "train_peak_bytes" in r else "no memory"
+            log(f"  {m['label']}: {r['params'] / 1e6:.2f}M params, {r['train_tok_s']:.0f} tok/s train, "
+                f"{mem}, {r['decode_sent_s']:.2f} sent/s decode")
+
+
+def write_outputs(report: str, results: Dict[str, dict], output, json_path):
+    print(report)
+    if output:
+        Path(output).write_text(report)
+        log(f"wrote {output}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1))
+
+
+def main(argv=None, description="", epilog=""):
+    from man_fairseq.logging_setup import quiet_logging
+
+    quiet_logging()  # first: fairseq's import left the root logger at DEBUG
+    p = build_parser(description, epilog)
+    args = p.parse_args(argv)
+    settings = resolve_settings(p, args)
+    runs, skipped = plan_runs(p, args.cases, settings)
+    groups = group_runs(runs, settings)
     results: Dict[str, dict] = {}
     started = time.time()
-    header_load = os.getloadavg()
+    load_before = os.getloadavg()
     commit = git_commit()  # the code measured: the tree may change while a long run goes on
     for (width, backend), models in groups.items():
         log(f"width {width}, backend {backend}: timing {len(models)} models interleaved batch by batch: "
             + ", ".join(m["label"] for m in models))
-        timing = spawn(dict(common_spec(width), mode="timing", models=models))
-        for m in models:
-            results[m["key"]] = dict(timing.get(m["key"], {"error": timing.get("error", "no result")}))
-        if args.memory_iters > 0:
-            for i, m in enumerate(models):
-                log(f"width {width}: peak memory [{i + 1}/{len(models)}] {m['label']} (own process)")
-                mem = spawn(dict(common_spec(width), mode="memory", models=[m]))
-                if "error" in mem:
-                    results[m["key"]].setdefault("memory_error", mem["error"])
-                else:
-                    results[m["key"]].update({k: v for k, v in mem.items() if k != "params"})
-        for m in models:
-            r = results[m["key"]]
-            if "error" in r:
-                log(f"  {m['label']}: FAILED: {r['error']}")
-            else:
-                mem = f"{r['train_peak_bytes'] / 2**20:.0f} MiB peak" if "train_peak_bytes" in r else "no memory"
-                log(f"  {m['label']}: {r['params'] / 1e6:.2f}M params, {r['train_tok_s']:.0f} tok/s train, "
-                    f"{mem}, {r['decode_sent_s']:.2f} sent/s decode")
-
-    report = render(args, widths, runs, results, skipped, defaults_used, threads, iters, warmup, max_tokens,
-                    decode_sentences, decode_len, decode_iters, header_load, time.time() - started, commit)
-    print(report)
-    if args.output:
-        Path(args.output).write_text(report)
-        log(f"wrote {args.output}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        measure_group(settings, width, models, results)
+        log_group(models, results)
+    report = render(ReportInput(settings=settings, runs=runs, results=results, skipped=skipped,
+                                load_before=load_before, elapsed=time.time() - started, commit=commit))
+    write_outputs(report, results, args.output, args.json)
     return 0
-

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Dict, List, Optional
 
 from man_fairseq.bench.batching import make_batches, write_dictionary
 from man_fairseq.bench.model import Built
@@ -95,70 +97,67 @@ def memory_worker(spec) -> dict:
             "peak_reset": reset_ok, "memory_batch_tokens": int(sample["ntokens"])}
 
 
-def timing_worker(spec) -> dict:
-    """Training and decoding speed of several models, interleaved batch by batch.
+@dataclass
+class _Timings:
+    """One model's timed calls in the timing worker (seconds, by both clocks) and what they ran."""
+    train: List[float] = field(default_factory=list)
+    train_cpu: List[float] = field(default_factory=list)
+    decode: List[float] = field(default_factory=list)
+    decode_cpu: List[float] = field(default_factory=list)
+    compiles: int = 0
+    hyp_len: Optional[float] = None
+    train_kernels: List[str] = field(default_factory=list)
 
-    All models of one width live in this process and take turns on every batch (A B C A B C ...),
-    so a change of machine load during the run hits every model alike.
-    """
-    from fairseq import utils
-    from fairseq.sequence_generator import SequenceGenerator
 
-    device = _torch_setup(spec)
-    cuda = device.type == "cuda"
-    results, models = {}, {}
-    with tempfile.TemporaryDirectory() as data_dir:
-        write_dictionary(data_dir, spec["dict_size"])
-        for m in spec["models"]:
-            try:
-                t0 = time.perf_counter()
-                models[m["key"]] = Built(spec, m, data_dir, device)
-                results[m["key"]] = {"params": models[m["key"]].params, "build_s": time.perf_counter() - t0}
-                log(f"  built {m['label']}: {models[m['key']].params / 1e6:.2f}M parameters")
-            except Exception as e:  # another family's code may be mid-edit; report, go on
-                results[m["key"]] = {"error": f"build failed: {type(e).__name__}: {e}"}
-                log(f"  {m['label']}: BUILD FAILED: {type(e).__name__}: {e}")
-        if not models:
-            return results
-        first = next(iter(models.values()))
-        train, decode_sample = make_batches(spec, first.task.source_dictionary)
-    if cuda:
-        train = [utils.move_to_cuda(b) for b in train]
-        decode_sample = utils.move_to_cuda(decode_sample)
-    batch_info = {
+def _build_models(spec, data_dir, device, results) -> Dict[str, Built]:
+    """Every model of the spec that builds; one that fails gets its error in ``results``."""
+    models = {}
+    for m in spec["models"]:
+        try:
+            t0 = time.perf_counter()
+            models[m["key"]] = Built(spec, m, data_dir, device)
+            results[m["key"]] = {"params": models[m["key"]].params, "build_s": time.perf_counter() - t0}
+            log(f"  built {m['label']}: {models[m['key']].params / 1e6:.2f}M parameters")
+        except Exception as e:  # another family's code may be mid-edit; report, go on
+            results[m["key"]] = {"error": f"build failed: {type(e).__name__}: {e}"}
+            log(f"  {m['label']}: BUILD FAILED: {type(e).__name__}: {e}")
+    return models
+
+
+def _batch_info(train, pad: int) -> dict:
+    return {
         "batch_tokens": [int(b["ntokens"]) for b in train],
         "batch_sentences": [int(b["nsentences"]) for b in train],
-        "batch_pad_fraction": [
-            float((b["net_input"]["src_tokens"] == first.task.source_dictionary.pad()).float().mean()) for b in train
-        ],
+        "batch_pad_fraction": [float((b["net_input"]["src_tokens"] == pad).float().mean()) for b in train],
     }
-    times = {k: [] for k in models}
-    cpu_times = {k: [] for k in models}
-    compiles = {k: 0 for k in models}
+
+
+def _train_interleaved(spec, models, train, timings, results):
+    """Every batch, every model in turn; a model whose step fails leaves ``models`` with its error."""
     for it, sample in enumerate(train):
         phase = "warm-up" if it < spec["warmup"] else "timed"
         for key, built in list(models.items()):
             try:
                 before = _flex_compiles()
                 (dt, cpu), loss = built.train_step(sample)
-                compiles[key] += _flex_compiles() - before
+                timings[key].compiles += _flex_compiles() - before
             except Exception as e:
                 results[key] = {"error": f"training step failed: {type(e).__name__}: {e}"}
                 log(f"  {built.label}: TRAIN STEP FAILED: {type(e).__name__}: {e}")
                 del models[key]
                 continue
             if it >= spec["warmup"]:
-                times[key].append(dt)
-                cpu_times[key].append(cpu)
+                timings[key].train.append(dt)
+                timings[key].train_cpu.append(cpu)
             log(f"  train iter {it + 1}/{len(train)} ({phase}) {built.label}: "
                 f"{int(sample['ntokens'])} tok in {dt:.2f}s (process CPU {cpu:.2f}s), loss {loss:.3f}")
-    train_kernels = {key: built.kernels() for key, built in models.items()}
-    for built in models.values():
-        del built.optimizer  # free Adam state before decoding
+
+
+def _decode_interleaved(spec, models, decode_sample, timings, results):
+    """Beam search on the one decoding batch, every model in turn; a failing model leaves ``models``."""
+    from fairseq.sequence_generator import SequenceGenerator
+
     nsent = int(decode_sample["nsentences"])
-    dec_times = {k: [] for k in models}
-    dec_cpu_times = {k: [] for k in models}
-    hyp_len = {}
     n_dec = spec["decode_warmup"] + spec["decode_iters"]
     for it in range(n_dec):
         phase = "warm-up" if it < spec["decode_warmup"] else "timed"
@@ -170,39 +169,75 @@ def timing_worker(spec) -> dict:
             try:
                 before = _flex_compiles()
                 (dt, cpu), hyps = built.decode(generator, decode_sample)
-                compiles[key] += _flex_compiles() - before
+                timings[key].compiles += _flex_compiles() - before
             except Exception as e:
                 results[key] = {"error": f"decoding failed: {type(e).__name__}: {e}"}
                 log(f"  {built.label}: DECODING FAILED: {type(e).__name__}: {e}")
                 del models[key]
                 continue
             if it >= spec["decode_warmup"]:
-                dec_times[key].append(dt)
-                dec_cpu_times[key].append(cpu)
-            hyp_len[key] = statistics.mean(len(h[0]["tokens"]) for h in hyps)
+                timings[key].decode.append(dt)
+                timings[key].decode_cpu.append(cpu)
+            timings[key].hyp_len = statistics.mean(len(h[0]["tokens"]) for h in hyps)
             log(f"  decode {it + 1}/{n_dec} ({phase}) {built.label}: {nsent} sent x beam {spec['beam']} in {dt:.2f}s (process CPU {cpu:.2f}s)")
+
+
+def _rates(spec, t: _Timings, tokens: List[int], nsent: int) -> dict:
+    """The times and the rates computed from them, as the report and the JSON name them."""
+    # the clock used for the rates: wall time, or the CPU time of this process (steadier on a
+    # shared machine, meaningful with --threads 1 where no OpenMP thread spins)
+    train_t = t.train if spec["clock"] == "wall" else t.train_cpu
+    dec_t = t.decode if spec["clock"] == "wall" else t.decode_cpu
+    return {
+        "train_times": t.train, "train_cpu_times": t.train_cpu,
+        "train_tok_s": statistics.median(n / s for n, s in zip(tokens, train_t)),
+        "train_tok_s_wall": statistics.median(n / s for n, s in zip(tokens, t.train)),
+        "train_tok_s_cpu": statistics.median(n / s for n, s in zip(tokens, t.train_cpu)),
+        "train_tok_s_total": sum(tokens) / sum(train_t),
+        "decode_times": t.decode, "decode_cpu_times": t.decode_cpu,
+        "decode_sent_s": statistics.median(nsent / s for s in dec_t),
+        "decode_sent_s_wall": statistics.median(nsent / s for s in t.decode),
+        "decode_sent_s_cpu": statistics.median(nsent / s for s in t.decode_cpu),
+        "decode_sentences": nsent,
+        "decode_hyp_len": t.hyp_len,
+        "compiled_graphs": t.compiles,
+    }
+
+
+def timing_worker(spec) -> dict:
+    """Training and decoding speed of several models, interleaved batch by batch.
+
+    All models of one width live in this process and take turns on every batch (A B C A B C ...),
+    so a change of machine load during the run hits every model alike.
+    """
+    from fairseq import utils
+
+    device = _torch_setup(spec)
+    results = {}
+    with tempfile.TemporaryDirectory() as data_dir:
+        write_dictionary(data_dir, spec["dict_size"])
+        models = _build_models(spec, data_dir, device, results)
+        if not models:
+            return results
+        first = next(iter(models.values()))
+        train, decode_sample = make_batches(spec, first.task.source_dictionary)
+    if device.type == "cuda":
+        train = [utils.move_to_cuda(b) for b in train]
+        decode_sample = utils.move_to_cuda(decode_sample)
+    batch_info = _batch_info(train, first.task.source_dictionary.pad())
+    timings = {k: _Timings() for k in models}
+    _train_interleaved(spec, models, train, timings, results)
+    for key, built in models.items():
+        timings[key].train_kernels = built.kernels()
+        del built.optimizer  # free Adam state before decoding
+    _decode_interleaved(spec, models, decode_sample, timings, results)
     tokens = batch_info["batch_tokens"][spec["warmup"]:]
-    for key in models:
+    for key, built in models.items():
         r = results[key]
         r.update(batch_info)
-        # the clock used for the rates: wall time, or the CPU time of this process (steadier on a
-        # shared machine, meaningful with --threads 1 where no OpenMP thread spins)
-        train_t = times[key] if spec["clock"] == "wall" else cpu_times[key]
-        dec_t = dec_times[key] if spec["clock"] == "wall" else dec_cpu_times[key]
-        r["train_times"], r["train_cpu_times"] = times[key], cpu_times[key]
-        r["train_tok_s"] = statistics.median(n / t for n, t in zip(tokens, train_t))
-        r["train_tok_s_wall"] = statistics.median(n / t for n, t in zip(tokens, times[key]))
-        r["train_tok_s_cpu"] = statistics.median(n / t for n, t in zip(tokens, cpu_times[key]))
-        r["train_tok_s_total"] = sum(tokens) / sum(train_t)
-        r["decode_times"], r["decode_cpu_times"] = dec_times[key], dec_cpu_times[key]
-        r["decode_sent_s"] = statistics.median(nsent / t for t in dec_t)
-        r["decode_sent_s_wall"] = statistics.median(nsent / t for t in dec_times[key])
-        r["decode_sent_s_cpu"] = statistics.median(nsent / t for t in dec_cpu_times[key])
-        r["decode_sentences"] = nsent
-        r["decode_hyp_len"] = hyp_len[key]
-        r["compiled_graphs"] = compiles[key]
-        r["skipped_updates"] = models[key].skipped_updates  # fp16 overflows (the loss scale settling)
-        r["train_kernels"], r["decode_kernels"] = train_kernels[key], models[key].kernels()
+        r.update(_rates(spec, timings[key], tokens, int(decode_sample["nsentences"])))
+        r["skipped_updates"] = built.skipped_updates  # fp16 overflows (the loss scale settling)
+        r["train_kernels"], r["decode_kernels"] = timings[key].train_kernels, built.kernels()
     return results
 
 
