@@ -122,3 +122,21 @@ def test_table_says_which_way_each_significant_seed_went():
     meta.update(devices=["cpu"], commits=["c"], fairseq_args=[], test_sets={"test": "test_2016_flickr"})
     (row,) = [l for l in study_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
     assert "| 0.010 (+), 0.020 (−) | 1 better, 1 worse of 2 |" in row
+
+
+def test_each_study_names_the_preparation_that_writes_the_data_it_reads():
+    """The line a study prints for a missing data-bin must write that data-bin: without its --dest,
+    prepare-gigaword.sh wrote data-bin/gigaword while the study read data-bin/gigaword-30k."""
+    import shlex
+
+    from man_fairseq.recipes.config import REPO
+    from man_fairseq.recipes.studies.experiments import EXPERIMENTS
+
+    for name, exp in EXPERIMENTS.items():
+        words = shlex.split(exp["prepare"].replace("[--from FOLDER]", ""))
+        if "--dest" in words:
+            dest = REPO / words[words.index("--dest") + 1]
+        else:  # only Multi30k relies on its script's default folder
+            assert words[0] == "data-prep/prepare-multi30k.sh", (name, exp["prepare"])
+            dest = REPO / "data-bin" / "multi30k.de-en"
+        assert dest == exp["data"], (name, exp["prepare"], exp["data"])
