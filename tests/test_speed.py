@@ -217,24 +217,6 @@ def test_table_only_without_records_is_a_clear_error(tmp_path, capsys):
         f"ERROR: no speed record of cnndm-cpu in {tmp_path / 'speed'}: measure first (scripts/speed.sh cnndm-cpu)")
 
 
-@pytest.fixture(scope="module")
-def gigaword_like_bin(toy_raw, tmp_path_factory):
-    """The toy corpus as a Gigaword data folder (article -> title, joined dictionary, its record)."""
-    from man_fairseq.recipes.data.manifest import write_manifest
-
-    root = tmp_path_factory.mktemp("giga")
-    for split in ("train", "valid", "test"):
-        for side, lang in (("src", "article"), ("tgt", "title")):
-            os.symlink(toy_raw / f"{split}.{side}", root / f"{split}.{lang}")
-    data = root / "bin"
-    run_cli(["fairseq-preprocess", "--source-lang", "article", "--target-lang", "title", "--trainpref", root / "train",
-             "--validpref", root / "valid", "--testpref", root / "test", "--destdir", data, "--joined-dictionary",
-             "--workers", "1"])
-    counts = {"train": 400, "valid": 40, "test": 20}
-    write_manifest(data, "gigaword", "article", "title", counts, counts, {"train": None}, {"test": "toy test"})
-    return data
-
-
 def test_a_real_short_measurement_end_to_end(gigaword_like_bin, tmp_path):
     results, temp = tmp_path / "results", tmp_path / "tmp"
     temp.mkdir()

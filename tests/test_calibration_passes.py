@@ -1,0 +1,52 @@
+"""``man_fairseq.recipes.studies.calibration_passes``: calibration's update timed by part. What it
+times must be what the trainer runs (its two backwards write the joint backward's gradients), and a
+short run on toy data writes a record of every part (nothing timed is asserted)."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from conftest import REPO
+from man_fairseq.recipes.studies import calibration_passes as cp
+from test_calibration import build_model, make_batch, make_criterion, make_dictionary
+
+
+def test_the_parts_write_the_gradients_of_the_criterions_one_backward():
+    d = make_dictionary()
+    torch.manual_seed(0)
+    model = build_model(["--calibration-fusion", "anneal"], dictionary=d)
+    model.train()  # dropout on: both runs must draw the same masks
+    crit = make_criterion(d)
+    sample = make_batch(d)
+
+    torch.manual_seed(1)
+    loss, _, _ = crit(model, sample)
+    loss.backward()
+    joint = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    parts = cp.calibration_update(model, crit, sample)
+    assert list(parts) == cp.PHASES["calibration"] and all(s >= 0 for s in parts.values())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, joint[name], msg=name)
+    assert any(float(joint[n].abs().sum()) > 0 for n in joint if ".perturbation." in n)
+
+
+def test_a_short_run_records_every_part_and_keeps_an_earlier_record(gigaword_like_bin, tmp_path):
+    out = tmp_path / "passes.json"
+    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.calibration_passes", "gigaword-cpu", "--batches", "2",
+           "--warmup", "0", "--data", str(gigaword_like_bin), "--output", str(out)]
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rec = json.loads(out.read_text())
+    assert rec["experiment"] == "gigaword-cpu" and rec["batches"] == 2 and len(rec["target_tokens"]) == 2
+    for fam, phases in cp.PHASES.items():
+        assert len(rec["times"][fam]) == 2 and all(list(b) == phases for b in rec["times"][fam])
+    assert "| calibration | perturbation forward |" in proc.stdout and "| calibration | **all** |" in proc.stdout
+
+    again = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert again.returncode == 2 and "exists; pass --force" in again.stderr.strip().splitlines()[-1]
+    assert json.loads(out.read_text()) == rec
