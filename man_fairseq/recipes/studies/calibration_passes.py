@@ -103,6 +103,7 @@ def measure(experiment, data, n_batches, warmup, threads):
     import torch
 
     torch.set_num_threads(threads)
+    commit, loadavg = git_commit(), list(os.getloadavg())  # the code measured, the machine before
     exp = EXPERIMENTS[experiment]
     built = {fam: build(load_config(exp["configs"] / f"{fam}.yaml"), data) for fam in PHASES}
     samples = batches(built["calibration"][0], built["calibration"][1], built["calibration"][3], warmup + n_batches)
@@ -117,8 +118,9 @@ def measure(experiment, data, n_batches, warmup, threads):
             phases = run[fam](model, criterion, sample)
             if i >= warmup:
                 times[fam].append(phases)
-    return {"kind": "calibration-passes", "experiment": experiment, "threads": threads, "commit": git_commit(),
-            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg": list(os.getloadavg()),
+    return {"kind": "calibration-passes", "experiment": experiment, "threads": threads, "commit": commit,
+            "cpu": cpu_model(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_before": loadavg,
+            "loadavg_after": list(os.getloadavg()),
             "batches": n_batches, "warmup": warmup, "data": str(data),
             "target_tokens": [int(s["ntokens"]) for s in samples[warmup:]], "times": times}
 
@@ -130,7 +132,8 @@ def to_markdown(record):
     total = sum(med["calibration"].values())
     lines = [f"Calibration's training update by part, {record['experiment']}: median seconds over "
              f"{record['batches']} real batches (after {record['warmup']} warm-up), {record['threads']} thread(s), "
-             f"{record['cpu']}, commit {record['commit']}, load average {record['loadavg'][0]:.2f}; "
+             f"{record['cpu']}, commit {record['commit']}, load average {record['loadavg_before'][0]:.2f} before, "
+             f"{record['loadavg_after'][0]:.2f} after; "
              "forward and backward only (no optimizer step).", "",
              "| model | part | seconds | × Transformer's forward + backward |", "|---|---|---:|---:|"]
     for fam in ("transformer", "calibration"):
