@@ -155,22 +155,28 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         objective = -p_loss + self.perturbation_weight * penalty
         return objective, p_loss, p_nll, penalty, m_mean
 
+    def calibrated_pass(self, model, sample, reduce=True):
+        """(net output, L_NMT(a^comb), nll, the encoder output) of the calibrated pass."""
+        # keep the encoder output of the calibrated pass for the perturbation pass (saves an
+        # encoder forward; detached there, so the encoder gets no gradient from it)
+        captured = {}
+        hook = unwrap_model(model).encoder.register_forward_hook(
+            lambda module, args, out: captured.__setitem__("enc", out))
+        try:
+            net_output = model(**sample["net_input"])
+        finally:
+            hook.remove()
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        return net_output, loss, nll_loss, captured["enc"]
+
     def forward(self, model, sample, reduce=True):
         inner = unwrap_model(model)
         if not hasattr(inner, "perturbation_parameters"):
             raise PluginOptionError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
         if getattr(inner.decoder, "adaptive_softmax", None) is not None:
             raise PluginOptionError("calibrated_label_smoothed_cross_entropy does not support --adaptive-softmax-cutoff")
-        # keep the encoder output of the calibrated pass for the perturbation pass (saves an
-        # encoder forward; detached there, so the encoder gets no gradient from it)
-        captured = {}
-        hook = inner.encoder.register_forward_hook(lambda module, args, out: captured.__setitem__("enc", out))
-        try:
-            net_output = model(**sample["net_input"])
-        finally:
-            hook.remove()
-        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
-        objective, p_loss, p_nll, penalty, m_mean = self.perturbation_loss(model, sample, captured["enc"], reduce)
+        net_output, loss, nll_loss, encoder_out = self.calibrated_pass(model, sample, reduce)
+        objective, p_loss, p_nll, penalty, m_mean = self.perturbation_loss(model, sample, encoder_out, reduce)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,

@@ -1,5 +1,5 @@
-"""Where a calibrated model's training update goes, on a study's real batches (issue #33: calibration's
-cost per update "with its two passes' shares shown").
+"""Where a calibrated model's training update goes, on a study's real batches: calibration's
+cost per update with its two passes' shares.
 
 ``python -m man_fairseq.recipes.studies.calibration_passes EXPERIMENT`` builds the study's calibration
 and Transformer configs exactly as ``fairseq-train`` would (the launcher's arguments, parsed by
@@ -73,15 +73,9 @@ def batches(task, model, fs_cfg, count):
 def calibration_update(model, criterion, sample):
     """One calibrated update's forward and backward, each term apart: {phase: seconds}."""
     t0 = time.perf_counter()
-    captured = {}
-    hook = model.encoder.register_forward_hook(lambda module, args, out: captured.__setitem__("enc", out))
-    try:
-        net_output = model(**sample["net_input"])
-    finally:
-        hook.remove()
-    loss, _ = criterion.compute_loss(model, net_output, sample, reduce=True)
+    _, loss, _, encoder_out = criterion.calibrated_pass(model, sample)
     t1 = time.perf_counter()
-    objective = criterion.perturbation_loss(model, sample, captured["enc"], True)[0]
+    objective = criterion.perturbation_loss(model, sample, encoder_out, True)[0]
     t2 = time.perf_counter()
     loss.backward()
     t3 = time.perf_counter()
