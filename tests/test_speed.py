@@ -110,12 +110,12 @@ def test_train_intervals_reads_fairseq_progress_lines(tmp_path):
 def test_every_repeat_runs_every_family_the_transformer_first(monkeypatch, tmp_path):
     calls = []
 
-    def train(cfg, args, threads, work, tag):
-        calls.append(("train", threads, tag))
+    def train(cfg, args, setting, work, tag):
+        calls.append(("train", setting["threads"], tag))
         return {"wps": [1.0, 2.0], "wpb": [1.0, 1.0], "peak_rss_mib": 1.0}
 
-    def decode(cfg, data, subset, checkpoint, n, args, threads, work, tag):
-        calls.append(("decode", threads, tag))
+    def decode(cfg, data, subset, checkpoint, n, args, setting, work, tag):
+        calls.append(("decode", setting["threads"], tag))
         return {"sentences_per_s": 1.0}
 
     monkeypatch.setattr(speed, "measure_training", train)
@@ -125,8 +125,8 @@ def test_every_repeat_runs_every_family_the_transformer_first(monkeypatch, tmp_p
     args.fairseq_args, args.command, args.data = [], "scripts/speed.sh gigaword-cpu", tmp_path
     cfgs = {f: {"_path": str(REPO / "configs" / f"{f}.yaml")} for f in ("transformer", "localness")}
     ckpts = {f: {"path": "x.pt", "trained": True} for f in cfgs}
-    rec = speed.measure("gigaword-cpu", ["transformer", "localness"], cfgs, args, 2, ("test", tmp_path, [0, 1]),
-                        ckpts, tmp_path)
+    rec = speed.measure("gigaword-cpu", ["transformer", "localness"], cfgs, args, dict(speed.CPU_FP32, threads=2),
+                        ("test", tmp_path, [0, 1]), ckpts, tmp_path)
     assert [(r["repeat"], r["family"]) for r in rec["runs"]] == [
         (1, "transformer"), (1, "localness"), (2, "transformer"), (2, "localness")]
     assert calls[:4] == [("train", 2, "threads2-repeat1-transformer"), ("decode", 2, "threads2-repeat1-transformer"),
@@ -255,3 +255,77 @@ def test_a_real_short_measurement_end_to_end(gigaword_like_bin, tmp_path):
     again = subprocess.run([str(c) for c in cmd[:cmd.index("--")] + ["--table-only"]], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     assert again.returncode == 0 and (results / "speed" / "gigaword-cpu.md").read_text() == md
+
+
+def gpu_record(precision, memory=(800.0, 900.0), decode=False):
+    rec = two_repeats()
+    rec.update(device="cuda", precision=precision, gpu="NVIDIA H200", threads=1)
+    rec["settings"]["skip_decoding"] = not decode
+    for run, mib in zip(rec["runs"], memory * 2):
+        run["train"]["peak_cuda_mib"] = mib
+        if not decode:
+            run["decode"] = None
+    return rec
+
+
+def test_gpu_records_sit_beside_the_cpu_ones_with_cuda_memory_and_no_decoding(tmp_path):
+    assert speed_table.record_path(tmp_path, "multi30k-cpu", 1, "cuda", "bf16") == tmp_path / "multi30k-cpu-cuda-bf16.json"
+    assert speed_table.record_path(tmp_path, "multi30k-cpu", 2) == tmp_path / "multi30k-cpu-threads2.json"
+    records = tmp_path / "speed"
+    records.mkdir()
+    (records / "gigaword-cpu-cuda-fp16.json").write_text(json.dumps(gpu_record("fp16")))
+    (records / "gigaword-cpu-cuda-bf16.json").write_text(json.dumps(gpu_record("bf16")))
+    (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
+    (records / "gigaword-cpu-calibration-passes.json").write_text('{"kind": "calibration-passes"}')
+    recs = speed_table.read_records(records, "gigaword-cpu")
+    assert [speed_table.setting_name(r) for r in recs] == ["1", "H200 bf16", "H200 fp16"]
+    man = speed_table.summarize(recs[1])[1]
+    # the GPU's memory is torch's peak CUDA allocation, not the process's resident set
+    assert man["memory"]["median"] == 900.0 and man["memory_ratio"]["median"] == pytest.approx(900 / 800)
+    assert man["decode"] is None and man["out_len"] is None and man["trained"]
+    md = speed_table.to_markdown("gigaword-cpu", recs, FAMILY_LABELS)
+    assert "| threads / GPU | family |" in md
+    assert "| H200 bf16 | MAN (small, DMAN enc.) | 725 (600–850) | 0.73× (0.68–0.77) | 900 MiB (900–900) | 1.12× (1.12–1.12) | — | — |" in md
+    assert "- H200 bf16: `scripts/speed.sh gigaword-cpu` — commit abc1234, NVIDIA H200, --bf16, 1 thread on Test CPU" in md
+    assert "no decoding" in md and "(H200 fp16)" not in md  # no output lengths without decoding
+    block = speed_table.readme_block(records, FAMILY_LABELS)
+    assert "gigaword-cpu H200 fp16: NVIDIA H200, Test CPU, 2026-11-25" in block
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "cuda", "--threads", "1,2"], "--threads: one thread count on a GPU"),
+    (["--precision", "bf16"], "--precision: the CPU measures fp32 only"),
+    (["--device", "cuda", "--precision", "bf16,int8"], "argument --precision: invalid value 'bf16,int8'"),
+])
+def test_gpu_settings_are_checked_before_anything_runs(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        speed.main(["gigaword-cpu"] + argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_gpu_settings_and_commands(tmp_path):
+    p = speed.parser()
+    args = p.parse_args(["gigaword-cpu", "--device", "cuda"])
+    assert speed.settings(args, p) == [{"device": "cuda", "precision": "bf16", "threads": 1},
+                                       {"device": "cuda", "precision": "fp16", "threads": 1}]
+    assert speed.settings(p.parse_args(["gigaword-cpu"]), p) == [dict(speed.CPU_FP32, threads=t) for t in (1, 2)]
+    from man_fairseq.recipes.config import CONFIG_DIR, load_config
+
+    cfg = load_config(CONFIG_DIR / "gigaword-cpu" / "man.yaml")
+    cmd = speed.train_command(cfg, tmp_path, tmp_path / "ck", [], {"device": "cuda", "precision": "bf16", "threads": 1})
+    assert cmd[:3] == [sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak"]
+    assert "--bf16" in cmd and "--cpu" not in cmd
+    cpu = speed.train_command(cfg, tmp_path, tmp_path / "ck", [])
+    assert cpu[0] == "fairseq-train" and "--cpu" in cpu and "--bf16" not in cpu
+    text = "x\n" + speed.PEAK_LINE + "1234.5 MiB\n"
+    assert speed.cuda_peak_mib(text, "log") == 1234.5
+    with pytest.raises(speed.SpeedError, match="no peak CUDA memory line"):
+        speed.cuda_peak_mib(speed.PEAK_LINE + "n/a (no CUDA)\n", "log")
+
+
+def test_cuda_peak_runs_fairseq_train_and_says_when_there_is_no_gpu(tmp_path):
+    """The wrapper is fairseq-train itself: its --help, then the peak line (n/a without CUDA)."""
+    out = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak", "--help"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and "usage: fairseq-train" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == speed.PEAK_LINE + "n/a (no CUDA)"

@@ -46,11 +46,13 @@ from ..evaluation.decode import EvaluateError, generate_args, read_generate_outp
 from ..evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
 from ..options import number
 from ..tools import tool_env
+from ..training.cuda_peak import PEAK_LINE
 from ..training.fairseq_log import LogError, train_intervals
 from . import speed_table
 from .experiments import EXPERIMENTS, FAMILY_LABELS, parse_families
 
 SEED = 1  # every family's training: the same shuffling, so the same batches
+CPU_FP32 = {"device": "cpu", "precision": "fp32", "threads": 1}
 WARMUP_INTERVALS = 1  # logged intervals left out of words/s: the first updates are slow
 TRANSLATED_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([0-9.]+)s "
                            r"\(([0-9.]+) sentences/s, ([0-9.]+) tokens/s\)")
@@ -101,37 +103,56 @@ def failure(what, rc, text, log_path):
     return SpeedError(f"{what} failed (exit code {rc}): {said[-300:]} (its output: {log_path})")
 
 
-def train_command(cfg, data, save_dir, extra):
+def train_command(cfg, data, save_dir, extra, setting=None):
+    """fairseq-train as ``scripts/train.sh`` runs it; on a GPU through :mod:`..training.cuda_peak`
+    (the same fairseq-train in-process, plus its peak CUDA memory)."""
     from ..training.launch import launch_command
 
-    return launch_command(cfg, save_dir, nproc=1, device="cpu", precision="fp32", data=data, extra=extra)
+    setting = setting or CPU_FP32
+    cmd = launch_command(cfg, save_dir, nproc=1, device="gpu" if setting["device"] == "cuda" else "cpu",
+                         precision=setting["precision"], data=data, extra=extra)
+    if setting["device"] == "cuda":
+        cmd = [sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak"] + cmd[1:]
+    return cmd
 
 
-def measure_training(cfg, args, threads, work, tag):
-    """One fairseq-train of ``args.updates`` updates: {command, wps, wpb, num_updates, peak_rss_mib, seconds}."""
+def cuda_peak_mib(text, log_path):
+    found = [line for line in text.splitlines() if line.startswith(PEAK_LINE)]
+    if not found or not found[-1][len(PEAK_LINE):].endswith(" MiB"):
+        raise SpeedError(f"{log_path}: no peak CUDA memory line ({PEAK_LINE.strip()!r} ... MiB): did it run on a GPU?")
+    return float(found[-1][len(PEAK_LINE):-len(" MiB")])
+
+
+def measure_training(cfg, args, setting, work, tag):
+    """One fairseq-train of ``args.updates`` updates: {command, wps, wpb, num_updates, peak_rss_mib, seconds}
+    (and peak_cuda_mib on a GPU)."""
     extra = ["--seed", SEED, "--max-update", args.updates, "--max-epoch", 0, "--log-interval", args.log_interval,
              "--log-format", "simple", "--no-save", "--disable-validation"] + list(args.fairseq_args)
-    cmd = train_command(cfg, args.data, work / tag / "checkpoints", extra)
+    cmd = train_command(cfg, args.data, work / tag / "checkpoints", extra, setting)
     (work / tag).mkdir(parents=True)
     log_path = work / tag / "train.log"
-    rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(threads))
+    rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(setting["threads"]))
     if rc != 0:
         raise failure(f"training {tag}", rc, text, log_path)
     rows = train_intervals(log_path)
     if len(rows) <= WARMUP_INTERVALS:
         raise LogError(f"{log_path}: {len(rows)} progress line(s), need more than {WARMUP_INTERVALS} (warm-up): "
                        "more --updates or a smaller --log-interval")
-    return {"command": [str(c) for c in cmd], "num_updates": [r["num_updates"] for r in rows],
-            "wps": [r["wps"] for r in rows], "wpb": [r["wpb"] for r in rows],
-            "peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1)}
+    train = {"command": [str(c) for c in cmd], "num_updates": [r["num_updates"] for r in rows],
+             "wps": [r["wps"] for r in rows], "wpb": [r["wpb"] for r in rows],
+             "peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1)}
+    if setting["device"] == "cuda":
+        train["peak_cuda_mib"] = cuda_peak_mib(text, log_path)
+    return train
 
 
-def measure_decoding(cfg, sample_data, subset, checkpoint, n, args, threads, work, tag):
+def measure_decoding(cfg, sample_data, subset, checkpoint, n, args, setting, work, tag):
     """One fairseq-generate of the test sample: {command, sentences, tokens, seconds, sentences_per_s, ...}."""
-    cmd = ["fairseq-generate"] + generate_args(cfg, sample_data, checkpoint, subset, "cpu", "fp32", args.batch_size)
+    cmd = ["fairseq-generate"] + generate_args(cfg, sample_data, checkpoint, subset, setting["device"],
+                                               setting["precision"], args.batch_size)
     log_path = work / tag / "generate.txt"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(threads))
+    rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(setting["threads"]))
     if rc != 0:
         raise failure(f"decoding {tag}", rc, text, log_path)
     ids, _, _ = read_generate_output(text)
@@ -145,7 +166,7 @@ def measure_decoding(cfg, sample_data, subset, checkpoint, n, args, threads, wor
             "sentences_per_s": float(per_s), "peak_rss_mib": round(peak, 1), "seconds": round(seconds, 1)}
 
 
-def checkpoints(families, cfgs, args, work, threads):
+def checkpoints(families, cfgs, args, work, setting):
     """{family: {path, trained, ...}}: the study's trained checkpoint of each family, else a model
     trained for one update in ``work`` (so that fairseq-generate has a checkpoint to load)."""
     found = {}
@@ -165,8 +186,8 @@ def checkpoints(families, cfgs, args, work, threads):
         extra = ["--seed", SEED, "--max-update", 1, "--max-epoch", 0, "--disable-validation",
                  "--no-epoch-checkpoints"] + list(args.fairseq_args)
         save.mkdir(parents=True)
-        rc, text, _, _ = run_measured(train_command(cfgs[fam], args.data, save, extra), save / "train.log",
-                                      thread_env(threads))
+        rc, text, _, _ = run_measured(train_command(cfgs[fam], args.data, save, extra, setting), save / "train.log",
+                                      thread_env(setting["threads"]))
         if rc != 0 or not (save / "checkpoint_last.pt").is_file():
             raise failure(f"the one-update model of {fam}", rc, text, save / "train.log")
         found[fam] = {"path": str(save / "checkpoint_last.pt"), "trained": False, "missing": str(trained),
@@ -174,32 +195,45 @@ def checkpoints(families, cfgs, args, work, threads):
     return found
 
 
-def measure(experiment, families, cfgs, args, threads, sample, ckpts, work):
-    """The record of one thread count: every family in every repeat, the Transformer first."""
+def gpu_name():
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
+    """The record of one setting (a thread count; on a GPU, a precision): every family in every repeat,
+    the Transformer first."""
     subset, sample_data, ids = sample
+    threads = setting["threads"]
     record = {"kind": speed_table.RECORD_KIND, "version": speed_table.RECORD_VERSION, "experiment": experiment,
-              "threads": threads, "command": args.command, "commit": git_commit(), "cpu": cpu_model(),
+              "threads": threads, "device": setting["device"], "precision": setting["precision"],
+              "gpu": gpu_name() if setting["device"] == "cuda" else None,
+              "command": args.command, "commit": git_commit(), "cpu": cpu_model(),
               "cpu_count": os.cpu_count(), "date": now(), "loadavg_before": list(os.getloadavg()),
               "data": str(args.data), "families": families,
               "configs": {f: os.path.relpath(cfgs[f]["_path"], REPO) for f in families},
               "settings": {"repeats": args.repeats, "updates": args.updates, "log_interval": args.log_interval,
                            "warmup_intervals": WARMUP_INTERVALS, "seed": SEED, "test_set": subset,
                            "decode_sentences": len(ids), "sample_seed": SAMPLE_SEED, "batch_size": args.batch_size,
-                           "fairseq_args": list(args.fairseq_args)},
+                           "fairseq_args": list(args.fairseq_args), "skip_decoding": args.skip_decoding},
               "checkpoints": ckpts, "runs": []}
+    name = speed_table.setting_name(record)
     for repeat in range(1, args.repeats + 1):
         for fam in families:
-            tag = f"threads{threads}-repeat{repeat}-{fam}"
+            tag = f"{speed_table.setting_tag(record)}-repeat{repeat}-{fam}"
             loadavg = list(os.getloadavg())
-            train = measure_training(cfgs[fam], args, threads, work, tag)
-            decode = measure_decoding(cfgs[fam], sample_data, subset, ckpts[fam]["path"], len(ids), args, threads,
-                                      work, tag)
+            train = measure_training(cfgs[fam], args, setting, work, tag)
+            decode = None if args.skip_decoding else measure_decoding(
+                cfgs[fam], sample_data, subset, ckpts[fam]["path"], len(ids), args, setting, work, tag)
             record["runs"].append({"repeat": repeat, "family": fam, "loadavg": loadavg, "train": train,
                                    "decode": decode})
-            log(f"{threads} thread(s), repeat {repeat}/{args.repeats}, {fam}: training "
+            peak = train["peak_cuda_mib"] if setting["device"] == "cuda" else train["peak_rss_mib"]
+            log(f"{name}, repeat {repeat}/{args.repeats}, {fam}: training "
                 f"{speed_table.train_words_per_s(record['runs'][-1], WARMUP_INTERVALS):,.0f} words/s, peak "
-                f"{train['peak_rss_mib']:,.0f} MiB; decoding {decode['sentences_per_s']:.1f} sentences/s"
-                + ("" if ckpts[fam]["trained"] else " (untrained model)"))
+                f"{peak:,.0f} MiB" + ("" if decode is None else f"; decoding {decode['sentences_per_s']:.1f} "
+                                                                  "sentences/s")
+                + ("" if decode is None or ckpts[fam]["trained"] else " (untrained model)"))
     record["loadavg_after"] = list(os.getloadavg())
     record["finished"] = now()
     return record
@@ -243,7 +277,15 @@ def parser():
     p.add_argument("--families", default=None,
                    help="comma-separated subset of the study's families (default: all it has configs for; the "
                         "Transformer is always measured, first: it is every ratio's baseline)")
-    p.add_argument("--threads", type=thread_counts, default="1,2", help="thread counts, e.g. 1,2 (default %(default)s)")
+    p.add_argument("--threads", type=thread_counts, default=None,
+                   help="thread counts, e.g. 1,2 (default 1,2 on the CPU; on a GPU one count, default 1)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: train (and decode) on the GPU, one record per --precision")
+    p.add_argument("--precision", type=precisions, default=None,
+                   help="on a GPU: comma-separated bf16, fp16, fp32 (default bf16,fp16; fairseq's --bf16/--fp16 "
+                        "cast the whole model); the CPU measures fp32")
+    p.add_argument("--skip-decoding", action="store_true",
+                   help="training only (decoding needs a trained checkpoint to say much, see the table's †)")
     p.add_argument("--repeats", type=number("--repeats", low=1), default=3)
     p.add_argument("--updates", type=number("--updates", low=1), default=60, help="training updates per run")
     p.add_argument("--log-interval", type=number("--log-interval", low=1), default=10,
@@ -255,12 +297,32 @@ def parser():
     p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
     p.add_argument("--runs-dir", default=None, help="the study's runs, for trained checkpoints (default runs/EXPERIMENT)")
     p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
-    p.add_argument("--force", action="store_true", help="replace the records of the thread counts measured")
+    p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     p.add_argument("--update-readme", action="store_true",
                    help="also rebuild the README's real-batch speed table from every record in RESULTS/speed/")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     return p
+
+
+def precisions(text):
+    """``--precision`` as an argparse ``type``: ``"bf16,fp16"`` -> ["bf16", "fp16"]."""
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names or len(set(names)) != len(names) or not set(names) <= {"fp32", "fp16", "bf16"}:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct names of fp32, fp16, bf16")
+    return names
+
+
+def settings(args, p):
+    """[{device, precision, threads}] to measure, one record each."""
+    if args.device == "cpu":
+        if args.precision not in (None, ["fp32"]):
+            p.error("--precision: the CPU measures fp32 only (fairseq's --fp16/--bf16 need a GPU)")
+        return [dict(CPU_FP32, threads=t) for t in args.threads or [1, 2]]
+    threads = args.threads or [1]
+    if len(threads) != 1:
+        p.error("--threads: one thread count on a GPU (its records are one per --precision)")
+    return [{"device": "cuda", "precision": prec, "threads": threads[0]} for prec in args.precision or ["bf16", "fp16"]]
 
 
 def main(argv=None):
@@ -280,6 +342,7 @@ def main(argv=None):
         families = parse_families(args.experiment, args.families)[1]
     except ValueError as e:
         p.error(str(e))
+    args.settings = settings(args, p)
     args.data = Path(args.data or exp["data"]).resolve()
     args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
     records_dir = Path(args.results_dir).resolve() / "speed"
@@ -298,10 +361,11 @@ def main(argv=None):
 
 
 def run_study(args, families, records_dir):
-    """Measure every thread count, writing each one's record as it completes."""
+    """Measure every setting, writing each one's record as it completes."""
     exp = EXPERIMENTS[args.experiment]
-    targets = {t: speed_table.record_path(records_dir, args.experiment, t) for t in args.threads}
-    for path in targets.values():  # before any work: nothing measured for an hour is then refused
+    targets = [speed_table.record_path(records_dir, args.experiment, s["threads"], s["device"], s["precision"])
+               for s in args.settings]
+    for path in targets:  # before any work: nothing measured for an hour is then refused
         if path.exists():
             try:
                 old = speed_table.read_record(path)
@@ -319,11 +383,11 @@ def run_study(args, families, records_dir):
         ids = sample_ids(manifest["counts"][subset], args.decode_sentences)
         sample_data = sampled_split(args.data, subset, manifest["source_lang"], manifest["target_lang"], ids,
                                     work / "sample")
-        ckpts = checkpoints(families, cfgs, args, work, args.threads[0])
-        for threads in args.threads:
-            record = measure(args.experiment, families, cfgs, args, threads, (subset, sample_data, ids), ckpts, work)
-            write_json(targets[threads], record)
-            log(f"wrote {targets[threads]}")
+        ckpts = {} if args.skip_decoding else checkpoints(families, cfgs, args, work, args.settings[0])
+        for setting, target in zip(args.settings, targets):
+            record = measure(args.experiment, families, cfgs, args, setting, (subset, sample_data, ids), ckpts, work)
+            write_json(target, record)
+            log(f"wrote {target}")
             write_table(args.experiment, records_dir, False)  # the table never lags its records
     except BaseException:
         log(f"stopped; the logs of its runs are kept in {work}")

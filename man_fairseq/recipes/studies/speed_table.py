@@ -1,9 +1,9 @@
 """The tables of ``scripts/speed.sh`` (:mod:`speed`), rebuilt from its records alone.
 
-A record (``results/speed/<experiment>-threads<T>.json``) holds one interleaved measurement at one
-thread count: every raw number of every (repeat, family) run. From it, per family: training words/s
+A record (``results/speed/<experiment>-threads<T>.json``; on a GPU ``<experiment>-cuda-<precision>.json``)
+holds one interleaved measurement at one setting: every raw number of every (repeat, family) run. From it, per family: training words/s
 (the median of fairseq's logged ``wps`` intervals after the warm-up ones), peak resident memory of
-fairseq-train, and fairseq-generate's sentences/s; each as its median over repeats with the min–max,
+fairseq-train (on a GPU: the peak CUDA memory torch allocated), and fairseq-generate's sentences/s; each as its median over repeats with the min–max,
 and as a ratio to the Transformer *of the same repeat* (the families ran one after the other, so a
 load drift hits a repeat's runs alike), median and min–max of those ratios.
 
@@ -27,8 +27,30 @@ class SpeedRecordError(ValueError):
     pass
 
 
-def record_path(records_dir, experiment, threads):
+def record_path(records_dir, experiment, threads, device="cpu", precision="fp32"):
+    if device == "cuda":
+        return Path(records_dir) / f"{experiment}-cuda-{precision}.json"
     return Path(records_dir) / f"{experiment}-threads{threads}.json"
+
+
+def on_gpu(record):
+    return record.get("device", "cpu") == "cuda"
+
+
+def setting_name(record):
+    """How a record's setting reads in a table: its thread count, or the GPU and precision."""
+    if on_gpu(record):
+        return f"{short_gpu(record.get('gpu'))} {record['precision']}"
+    return str(record["threads"])
+
+
+def setting_tag(record):
+    return f"cuda-{record['precision']}" if on_gpu(record) else f"threads{record['threads']}"
+
+
+def short_gpu(name):
+    """'NVIDIA H200' -> 'H200' (the table's cell); the full name stays in the provenance line."""
+    return (name or "GPU").replace("NVIDIA ", "")
 
 
 def read_record(path):
@@ -44,9 +66,11 @@ def read_record(path):
 
 def read_records(records_dir, experiment=None):
     """Every record in ``records_dir`` (of ``experiment`` only, when given), by study then threads."""
-    paths = sorted(Path(records_dir).glob(f"{experiment or '*'}-threads*.json")) if Path(records_dir).is_dir() else []
+    folder = Path(records_dir)
+    paths = sorted(p for pattern in ("threads*", "cuda-*")
+                   for p in folder.glob(f"{experiment or '*'}-{pattern}.json")) if folder.is_dir() else []
     records = [read_record(p) for p in paths]
-    return sorted(records, key=lambda r: (r["experiment"], r["threads"]))
+    return sorted(records, key=lambda r: (r["experiment"], on_gpu(r), r.get("precision", "fp32"), r["threads"]))
 
 
 # ------------------------------------------------------------------------------------ numbers
@@ -58,12 +82,15 @@ def train_words_per_s(run, warmup):
 
 def run_values(run, warmup):
     """{quantity: value} of one (repeat, family) run."""
-    return {"train": train_words_per_s(run, warmup), "memory": run["train"]["peak_rss_mib"],
-            "decode": run["decode"]["sentences_per_s"]}
+    memory = run["train"].get("peak_cuda_mib", run["train"]["peak_rss_mib"])
+    return {"train": train_words_per_s(run, warmup), "memory": memory,
+            "decode": run["decode"]["sentences_per_s"] if run["decode"] else None}
 
 
 def spread(values):
-    """{"median", "min", "max", "n"} of ``values``."""
+    """{"median", "min", "max", "n"} of ``values``; None where a value was not measured."""
+    if not values or any(v is None for v in values):
+        return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
@@ -80,12 +107,16 @@ def summarize(record):
         repeats = [runs for runs in by_repeat.values() if fam in runs and baseline in runs]
         values = [run_values(runs[fam], warmup) for runs in repeats]
         base = [run_values(runs[baseline], warmup) for runs in repeats]
-        row = {"family": fam, "threads": record["threads"], "trained": record["checkpoints"][fam]["trained"],
+        decoded = all(runs[fam]["decode"] for runs in repeats)
+        row = {"family": fam, "threads": record["threads"],
+               "trained": record["checkpoints"][fam]["trained"] if decoded else True,
                "same_batches": all(runs[fam]["train"]["wpb"] == runs[baseline]["train"]["wpb"] for runs in repeats),
-               "out_len": spread([runs[fam]["decode"]["tokens"] / runs[fam]["decode"]["sentences"] for runs in repeats])}
+               "out_len": spread([runs[fam]["decode"]["tokens"] / runs[fam]["decode"]["sentences"] for runs in repeats])
+               if decoded else None}
         for q, _ in QUANTITIES:
             row[q] = spread([v[q] for v in values])
-            row[q + "_ratio"] = None if fam == baseline else spread([v[q] / b[q] for v, b in zip(values, base)])
+            row[q + "_ratio"] = None if fam == baseline or row[q] is None else spread(
+                [v[q] / b[q] for v, b in zip(values, base)])
         rows.append(row)
     return rows
 
@@ -93,6 +124,8 @@ def summarize(record):
 # ------------------------------------------------------------------------------------ text
 
 def fmt_value(s, quantity):
+    if s is None:
+        return "—"
     digits = {"train": 0, "memory": 0, "decode": 1}[quantity]
     one = (lambda v: f"{v:,.{digits}f}")
     unit = " MiB" if quantity == "memory" else ""
@@ -113,6 +146,9 @@ def table_rows(rows, labels, lead=()):
     for row in rows:
         cells = list(lead) + [labels.get(row["family"], row["family"])]
         for q, _ in QUANTITIES:
+            if row[q] is None:
+                cells += ["—", "—"]
+                continue
             ratio = fmt_ratio(row[q + "_ratio"])
             if q == "train" and not row["same_batches"]:
                 ratio += " ‡"
@@ -143,11 +179,24 @@ def footnotes(summaries):
 def provenance(record):
     s = record["settings"]
     load = lambda v: f"{v[0]:.2f}"  # noqa: E731  (the 1-minute load average)
-    return (f"{record['threads']} thread{'s' if record['threads'] > 1 else ''}: `{record['command']}` — commit "
-            f"{record['commit']}, {record['cpu']} ({record['cpu_count']} cores), {record['date']}, load average "
+    threads = f"{record['threads']} thread{'s' if record['threads'] > 1 else ''}"
+    where = (f"{record['gpu']}, --{record['precision']}, {threads} on {record['cpu']} ({record['cpu_count']} cores)"
+             if on_gpu(record) else f"{record['cpu']} ({record['cpu_count']} cores)")
+    decoded = ("no decoding" if s.get("skip_decoding")
+               else f"{s['decode_sentences']} sentences of `{s['test_set']}` decoded at batch {s['batch_size']}")
+    return (f"{setting_name(record) if on_gpu(record) else threads}: `{record['command']}` — commit "
+            f"{record['commit']}, {where}, {record['date']}, load average "
             f"{load(record['loadavg_before'])} before → {load(record['loadavg_after'])} after; {s['repeats']} repeat(s), "
             f"{s['updates']} updates logged every {s['log_interval']} (first {s['warmup_intervals']} interval(s) "
-            f"warm-up), {s['decode_sentences']} sentences of `{s['test_set']}` decoded at batch {s['batch_size']}")
+            f"warm-up), {decoded}")
+
+
+def lead_name(records):
+    return "threads / GPU" if any(on_gpu(r) for r in records) else "threads"
+
+
+def short_setting(record):
+    return setting_name(record) if on_gpu(record) else f"{record['threads']} thr."
 
 
 def to_markdown(experiment, records, labels, title=None):
@@ -162,18 +211,19 @@ def to_markdown(experiment, records, labels, title=None):
               "length limits, interleaved with the Transformer of the same study in every repeat. Training "
               "words/s: fairseq's `wps` (target tokens per second), median over the logged intervals after "
               "the warm-up; peak training memory: the peak resident set of the fairseq-train process "
-              "(`ru_maxrss` from `os.wait4`); decoding: fairseq-generate's own sentences/s (generation time "
+              "(`ru_maxrss` from `os.wait4`), on a GPU the peak CUDA memory torch allocated over the run; decoding: fairseq-generate's own sentences/s (generation time "
               "only). Values: median over repeats (min–max); ratios: to the Transformer of the same repeat, "
               "median (min–max).", ""]
     lines += [f"- {provenance(r)}" for r in records] + [""]
-    lines += header(["threads"])
+    lines += header([lead_name(records)])
     for record, rows in zip(records, summaries):
-        lines += table_rows(rows, labels, lead=[str(record["threads"])])
+        lines += table_rows(rows, labels, lead=[setting_name(record)])
     lines += [""]
     lines += [n + "\n" for n in footnotes(summaries)]
-    lines += ["Output length (tokens per decoded sentence, median over repeats): " + "; ".join(
-        f"{labels.get(row['family'], row['family'])} {row['out_len']['median']:.1f} ({rec['threads']} thr.)"
-        for rec, rows in zip(records, summaries) for row in rows) + ".", ""]
+    lengths = [f"{labels.get(row['family'], row['family'])} {row['out_len']['median']:.1f} ({short_setting(rec)})"
+               for rec, rows in zip(records, summaries) for row in rows if row["out_len"]]
+    if lengths:
+        lines += ["Output length (tokens per decoded sentence, median over repeats): " + "; ".join(lengths) + ".", ""]
     return "\n".join(lines)
 
 
@@ -189,12 +239,12 @@ def readme_block(records_dir, labels):
         lines += ["Made by `scripts/speed.sh EXPERIMENT` on each study's own data-bin and configs (method in "
                   "[docs/benchmarks.md](docs/benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
                   "repeats (min–max), ratios to the Transformer of the same repeat.", ""]
-        lines += header(["study", "threads"])
+        lines += header(["study", lead_name(records)])
         for record, rows in zip(records, summaries):
-            lines += table_rows(rows, labels, lead=[record["experiment"], str(record["threads"])])
+            lines += table_rows(rows, labels, lead=[record["experiment"], setting_name(record)])
         lines += [""] + [n + "\n" for n in footnotes(summaries)] + [
-            "Machines: " + "; ".join(f"{r['experiment']} {r['threads']} thr.: {r['cpu']}, {r['date'][:10]}, "
-                                     f"commit {r['commit']}" for r in records)
+            "Machines: " + "; ".join(f"{r['experiment']} {short_setting(r)}: {r['gpu'] + ', ' if on_gpu(r) else ''}"
+                                     f"{r['cpu']}, {r['date'][:10]}, commit {r['commit']}" for r in records)
             + ". Details: `results/speed/EXPERIMENT.md`."]
     return "\n".join(lines + [README_END])
 

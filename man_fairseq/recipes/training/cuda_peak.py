@@ -1,0 +1,39 @@
+"""``python -m man_fairseq.recipes.training.cuda_peak FAIRSEQ-TRAIN-ARGS``: fairseq-train, in this
+process, then one line with the peak CUDA memory torch allocated over the whole run.
+
+fairseq's trainer resets torch's peak statistics at every logged interval (it logs ``gb_free`` from
+them, rounded to 0.1 GB), so the peak at exit would cover only the last interval: each reset here
+first keeps the peak so far. Without CUDA the line says so (n/a) and the run is fairseq-train's.
+"""
+
+import sys
+
+PEAK_LINE = "peak CUDA memory allocated over the run: "
+
+
+def main(argv=None):
+    import torch
+
+    peak = [0]
+    reset = torch.cuda.reset_peak_memory_stats
+
+    def keep_then_reset(device=None):
+        peak[0] = max(peak[0], torch.cuda.max_memory_allocated(device))
+        reset(device)
+
+    torch.cuda.reset_peak_memory_stats = keep_then_reset
+    sys.argv = ["fairseq-train"] + list(sys.argv[1:] if argv is None else argv)
+    from fairseq_cli.train import cli_main
+
+    try:
+        cli_main()
+    finally:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            peak[0] = max(peak[0], torch.cuda.max_memory_allocated())
+            print(f"{PEAK_LINE}{peak[0] / 2 ** 20:.1f} MiB", flush=True)
+        else:
+            print(f"{PEAK_LINE}n/a (no CUDA)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
