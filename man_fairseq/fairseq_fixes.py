@@ -20,6 +20,10 @@ CLIs would print a 40-line traceback for that user mistake. A
 ``fairseq-train: error: MESSAGE`` (exit status 1), also when it was raised in one of the
 processes fairseq spawns per GPU (torch hands the parent only that process's formatted
 traceback); every other exception keeps its traceback.
+
+A fourth: fairseq 0.12 turns ``--bf16`` into ``--tpu`` (``options.parse_args_and_arch``: bf16 was a
+TPU mode when it was written), so ``fairseq-train --bf16`` on a GPU asks torch_xla for a device and
+dies (``'NoneType' object has no attribute 'xla_device'``). ``--tpu`` is now set only when given.
 """
 
 import logging
@@ -29,6 +33,7 @@ import sys
 
 import numpy as np
 import torch
+from fairseq import options
 from fairseq.data import data_utils
 from fairseq.tasks.translation import TranslationTask
 
@@ -111,6 +116,19 @@ def inference_step(self, generator, models, sample, prefix_tokens=None, constrai
     return hypos
 
 
+_original_parse_args_and_arch = options.parse_args_and_arch
+
+
+def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+    """fairseq's ``parse_args_and_arch`` without its ``if args.bf16: args.tpu = True``."""
+    result = _original_parse_args_and_arch(parser, input_args, parse_known, suppress_defaults, modify_parser)
+    args = result[0] if parse_known else result
+    argv = sys.argv[1:] if input_args is None else input_args
+    if getattr(args, "bf16", False) and "--tpu" not in argv:
+        args.tpu = False
+    return result
+
+
 def plugin_option_message(exc):
     """The message of a PluginOptionError ``exc``, or None when ``exc`` is not one.
 
@@ -151,5 +169,6 @@ def print_plugin_option_errors(previous):
 def apply():
     data_utils.batch_by_size = batch_by_size
     TranslationTask.inference_step = inference_step
+    options.parse_args_and_arch = parse_args_and_arch
     if not getattr(sys.excepthook, "prints_plugin_option_errors", False):  # once per process
         sys.excepthook = print_plugin_option_errors(sys.excepthook)

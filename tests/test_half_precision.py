@@ -130,9 +130,8 @@ def test_diffwin_mask_keeps_small_values_in_half_precision():
             assert float(err.max()) < 2 * tol, (dtype, segment_size, union, float(err.max()))
 
 
-# fairseq 0.12.3 on CPU: --bf16 sets --tpu (fairseq/options.py) and the trainer then asks
-# torch_xla for its device; --fp16's FP16Optimizer allocates its fp32 copy with
-# torch.cuda.current_device(). --fp16 --memory-efficient-fp16 needs neither and runs.
+# fairseq 0.12.3 on CPU: --fp16's (and --bf16's) FP16Optimizer allocates its fp32 copy with
+# torch.cuda.current_device(); --memory-efficient-fp16 (-bf16) needs none and runs.
 CLI_FAMILIES = {
     "man": ("transformer_man_base", ["--encoder-sublayers", "dman,sman1,sman2,ffn",
                                      "--decoder-sublayers", "dman,sman1,cross,ffn"]),
@@ -155,3 +154,16 @@ def test_fairseq_train_fp16_update_on_cpu(family, toy_data_bin, tmp_path):
     assert "num_updates 2" in summary[-1] and "loss_scale" in summary[-1], summary[-1]
     loss = float(summary[-1].split("| loss ")[1].split()[0])
     assert math.isfinite(loss), summary[-1]
+
+
+def test_fairseq_train_bf16_is_not_tpu(toy_data_bin, tmp_path):
+    """fairseq 0.12 sets --tpu whenever --bf16 is given, and the trainer then asks torch_xla for a
+    device (on a GPU too: found on an H200). The plugin leaves --tpu to the user: a --bf16 update runs."""
+    out = run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--task", "translation", "--arch",
+                   "transformer_man_base", "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--max-update", "2",
+                   "--bf16", "--memory-efficient-bf16", "--disable-validation", "--save-dir", tmp_path / "ck",
+                   "--no-save"]).stdout
+    assert "'tpu': False" in out and "'bf16': True" in out, out[-3000:]
+    summary = [line for line in out.splitlines() if "| train |" in line]
+    assert summary and "num_updates 2" in summary[-1], out[-3000:]
+    assert math.isfinite(float(summary[-1].split("| loss ")[1].split()[0])), summary[-1]

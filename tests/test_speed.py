@@ -323,9 +323,15 @@ def test_gpu_settings_and_commands(tmp_path):
         speed.cuda_peak_mib(speed.PEAK_LINE + "n/a (no CUDA)\n", "log")
 
 
-def test_cuda_peak_runs_fairseq_train_and_says_when_there_is_no_gpu(tmp_path):
-    """The wrapper is fairseq-train itself: its --help, then the peak line (n/a without CUDA)."""
-    out = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak", "--help"],
-                         cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0 and "usage: fairseq-train" in out.stdout
+def test_cuda_peak_is_fairseq_train_with_its_log_format(gigaword_like_bin, tmp_path):
+    """The wrapper is fairseq-train itself, progress lines in the format speed.sh reads, then the peak
+    line (n/a without CUDA)."""
+    cmd = speed.train_command(speed.load_config(REPO / "configs" / "gigaword-cpu" / "man.yaml"), gigaword_like_bin,
+                              tmp_path / "ck", ["--max-update", 4, "--log-interval", 2, "--no-save",
+                                                "--disable-validation", "--log-format", "simple", *TINY_MODEL])
+    cmd = [sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak"] + cmd[1:]
+    out = subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, env=speed.thread_env(1))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (tmp_path / "train.log").write_text(out.stdout)
+    assert [r["num_updates"] for r in train_intervals(tmp_path / "train.log")] == [2, 4]
     assert out.stdout.strip().splitlines()[-1] == speed.PEAK_LINE + "n/a (no CUDA)"

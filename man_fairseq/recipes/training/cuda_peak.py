@@ -4,8 +4,12 @@ process, then one line with the peak CUDA memory torch allocated over the whole 
 fairseq's trainer resets torch's peak statistics at every logged interval (it logs ``gb_free`` from
 them, rounded to 0.1 GB), so the peak at exit would cover only the last interval: each reset here
 first keeps the peak so far. Without CUDA the line says so (n/a) and the run is fairseq-train's.
+Its log has fairseq-train's format (the plugin, imported first here, set up logging before
+fairseq_cli.train could).
 """
 
+import logging
+import os
 import sys
 
 PEAK_LINE = "peak CUDA memory allocated over the run: "
@@ -24,6 +28,9 @@ def main(argv=None):
     torch.cuda.reset_peak_memory_stats = keep_then_reset
     sys.argv = ["fairseq-train"] + list(sys.argv[1:] if argv is None else argv)
     from fairseq_cli.train import cli_main
+
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+                        level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stdout, force=True)
 
     try:
         cli_main()
