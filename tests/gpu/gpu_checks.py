@@ -59,8 +59,18 @@ def set_backend(model, backend):
             m.attention_backend = backend
 
 
-def loss_and_grads(model, task, device="cuda", src_lengths=SRC_LENGTHS, tgt_lengths=TGT_LENGTHS):
-    """Logits (pad positions zeroed), the mean token NLL and every parameter's gradient, in fp32."""
+# half precision: relative L2 error of outputs / gradients against the fp32 explicit path
+HALF_TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 6e-2}
+# fairseq's --fp16 scales the loss (--fp16-init-scale 128, then dynamically) so that small gradients
+# do not underflow: unscaled, MAN's dynamic-mask parameters lose up to half their gradient (found on
+# an H200, the same on CPU); bf16 has fp32's exponent range and fairseq does not scale it
+LOSS_SCALE = {torch.float16: 128.0, torch.bfloat16: 1.0}
+
+
+def loss_and_grads(model, task, device="cuda", src_lengths=SRC_LENGTHS, tgt_lengths=TGT_LENGTHS,
+                   loss_scale=1.0):
+    """Logits (pad positions zeroed), the mean token NLL and every parameter's gradient, in fp32
+    (the backward of ``loss_scale`` times the loss, the gradients divided by it again)."""
     d = task.source_dictionary
     src = tokens(d, src_lengths, left=True, seed=1).to(device)
     prev = tokens(d, tgt_lengths, left=False, seed=2).to(device)
@@ -71,9 +81,9 @@ def loss_and_grads(model, task, device="cuda", src_lengths=SRC_LENGTHS, tgt_leng
     lprobs = torch.log_softmax(logits.float(), -1)
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
     loss = nll.masked_fill(target == d.pad(), 0.0).sum() / (target != d.pad()).sum()
-    loss.backward()
+    (loss * loss_scale).backward()
     real = (target != d.pad()).unsqueeze(-1)
-    grads = {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.float() / loss_scale for n, p in model.named_parameters() if p.grad is not None}
     return logits.detach().float().masked_fill(~real, 0.0), loss.detach().float(), grads
 
 
