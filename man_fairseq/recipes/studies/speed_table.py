@@ -1,11 +1,13 @@
 """The tables of ``scripts/speed.sh`` (:mod:`speed`), rebuilt from its records alone.
 
-A record (``results/speed/<experiment>-threads<T>.json``; on a GPU ``<experiment>-cuda-<precision>.json``)
-holds one interleaved measurement at one setting: every raw number of every (repeat, family) run. From it, per family: training words/s
-(the median of fairseq's logged ``wps`` intervals after the warm-up ones), peak resident memory of
-fairseq-train (on a GPU: the peak CUDA memory torch allocated), and fairseq-generate's sentences/s; each as its median over repeats with the min–max,
-and as a ratio to the Transformer *of the same repeat* (the families ran one after the other, so a
-load drift hits a repeat's runs alike), median and min–max of those ratios.
+A record (``results/speed/<experiment>-threads<T>.json``; on a GPU
+``<experiment>-cuda-<precision>.json``) holds one interleaved measurement at one setting: every raw
+number of every (repeat, family) run. From it, per family: training words/s (the median of
+fairseq's logged ``wps`` intervals after the warm-up ones), peak resident memory of fairseq-train
+(on a GPU: the peak CUDA memory torch allocated), and fairseq-generate's sentences/s; each as its
+median over repeats with the min–max, and as a ratio to the Transformer *of the same repeat* (the
+families ran one after the other, so a load drift hits a repeat's runs alike), median and min–max
+of those ratios.
 
 Written here: ``results/speed/<experiment>.md`` (every thread count of one study) and the block of
 the README's "Speed" section between :data:`README_BEGIN` and :data:`README_END` (every study).
