@@ -43,6 +43,11 @@ def build_family(family, backend="explicit", extra=(), seed=0):
                             *options, *extra], dict_size=40)
     return model, task
 
+# fairseq's --fp16 scales the loss (--fp16-init-scale 128, then dynamically) so that small gradients
+# do not underflow: unscaled, MAN's dynamic-mask parameters lose up to half their gradient (found on
+# an H200, the same on CPU); bf16 has fp32's exponent range and fairseq does not scale it
+LOSS_SCALE = {torch.float16: 128.0, torch.bfloat16: 1.0}
+
 
 def tokens(dictionary, lengths, left, seed):
     """(B, max(lengths)) random sentences ending in EOS, padded on the left or the right."""

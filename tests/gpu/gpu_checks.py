@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from conftest import build_fairseq_model  # noqa: E402
-from model_families import tokens  # noqa: E402  (the same random sentences as the CPU tests)
+from model_families import LOSS_SCALE, tokens  # noqa: E402,F401  (the CPU tests' sentences and loss scale)
 
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention  # noqa: E402
 from man_fairseq.recipes.training import fairseq_log  # noqa: E402
@@ -61,10 +61,6 @@ def set_backend(model, backend):
 
 # half precision: relative L2 error of outputs / gradients against the fp32 explicit path
 HALF_TOLERANCE = {torch.float16: 2e-2, torch.bfloat16: 6e-2}
-# fairseq's --fp16 scales the loss (--fp16-init-scale 128, then dynamically) so that small gradients
-# do not underflow: unscaled, MAN's dynamic-mask parameters lose up to half their gradient (found on
-# an H200, the same on CPU); bf16 has fp32's exponent range and fairseq does not scale it
-LOSS_SCALE = {torch.float16: 128.0, torch.bfloat16: 1.0}
 
 
 def loss_and_grads(model, task, device="cuda", src_lengths=SRC_LENGTHS, tgt_lengths=TGT_LENGTHS,

@@ -228,11 +228,10 @@ def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
                 cfgs[fam], sample_data, subset, ckpts[fam]["path"], len(ids), args, setting, work, tag)
             record["runs"].append({"repeat": repeat, "family": fam, "loadavg": loadavg, "train": train,
                                    "decode": decode})
-            peak = train["peak_cuda_mib"] if setting["device"] == "cuda" else train["peak_rss_mib"]
-            log(f"{name}, repeat {repeat}/{args.repeats}, {fam}: training "
-                f"{speed_table.train_words_per_s(record['runs'][-1], WARMUP_INTERVALS):,.0f} words/s, peak "
-                f"{peak:,.0f} MiB" + ("" if decode is None else f"; decoding {decode['sentences_per_s']:.1f} "
-                                                                  "sentences/s")
+            values = speed_table.run_values(record["runs"][-1], WARMUP_INTERVALS)
+            log(f"{name}, repeat {repeat}/{args.repeats}, {fam}: training {values['train']:,.0f} words/s, peak "
+                f"{values['memory']:,.0f} MiB" + ("" if decode is None else f"; decoding {values['decode']:.1f} "
+                                                                              "sentences/s")
                 + ("" if decode is None or ckpts[fam]["trained"] else " (untrained model)"))
     record["loadavg_after"] = list(os.getloadavg())
     record["finished"] = now()

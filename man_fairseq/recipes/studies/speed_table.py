@@ -29,10 +29,13 @@ class SpeedRecordError(ValueError):
     pass
 
 
+def tag(threads, device="cpu", precision="fp32"):
+    """A setting's part of file and folder names: ``threads<T>``, or ``cuda-<precision>`` on a GPU."""
+    return f"cuda-{precision}" if device == "cuda" else f"threads{threads}"
+
+
 def record_path(records_dir, experiment, threads, device="cpu", precision="fp32"):
-    if device == "cuda":
-        return Path(records_dir) / f"{experiment}-cuda-{precision}.json"
-    return Path(records_dir) / f"{experiment}-threads{threads}.json"
+    return Path(records_dir) / f"{experiment}-{tag(threads, device, precision)}.json"
 
 
 def on_gpu(record):
@@ -47,7 +50,7 @@ def setting_name(record):
 
 
 def setting_tag(record):
-    return f"cuda-{record['precision']}" if on_gpu(record) else f"threads{record['threads']}"
+    return tag(record["threads"], record.get("device", "cpu"), record.get("precision", "fp32"))
 
 
 def short_gpu(name):
@@ -126,8 +129,6 @@ def summarize(record):
 # ------------------------------------------------------------------------------------ text
 
 def fmt_value(s, quantity):
-    if s is None:
-        return "—"
     digits = {"train": 0, "memory": 0, "decode": 1}[quantity]
     one = (lambda v: f"{v:,.{digits}f}")
     unit = " MiB" if quantity == "memory" else ""
@@ -213,8 +214,8 @@ def to_markdown(experiment, records, labels, title=None):
               "length limits, interleaved with the Transformer of the same study in every repeat. Training "
               "words/s: fairseq's `wps` (target tokens per second), median over the logged intervals after "
               "the warm-up; peak training memory: the peak resident set of the fairseq-train process "
-              "(`ru_maxrss` from `os.wait4`), on a GPU the peak CUDA memory torch allocated over the run; decoding: fairseq-generate's own sentences/s (generation time "
-              "only). Values: median over repeats (min–max); ratios: to the Transformer of the same repeat, "
+              "(`ru_maxrss` from `os.wait4`), on a GPU the peak CUDA memory torch allocated over the run; "
+              "decoding: fairseq-generate's own sentences/s (generation time only). Values: median over repeats (min–max); ratios: to the Transformer of the same repeat, "
               "median (min–max).", ""]
     lines += [f"- {provenance(r)}" for r in records] + [""]
     lines += header([lead_name(records)])
