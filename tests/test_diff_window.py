@@ -495,6 +495,25 @@ def test_every_option_changes_the_output(build_model, option, values):
     assert (outputs[0] - outputs[1]).abs().max() > 1e-4
 
 
+def decode_step_by_step(model, src, lengths, tgt, reorders):
+    """Incremental decoder outputs of the last position at every step, with ``reorders`` applied
+    as fairseq's generator applies them, each checked against a full forward; the final state."""
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        state = {}
+        rows = torch.arange(tgt.size(0))
+        for step in range(tgt.size(1)):
+            if step in reorders:
+                order = reorders[step]
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                rows = rows[order]
+            inc = model.decoder(tgt[rows, : step + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
+            full = model.decoder(tgt[rows, : step + 1], encoder_out=model.encoder(src[rows], lengths[rows]))[0][:, -1]
+            torch.testing.assert_close(inc, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"step {step}: {m}")
+    return state, rows
+
+
 @pytest.mark.parametrize("options", [
     ["--diffwin-preset", "enc_aw-cr_aw_seg-dec_mw"],
     ["--diffwin-preset", "none", "--diffwin-decoder", "aw", "--diffwin-cross", "mw", "--diffwin-cross-mask", "segment"],
@@ -511,21 +530,9 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(build_mod
     lengths = lengths.repeat_interleave(beam, 0)
     tgt = torch.cat([tgt, tgt.flip(1)], 0)[[0, 2, 1, 3]]
     tgt[:, 0] = task.target_dictionary.eos()
-    with torch.no_grad():
-        enc = model.encoder(src, lengths)
-        state = {}
-        rows = torch.arange(tgt.size(0))
-        # within-sentence beam reorders, then a finished sentence removed (batch shrinks)
-        reorders = {2: torch.tensor([1, 1, 2, 3]), 4: torch.tensor([0, 1, 3, 2]), 5: torch.tensor([2, 3])}
-        for step in range(tgt.size(1)):
-            if step in reorders:
-                order = reorders[step]
-                model.decoder.reorder_incremental_state_scripting(state, order)
-                enc = model.encoder.reorder_encoder_out(enc, order)
-                rows = rows[order]
-            inc = model.decoder(tgt[rows, : step + 1], encoder_out=enc, incremental_state=state)[0][:, -1]
-            full = model.decoder(tgt[rows, : step + 1], encoder_out=model.encoder(src[rows], lengths[rows]))[0][:, -1]
-            torch.testing.assert_close(inc, full, rtol=1e-9, atol=1e-9)
+    # within-sentence beam reorders, then a finished sentence removed (batch shrinks)
+    reorders = {2: torch.tensor([1, 1, 2, 3]), 4: torch.tensor([0, 1, 3, 2]), 5: torch.tensor([2, 3])}
+    state, rows = decode_step_by_step(model, src, lengths, tgt, reorders)
     # the cached key projections stay one contiguous (B, P, S, d) block through the reorders, the
     # layout a step's product reads without copying the cache
     windows = [m for m in model.decoder.modules() if isinstance(m, WindowPointers)]
@@ -535,6 +542,110 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(build_mod
         assert keys.is_contiguous()
         assert keys.shape[:2] == (rows.numel(), window.num_products) and keys.size(3) == window.embed_dim
         assert keys.size(2) in (tgt.size(1), src.size(1))
+
+
+def beam_batch(task, beam, bsz=3):
+    src, lengths, tgt = toy_batch(task, bsz=bsz, src_len=9, tgt_len=7)
+    src, lengths = src.repeat_interleave(beam, 0), lengths.repeat_interleave(beam, 0)
+    # every hypothesis has its own target prefix
+    gen = torch.Generator().manual_seed(3)
+    tgt = tgt.repeat_interleave(beam, 0)
+    tgt[:, 1:] = torch.randint(4, len(task.target_dictionary), tgt[:, 1:].shape, generator=gen)
+    tgt[:, 0] = task.target_dictionary.eos()
+    return src, lengths, tgt
+
+
+CROSS_WINDOWS = ["--diffwin-preset", "enc_aw-cr_aw_seg-dec_mw", "--diffwin-segment-size", "2", "--dropout", "0"]
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_beam_search_caches_cross_window_keys_once_per_sentence(build_model, finished):
+    """With the generator's beam size, a cross window caches (sentences, P, S, d) and reorders
+    leave it alone until a sentence finishes; every step still equals the full forward."""
+    model, _, task = build_model(*CROSS_WINDOWS)
+    model = model.double()
+    beam = 2
+    model.set_beam_size(beam)
+    src, lengths, tgt = beam_batch(task, beam)
+    reorders = {2: torch.tensor([1, 1, 2, 3, 5, 4]), 4: torch.tensor([0, 0, 3, 2, 4, 5])}
+    if finished:
+        reorders[5] = torch.tensor([0, 1, 4, 5])  # the second sentence finished
+    state, rows = decode_step_by_step(model, src, lengths, tgt, reorders)
+    cross = [m for name, m in windows_of(model).items() if "encoder_attn" in name]
+    assert cross
+    for window in cross:
+        buffer = window._get_input_buffer(state)
+        assert "prev_key_proj" not in buffer
+        keys = buffer["sentence_key_proj"]
+        assert keys.shape[:2] == (rows.numel() // beam, window.num_products) and keys.is_contiguous()
+    # decoder self-attention windows keep one row per hypothesis
+    for name, window in windows_of(model).items():
+        if "self_attn" in name and "decoder" in name:
+            assert window._get_input_buffer(state)["prev_key_proj"].size(0) == rows.numel()
+
+
+def test_reorder_that_splits_a_sentences_beams_falls_back_to_a_row_per_hypothesis(build_model):
+    """Identical sources cached per sentence under a beam size of 2, then decoded as a beam-1
+    generator would (a row dropped alone): the cache becomes one row per hypothesis, still exact."""
+    model, _, task = build_model(*CROSS_WINDOWS)
+    model = model.double()
+    model.set_beam_size(2)
+    src, lengths, tgt = beam_batch(task, 2)
+    state, rows = decode_step_by_step(model, src, lengths, tgt, {3: torch.tensor([0, 1, 3, 4, 5])})
+    for name, window in windows_of(model).items():
+        if "encoder_attn" in name:
+            buffer = window._get_input_buffer(state)
+            assert "sentence_key_proj" not in buffer and buffer["prev_key_proj"].size(0) == rows.numel()
+
+
+def test_stale_beam_size_never_merges_different_sentences(build_model):
+    """A beam size left from an earlier generator: distinct sources keep their own rows."""
+    model, _, task = build_model(*CROSS_WINDOWS)
+    model = model.double()
+    model.set_beam_size(2)
+    src, lengths, tgt = toy_batch(task, bsz=4, src_len=9, tgt_len=7)
+    state, rows = decode_step_by_step(model, src, lengths, tgt, {3: torch.tensor([0, 2, 3])})
+    for name, window in windows_of(model).items():
+        if "encoder_attn" in name:
+            assert window._get_input_buffer(state)["prev_key_proj"].size(0) == rows.numel()
+
+
+def test_decoder_wide_beam_size_keeps_the_cores_caches_per_hypothesis(build_model):
+    """``decoder.set_beam_size`` reaches every submodule: the attention core ignores it (fairseq's
+    beamable shortcut would shrink its per-hypothesis caches to one row per sentence)."""
+    model, _, task = build_model(*CROSS_WINDOWS)
+    model = model.double()
+    model.decoder.set_beam_size(2)
+    src, lengths, tgt = beam_batch(task, 2)
+    decode_step_by_step(model, src, lengths, tgt, {2: torch.tensor([1, 1, 2, 3, 5, 4]), 4: torch.tensor([0, 1, 4, 5])})
+
+
+def test_generator_output_unchanged_by_per_sentence_cache(build_model):
+    """fairseq's SequenceGenerator (beam 3, a sentence finishing early) gives the same hypotheses
+    and scores with the per-sentence cross cache as with a row per hypothesis."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    model, _, task = build_model(*CROSS_WINDOWS)
+    model = model.double()
+    src, lengths, _ = toy_batch(task, bsz=4, src_len=9, tgt_len=7)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+    results = []
+    for per_sentence in (True, False):
+        generator = SequenceGenerator([model], task.target_dictionary, beam_size=3, max_len_b=8)
+        # the generator's beam size reaches every window; 1 restores a row per hypothesis
+        assert {w.beam_size for name, w in windows_of(model).items() if name.startswith("decoder.")} == {3}
+        if not per_sentence:
+            model.set_beam_size(1)
+        with torch.no_grad():
+            results.append(generator.generate([model], sample))
+    for with_cache, without in zip(*results):
+        assert [h["tokens"].tolist() for h in with_cache] == [h["tokens"].tolist() for h in without]
+        torch.testing.assert_close(
+            torch.stack([h["score"] for h in with_cache]), torch.stack([h["score"] for h in without]),
+            rtol=1e-9, atol=1e-9,
+        )
+    lengths_out = {len(h[0]["tokens"]) for h in results[0]}
+    assert len(lengths_out) > 1, "every sentence ended at the same step: no batch shrink was exercised"
 
 
 # ---------------------------------------------------------------- CLI end to end

@@ -19,7 +19,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
 )
 
-from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, build_window
+from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, WindowPointers, build_window
 from ..plugin_options import VALID, Choice, Number, PluginOptionError, fit_layers
 from .biased_transformer import BiasedTransformerModel
 from .family import (
@@ -184,6 +184,13 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             for layer in range(min(args.diffwin_layers, depth[kind]))
         }
         return AttentionPlan(attention_backend_of(args), specs)
+
+    def set_beam_size(self, beam_size: int):
+        """Called by fairseq's generator: the cross-attention windows then cache one row per
+        sentence instead of one per hypothesis (the core's own caches are fairseq's, untouched)."""
+        for module in self.decoder.modules():
+            if isinstance(module, WindowPointers):
+                module.set_beam_size(beam_size)
 
     @classmethod
     def attention_extras(cls, spec, kind, cfg):

@@ -136,6 +136,11 @@ class BiasedMultiheadAttention(MultiheadAttention):
         self.causal_attn_mask = False
         self._future_masks_checked = set()
 
+    def set_beam_size(self, beam_size):
+        """Ignored: this core caches keys per hypothesis, so the beamable shortcut fairseq's
+        ``reorder_incremental_state`` takes once a beam size is set (it expects one cached row per
+        sentence) must stay off."""
+
     # Subclasses that read the probabilities in attend_values (relative value embeddings) set
     # this: it forces the explicit path instead of the fused kernel.
     needs_probabilities = False

@@ -47,7 +47,10 @@ Two ways to use ``m`` (both in :class:`BiasedMultiheadAttention`):
   renormalised over the keys.
 
 In incremental decoding the core caches projected keys but not the key *inputs*, so each window
-caches its own key projections ``K W_KL | K W_KR (| K W_Kl)`` in its incremental state.
+caches its own key projections ``K W_KL | K W_KR (| K W_Kl)`` in its incremental state. Under
+beam search (fairseq's generator calls ``set_beam_size``) cross-attention keeps one copy per
+source sentence, not per hypothesis: every beam of a sentence reads the same static keys, so beam
+reordering leaves that cache alone, and a finished sentence only drops its row.
 """
 
 import math
@@ -174,6 +177,8 @@ class WindowPointers(nn.Module):
         self.key_proj = nn.Linear(self.kdim, num_products * embed_dim, bias=False)
         nn.init.xavier_uniform_(self.query_proj.weight)
         nn.init.xavier_uniform_(self.key_proj.weight)
+        # hypotheses per sentence in beam search (set_beam_size): cross-attention caches per sentence
+        self.beam_size = 1
         # set by the analysis command (man-diffwin-windows) to keep phi_L, phi_R, m of the last call
         self.record = False
         self.last_window: Optional[Dict[str, Optional[Tensor]]] = None
@@ -195,39 +200,96 @@ class WindowPointers(nn.Module):
     def _set_input_buffer(self, incremental_state, buffer: Dict[str, Optional[Tensor]]):
         return self.set_incremental_state(incremental_state, "diffwin_state", buffer)
 
+    def set_beam_size(self, beam_size: int):
+        """fairseq's generator reaches this through the model's ``set_beam_size``."""
+        self.beam_size = beam_size
+
     def reorder_incremental_state(self, incremental_state, new_order: Tensor):
         if incremental_state is None:
             return incremental_state
         buffer = self._get_input_buffer(incremental_state)
         if buffer:
-            for name, value in buffer.items():
-                if value is not None:
+            for name, value in list(buffer.items()):
+                if value is None:
+                    continue
+                if name == "sentence_key_proj":
+                    kept = self._reorder_sentences(value, new_order)
+                    if kept is None:
+                        # not a beam search's reorder: one copy per hypothesis from here on
+                        del buffer[name]
+                        buffer["prev_key_proj"] = value.repeat_interleave(self.beam_size, 0).index_select(0, new_order)
+                    else:
+                        buffer[name] = kept
+                else:
                     buffer[name] = value.index_select(0, new_order)
             incremental_state = self._set_input_buffer(incremental_state, buffer)
         return incremental_state
 
+    def _reorder_sentences(self, keys: Tensor, new_order: Tensor) -> Optional[Tensor]:
+        """The per-sentence cache after a beam search's reorder, or None when ``new_order`` does
+        not keep each sentence's hypotheses together (rows ``i*beam .. i*beam+beam-1``)."""
+        beam = self.beam_size
+        if new_order.size(0) == keys.size(0) * beam:
+            # no sentence finished: beams moved within their sentences, whose keys they share
+            # (fairseq's MultiheadAttention skips its cross-attention caches here too)
+            return keys
+        if new_order.size(0) % beam:
+            return None
+        sentence = torch.div(new_order.view(-1, beam), beam, rounding_mode="floor")
+        if not torch.equal(sentence, sentence[:, :1].expand_as(sentence)):
+            return None
+        return keys.index_select(0, sentence[:, 0])
+
+    def _project_keys(self, key: Tensor) -> Tensor:
+        """(S, B, kdim) key inputs -> (B, P, S, d), a view (the (B, P) merge costs no copy)."""
+        src_len, bsz, _ = key.shape
+        return self.key_proj(key).view(src_len, bsz, self.num_products, self.embed_dim).permute(1, 2, 0, 3)
+
     def _key_projections(self, ctx: AttentionContext) -> Tensor:
-        """``K W_K*`` for every key, (B, P, S, d), through the cache when decoding."""
-        new = None
-        if ctx.key is not None:
-            src_len, bsz, _ = ctx.key.shape
-            new = self.key_proj(ctx.key).view(src_len, bsz, self.num_products, self.embed_dim).permute(1, 2, 0, 3)
+        """``K W_K*`` for every key, (B, P, S, d), through the cache when decoding; (B/beam, P, S, d)
+        for cross-attention under beam search (one row per sentence)."""
         if ctx.incremental_state is None:
-            assert new is not None, "key input is required outside incremental decoding"
-            return new  # a view: (B, P) merge without a copy in the matmul
+            assert ctx.key is not None, "key input is required outside incremental decoding"
+            return self._project_keys(ctx.key)
         buffer = self._get_input_buffer(ctx.incremental_state)
-        prev = buffer.get("prev_key_proj")
-        if new is None:
+        if ctx.key is None:
             # cross-attention after the first step: encoder keys are static
-            assert prev is not None, "no cached key projections for static keys"
-            keys = prev
-        elif ctx.self_attention and prev is not None:
-            keys = torch.cat([prev, new], dim=2)
+            keys = buffer.get("prev_key_proj")
+            if keys is None:
+                keys = buffer.get("sentence_key_proj")
+            assert keys is not None, "no cached key projections for static keys"
+            return keys
+        if ctx.self_attention:
+            new = self._project_keys(ctx.key)
+            prev = buffer.get("prev_key_proj")
+            keys = new.contiguous() if prev is None else torch.cat([prev, new], dim=2)
+            buffer["prev_key_proj"] = keys
         else:
-            keys = new.contiguous()
-        buffer["prev_key_proj"] = keys
+            group = self._sentence_group(ctx)
+            src_len, bsz, kdim = ctx.key.shape
+            key = ctx.key.view(src_len, bsz // group, group, kdim)[:, :, 0]
+            keys = self._project_keys(key).contiguous()
+            buffer.pop("prev_key_proj" if group > 1 else "sentence_key_proj", None)
+            buffer["sentence_key_proj" if group > 1 else "prev_key_proj"] = keys
         self._set_input_buffer(ctx.incremental_state, buffer)
         return keys
+
+    def _sentence_group(self, ctx: AttentionContext) -> int:
+        """``beam_size`` when the static key inputs come in identical groups of that many rows
+        (fairseq's generator repeats each source ``beam`` times), else 1."""
+        beam = self.beam_size
+        src_len, bsz, kdim = ctx.key.shape
+        if beam <= 1 or bsz % beam:
+            return 1
+        # a beam size left from an earlier generator must not merge different sentences
+        rows = ctx.key.view(src_len, bsz // beam, beam, kdim)
+        if not torch.equal(rows, rows[:, :, :1].expand_as(rows)):
+            return 1
+        if ctx.key_padding_mask is not None:
+            pads = ctx.key_padding_mask.view(bsz // beam, beam, -1)
+            if not torch.equal(pads, pads[:, :1].expand_as(pads)):
+                return 1
+        return beam
 
     def products(self, ctx: AttentionContext) -> Tensor:
         """Scaled query-key products (B, P, T, S): pointer logits (masked) and local logits."""
@@ -238,7 +300,16 @@ class WindowPointers(nn.Module):
         src_len = keys.size(2)
         if src_len != ctx.num_keys:
             raise RuntimeError(f"diffwin key cache has {src_len} keys, attention has {ctx.num_keys}")
-        return torch.matmul(queries, keys.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        scale = 1.0 / math.sqrt(d)
+        if keys.size(0) == bsz:
+            return torch.matmul(queries, keys.transpose(-1, -2)) * scale
+        # one key row per sentence: a sentence's beams become extra query rows of one product
+        sentences = keys.size(0)
+        beam = bsz // sentences
+        queries = queries.view(sentences, beam, self.num_products, tgt_len, d).transpose(1, 2)
+        prods = torch.matmul(queries.reshape(sentences, self.num_products, beam * tgt_len, d), keys.transpose(-1, -2))
+        prods = prods.view(sentences, self.num_products, beam, tgt_len, src_len).transpose(1, 2)
+        return prods.reshape(bsz, self.num_products, tgt_len, src_len) * scale
 
     def pointers_and_mask(self, ctx: AttentionContext, pointer_logits: Tensor) -> Tensor:
         """Soft window mask (B, T, S) from pointer logits (B, 2, T, S)."""
