@@ -385,9 +385,14 @@ def test_incremental_decoding_with_beam_reorder_equals_full_forward(options):
     net = sample["net_input"]
     prev = net["prev_output_tokens"].clone()
     prev[prev.eq(d.pad())] = d.eos() + 5  # keep every target position real here
-    # beam search reorders: at step 2 two hypotheses finish and the others are re-sorted
-    # (fairseq's generator shrinks the batch like this); at step 3 a plain permutation
-    orders = {2: torch.tensor([3, 1, 0]), 3: torch.tensor([0, 1, 2])}
+    # a beam of 2: sources 0 and 2 each twice, every hypothesis with its own target prefix
+    beams = torch.tensor([0, 0, 2, 2])
+    net["src_tokens"], net["src_lengths"] = net["src_tokens"][beams], net["src_lengths"][beams]
+    # beam search reorders: at step 1 beams move within their sentences (the cached mask keys are
+    # shared by a sentence's beams and stay in place); at step 2 the first sentence finishes
+    # (fairseq's generator shrinks the batch like this)
+    orders = {1: torch.tensor([1, 1, 3, 2]), 2: torch.tensor([2, 3])}
+    mask_keys = []
     with torch.no_grad():
         enc = model.encoder(net["src_tokens"], net["src_lengths"])
         state = {}
@@ -402,9 +407,14 @@ def test_incremental_decoding_with_beam_reorder_equals_full_forward(options):
                 outs = [o.index_select(0, new_order) for o in outs]
             out, _ = model.decoder(tokens[:, : step + 1], encoder_out=enc, incremental_state=state)
             outs.append(out[:, -1:])
+            mask_keys.append([m.get_incremental_state(state, "mask_key")["mask_key"]
+                              for m in model.modules() if isinstance(m, CalibrationTransform)])
         incremental = torch.cat(outs, 1)
         full = model(src, lengths, tokens)[0]
     torch.testing.assert_close(incremental, full)
+    assert mask_keys[0]
+    assert all(a is b for a, b in zip(mask_keys[0], mask_keys[1]))  # step 1: not copied
+    assert all(k.size(0) == 2 for k in mask_keys[2])  # step 2: the finished sentence's rows dropped
 
 
 def test_every_option_changes_the_output():

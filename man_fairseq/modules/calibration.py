@@ -136,6 +136,10 @@ class CalibrationTransform(nn.Module):
         cached = self.get_incremental_state(incremental_state, "mask_key")
         if cached is None or cached.get("mask_key") is None:
             return incremental_state
+        if cached["mask_key"].size(0) == new_order.size(0):
+            # no sentence finished: beams moved within their sentences, whose encoder keys they
+            # share (fairseq's MultiheadAttention leaves its cross-attention cache alone here too)
+            return incremental_state
         # index_select rejects an out-of-range order itself (no host sync on new_order here)
         self.set_incremental_state(
             incremental_state, "mask_key",

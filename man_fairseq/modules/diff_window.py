@@ -220,7 +220,8 @@ class WindowPointers(nn.Module):
                         buffer["prev_key_proj"] = value.repeat_interleave(self.beam_size, 0).index_select(0, new_order)
                     else:
                         buffer[name] = kept
-                else:
+                elif self.causal or value.size(0) != new_order.size(0):
+                    # cross-attention state is static: only a finished sentence changes it
                     buffer[name] = value.index_select(0, new_order)
             incremental_state = self._set_input_buffer(incremental_state, buffer)
         return incremental_state
