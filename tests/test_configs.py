@@ -83,6 +83,10 @@ def test_training_command_carries_the_paper_values(cfg, tmp_path):
         assert float(_flag(argv, "--clip-norm")) == want["clip"]
     gen = generate_args(cfg, "DATA", "ck.pt", "test", "gpu", "fp16", 64)
     assert float(_flag(gen, "--beam")) == want["beam"] and float(_flag(gen, "--lenpen")) == want["lenpen"]
+    # decoding cuts the sources as training did
+    assert bool(_flag(gen, "--truncate-source", False)) == bool(cfg["train"].get("truncate-source"))
+    if cfg["train"].get("truncate-source"):
+        assert int(_flag(gen, "--max-source-positions")) == cfg["train"]["max-source-positions"]
     if "max_len_b" in want:
         assert int(_flag(gen, "--max-len-b")) == want["max_len_b"]
         assert int(_flag(gen, "--no-repeat-ngram-size")) == want["trigram"]

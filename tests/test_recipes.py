@@ -335,6 +335,23 @@ def test_read_generate_output_orders_by_id():
     assert read_generate_output(text) == ([0, 1], ["hyp a", "hyp b"], ["ref a", "ref b"])
 
 
+def test_decode_cuts_sources_as_training_did(toy_data_bin, tmp_path):
+    """A model trained with --truncate-source at 8 source positions decodes a test set with
+    longer sources (fairseq-generate alone refuses them): every sentence comes back."""
+    from conftest import TINY_TRAIN, USER_DIR, run_cli
+
+    from man_fairseq.recipes.evaluation.decode import decode
+
+    positions = ["--truncate-source", "--max-source-positions", "8"]
+    run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_iwslt_de_en",
+             *TINY_MODEL, *TINY_TRAIN, *positions, "--max-update", "2", "--save-dir", tmp_path / "ckpt"])
+    cfg = {"source_lang": "src", "target_lang": "tgt", "train": {"truncate-source": True, "max-source-positions": 8},
+           "eval": {"beam": 2, "max_len_b": 5, "remove_bpe": ""}}
+    _cmd, ids, hyps, _refs = decode(cfg, toy_data_bin, tmp_path / "ckpt" / "checkpoint_last.pt", "test", "cpu",
+                                    "fp32", 8, tmp_path / "generate.txt")
+    assert ids == list(range(20)) and len(hyps) == 20
+
+
 def test_docs_list_every_row_with_its_command_and_paper_number():
     docs = (REPO / "README.md").read_text()
     for cfg in CONFIGS:
