@@ -495,11 +495,15 @@ def test_every_option_changes_the_output(build_model, option, values):
     assert (outputs[0] - outputs[1]).abs().max() > 1e-4
 
 
-def decode_step_by_step(model, src, lengths, tgt, reorders):
+def decode_step_by_step(model, src, lengths, tgt, reorders, beam=1):
     """Incremental decoder outputs of the last position at every step, with ``reorders`` applied
-    as fairseq's generator applies them, each checked against a full forward; the final state."""
+    as fairseq's generator applies them, each checked against a full forward; the final state.
+    ``beam``: rows come in groups of identical sources, encoded once and repeated as the generator
+    does (encoding the copies apart may differ in the last bit under multi-threaded kernels)."""
     with torch.no_grad():
-        enc = model.encoder(src, lengths)
+        enc = model.encoder(src[::beam], lengths[::beam])
+        if beam > 1:
+            enc = model.encoder.reorder_encoder_out(enc, torch.arange(src.size(0)) // beam)
         state = {}
         rows = torch.arange(tgt.size(0))
         for step in range(tgt.size(1)):
@@ -570,7 +574,7 @@ def test_beam_search_caches_cross_window_keys_once_per_sentence(build_model, fin
     reorders = {2: torch.tensor([1, 1, 2, 3, 5, 4]), 4: torch.tensor([0, 0, 3, 2, 4, 5])}
     if finished:
         reorders[5] = torch.tensor([0, 1, 4, 5])  # the second sentence finished
-    state, rows = decode_step_by_step(model, src, lengths, tgt, reorders)
+    state, rows = decode_step_by_step(model, src, lengths, tgt, reorders, beam=beam)
     cross = [m for name, m in windows_of(model).items() if "encoder_attn" in name]
     assert cross
     for window in cross:
@@ -591,7 +595,7 @@ def test_reorder_that_splits_a_sentences_beams_falls_back_to_a_row_per_hypothesi
     model = model.double()
     model.set_beam_size(2)
     src, lengths, tgt = beam_batch(task, 2)
-    state, rows = decode_step_by_step(model, src, lengths, tgt, {3: torch.tensor([0, 1, 3, 4, 5])})
+    state, rows = decode_step_by_step(model, src, lengths, tgt, {3: torch.tensor([0, 1, 3, 4, 5])}, beam=2)
     for name, window in windows_of(model).items():
         if "encoder_attn" in name:
             buffer = window._get_input_buffer(state)
