@@ -14,9 +14,8 @@ from man_fairseq.modules.diff_window import (
     MultiplicativeWindow,
     WindowPointers,
     build_window,
-    segment_bounds,
-    soft_window_mask,
 )
+from man_fairseq.modules.window_mask import segment_bounds, soft_window_mask
 
 
 # ---------------------------------------------------------------- naive references (float64)

@@ -16,7 +16,7 @@ from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
 from model_families import FAMILIES, LOSS_SCALE, build_family, tokens
 
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
-from man_fairseq.modules.diff_window import soft_window_mask
+from man_fairseq.modules.window_mask import soft_window_mask
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # max |logits - ref| / max |ref| and, per parameter, ||grad - ref|| / ||ref||. Measured worst
