@@ -279,6 +279,8 @@ def test_evaluate_bleu_and_rouge(toy_run, tmp_path):
 
 def test_evaluate_scores_rouge_with_rouge155(toy_run, tmp_path, rouge155_perl):
     """The summarization metric: ROUGE-1.5.5 as files2rouge runs it, hypotheses in the first slot."""
+    import shutil
+
     from man_fairseq import rouge155
 
     run, _ = toy_run
@@ -291,6 +293,17 @@ def test_evaluate_scores_rouge_with_rouge155(toy_run, tmp_path, rouge155_perl):
     direct = rouge155.average_f(rouge155.run(hyps, refs, empty_scores_zero=True)[0])
     assert {k: res["scores"][k] for k in direct} == direct
     assert "| rougeL |" in (dst / "results.md").read_text()
+    assert res["details"]["rouge_references"].startswith("fairseq-generate's target lines")
+
+    # with the references data-prep writes beside the data (test.raw.<tgt>), ROUGE reads those, as the
+    # papers scored, not fairseq's target lines: here they are the hypotheses themselves (100)
+    data = tmp_path / "data-raw"
+    shutil.copytree(yaml.safe_load((run / "config.yaml").read_text())["data"], data)
+    (data / "test.raw.tgt").write_text("\n".join(hyps) + "\n")
+    dst_raw, res_raw = _evaluate_as(run, "rouge", tmp_path, name="raw", extra=["--data", data])
+    assert res_raw["details"]["rouge_references"] == f"raw references {data / 'test.raw.tgt'}"
+    assert (dst_raw / "eval/test.ref").read_text().splitlines() == hyps != refs
+    assert res_raw["scores"] == {"rouge1": 100.0, "rouge2": 100.0, "rougeL": 100.0} != res["scores"]
 
 
 # --------------------------------------------------------------------------------- scoring

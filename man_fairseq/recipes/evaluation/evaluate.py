@@ -13,6 +13,7 @@ line with exit status 2.
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -85,8 +86,10 @@ def training_progress(checkpoint):
 
 
 def raw_reference_file(data, subset, tgt):
-    """The untokenized references data-prep writes beside the binarized data (line i = sentence
-    id i), for sacreBLEU: ``DATA/<subset>.raw.<tgt>``."""
+    """The references as released, which data-prep writes beside the binarized data (line i =
+    sentence id i): ``DATA/<subset>.raw.<tgt>``. sacreBLEU reads them, and so does ROUGE: the
+    summarization papers score against the release's references, not fairseq's target lines (BPE
+    undone, but an unseen character comes back as ``<unk>``)."""
     return Path(data) / f"{subset}.raw.{tgt}"
 
 
@@ -101,17 +104,25 @@ def read_raw_references(path, subset=None):
 
 def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rouge_implementation="rouge155",
                   rouge_exception_db=None):
-    """The config's metric (:func:`.metric.score`) on the decoded ``hyps`` and tokenized ``refs`` of
-    ``subset`` (written to ``eval_dir``, named in errors), as results.json's (scores, details).
-    ``bleu_wmt``'s sacreBLEU reads the untokenized references data-prep writes beside the data, its
-    detokenized hypotheses are written to ``eval_dir/SUBSET.detok.hyp``."""
+    """The config's metric (:func:`.metric.score`) on the decoded ``hyps`` and fairseq's target lines
+    ``refs`` of ``subset`` (written to ``eval_dir``, named in errors), as results.json's (scores, details).
+    ``bleu_wmt``'s sacreBLEU and ROUGE read the references data-prep writes beside the data
+    (:func:`raw_reference_file`). Written: ``eval_dir/SUBSET.ref`` (the references tokenized BLEU or
+    ROUGE scored against) and ``SUBSET.detok.hyp`` (the hypotheses sacreBLEU scored)."""
     ev, tgt = cfg["eval"], cfg.get("target_lang")
     raw_file, detok_file = raw_reference_file(data, subset, tgt), eval_dir / f"{subset}.detok.hyp"
-    # Without the untokenized references (written by data-prep) sacreBLEU falls back to detokenized
-    # tokenized references, and results.json says so: that is not the official sacreBLEU setting.
-    raw_refs = read_raw_references(raw_file) if ev["metric"] == "bleu_wmt" and raw_file.is_file() else None
+    # Without them (an older data folder, a subset data-prep writes none for) sacreBLEU falls back to
+    # detokenized target lines, ROUGE to the target lines, and results.json says so.
+    raw_refs = read_raw_references(raw_file) if ev["metric"] in ("bleu_wmt", "rouge") and raw_file.is_file() else None
     names = Names(f"hypotheses {eval_dir / f'{subset}.hyp'}", f"references {eval_dir / f'{subset}.ref'}",
                   detok_hyps=f"hypotheses {detok_file}", raw_refs=f"references {raw_file}")
+    rouge_refs = None
+    if ev["metric"] == "rouge":
+        rouge_refs = f"fairseq-generate's target lines ({raw_file} not found)"
+        if raw_refs is not None:
+            refs, names, rouge_refs = raw_refs, dataclasses.replace(names, refs=names.raw_refs), f"raw references {raw_file}"
+        raw_refs = None
+    (eval_dir / f"{subset}.ref").write_text("\n".join(refs) + "\n")  # what BLEU or ROUGE scored against
     scored = score(ev["metric"], hyps, refs, raw_refs=raw_refs, target_lang=tgt,
                    rouge_order=rouge_order or ev.get("rouge_order", "hyp-ref"),
                    rouge_implementation=rouge_implementation, rouge_exception_db=rouge_exception_db, names=names,
@@ -120,7 +131,8 @@ def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rou
     if scored.metric == "rouge":
         r = scored.rouge
         details.update(rouge_order=scored.rouge_order, rouge=r, rouge_implementation=r["implementation"],
-                       rouge_exception_db=r.get("exception_db"))  # rouge155 only
+                       rouge_exception_db=r.get("exception_db"),  # rouge155 only
+                       rouge_references=rouge_refs)
         return {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}, details
     details["bleu"] = scored.bleu
     if scored.metric == "bleu_ci":
@@ -148,7 +160,7 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
                                 "check --subset and --data")
         total = subset_size(data, subset, src, tgt)
     metric = cfg["eval"]["metric"]
-    if metric == "bleu_wmt" and raw_reference_file(data, subset, tgt).is_file():
+    if metric in ("bleu_wmt", "rouge") and raw_reference_file(data, subset, tgt).is_file():
         read_raw_references(raw_reference_file(data, subset, tgt),
                             None if total is None else (f"the binarized {subset} set in {folder}", total))
     if metric == "rouge" and rouge_implementation == "rouge155":
@@ -270,9 +282,7 @@ def evaluate(run, args):
                             + (f", ids {ids[0]} to {ids[-1]}" if ids else "")
                             + (f", not its {total:,}" if total is not None else ", not sentences 0 to n-1")
                             + f"; see {generate_log}")
-    hyp_file, ref_file = eval_dir / f"{subset}.hyp", eval_dir / f"{subset}.ref"
-    hyp_file.write_text("\n".join(hyps) + "\n")
-    ref_file.write_text("\n".join(refs) + "\n")
+    (eval_dir / f"{subset}.hyp").write_text("\n".join(hyps) + "\n")
 
     scores, details = score_decoded(cfg, data, subset, hyps, refs, eval_dir, args.rouge_order,
                                     args.rouge_implementation, args.rouge_exception_db)
