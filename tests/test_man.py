@@ -325,6 +325,20 @@ def test_options_reach_the_modules():
     assert small.decoder.layers[0].sublayers == ["san", "cross", "ffn"]
 
 
+def test_dman_zero_init_starts_P_and_U_at_zero_and_leaves_the_other_draws_alone():
+    normal, _ = tiny_man(seed=3)
+    zeros, _ = tiny_man(["--dman-init", "zeros"], seed=3)
+    a, b = normal.state_dict(), zeros.state_dict()
+    biases = [k for k in a if k.endswith(("distance_bias", "head_bias"))]
+    assert len(biases) == 2 * (len(normal.encoder.layers) + len(normal.decoder.layers))  # DMAN everywhere
+    for k in a:
+        if k in biases:
+            assert a[k].abs().min() > 0 and torch.count_nonzero(b[k]) == 0, k
+        else:
+            assert torch.equal(a[k], b[k]), k
+    assert "init=zeros" in repr(zeros.encoder.layers[0].blocks[0].bias_module)
+
+
 def test_pre_norm_option():
     model, task = tiny_man(["--encoder-normalize-before", "--decoder-normalize-before"])
     assert model.encoder.layers[0].normalize_before and model.decoder.layers[0].normalize_before

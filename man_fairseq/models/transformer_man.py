@@ -47,6 +47,12 @@ class MANConfig(FairseqDataclass):
         metadata={"help": "DMAN relative distances |t-s| beyond this share the boundary value (K)",
                   VALID: Number(0, integer=True)},
     )
+    dman_init: ChoiceEnum(["normal", "zeros"]) = field(
+        default="normal",
+        metadata={"help": "initial distance and head biases P, U of the DMAN mask: normal = N(0, 1), as the MAN "
+                  "reference code; zeros = 0, so that the mask starts with no positional preference (not in "
+                  "the paper; docs/gigaword-cpu.md)"},
+    )
     static_mask_window: int = field(
         default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)", VALID: Number(0, integer=True)}
     )

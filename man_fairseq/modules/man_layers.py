@@ -114,7 +114,7 @@ class MANLayer(nn.Module):
 
     def build_mask(self, name: str, cfg, num_heads: int) -> Optional[nn.Module]:
         if name == "dman":
-            return DynamicMaskBias(self.embed_dim, num_heads, cfg.dman_max_relative_distance)
+            return DynamicMaskBias(self.embed_dim, num_heads, cfg.dman_max_relative_distance, init=cfg.dman_init)
         if name == "sman1":
             return StaticWindowBias("sqrt_half_length", causal=self.decoder)
         if name == "sman2":

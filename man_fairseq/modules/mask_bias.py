@@ -44,13 +44,18 @@ class DynamicMaskBias(nn.Module):
     ``w`` is one vector per sublayer (no bias), ``P`` one scalar per signed relative distance
     clipped to ``[-max_relative_distance, max_relative_distance]`` (so any length works) and
     shared by the heads, ``U`` one scalar per head. Initialisation follows the reference code:
-    ``P, U ~ N(0, 1)``, ``w`` Xavier-uniform.
+    ``P, U ~ N(0, 1)``, ``w`` Xavier-uniform; ``init="zeros"`` starts ``P`` and ``U`` at 0 instead.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, max_relative_distance: int = 256):
+    INITS = ("normal", "zeros")
+
+    def __init__(self, embed_dim: int, num_heads: int, max_relative_distance: int = 256, init: str = "normal"):
         super().__init__()
         if max_relative_distance < 0:
             raise ValueError("max_relative_distance must be >= 0")
+        if init not in self.INITS:
+            raise ValueError(f"DMAN init must be one of {self.INITS}, got {init!r}")
+        self.init = init
         self.num_heads = num_heads
         self.max_relative_distance = max_relative_distance
         self.query_weight = nn.Parameter(torch.empty(1, embed_dim))
@@ -60,8 +65,12 @@ class DynamicMaskBias(nn.Module):
 
     def reset_parameters(self):
         nn.init.xavier_uniform_(self.query_weight)
+        # drawn in either case, so that "zeros" leaves every other parameter's draw as "normal" makes it
         nn.init.normal_(self.distance_bias)
         nn.init.normal_(self.head_bias)
+        if self.init == "zeros":
+            nn.init.zeros_(self.distance_bias)
+            nn.init.zeros_(self.head_bias)
 
     def terms(self, ctx: AttentionContext):
         """The three terms of the logits: ``h_t·w`` (B,1,T,1), ``P[t-s]`` (T,S), ``U`` (1,H,1,1)."""
@@ -96,7 +105,7 @@ class DynamicMaskBias(nn.Module):
         return backends.FlexMods(score_mods=[dman])
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, max_relative_distance={self.max_relative_distance}"
+        return f"heads={self.num_heads}, max_relative_distance={self.max_relative_distance}, init={self.init}"
 
 
 class StaticWindowBias(nn.Module):
