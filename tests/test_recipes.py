@@ -342,10 +342,14 @@ def test_moses_detokenize_hand_written():
 
 
 def test_read_generate_output_orders_by_id():
-    from man_fairseq.recipes.evaluation.decode import read_generate_output
+    from man_fairseq.recipes.evaluation.decode import EvaluateError, read_generate_output
 
     text = "S-1\tb\nT-1\tref b\nH-1\t-0.1\thyp b\nD-1\t-0.1\thyp b\nS-0\ta\nT-0\tref a\nH-0\t-0.2\thyp a\n"
     assert read_generate_output(text) == ([0, 1], ["hyp a", "hyp b"], ["ref a", "ref b"])
+    sources_only = "S-1\tb\nH-1\t-0.1\thyp b\nS-0\ta\nH-0\t-0.2\thyp a\n"
+    assert read_generate_output(sources_only, with_targets=False) == ([0, 1], ["hyp a", "hyp b"], None)
+    with pytest.raises(EvaluateError, match="2 hypotheses and 0 targets"):
+        read_generate_output(sources_only)
 
 
 def test_decode_cuts_sources_as_training_did(toy_data_bin, tmp_path):
@@ -363,6 +367,27 @@ def test_decode_cuts_sources_as_training_did(toy_data_bin, tmp_path):
     _cmd, ids, hyps, _refs = decode(cfg, toy_data_bin, tmp_path / "ckpt" / "checkpoint_last.pt", "test", "cpu",
                                     "fp32", 8, tmp_path / "generate.txt")
     assert ids == list(range(20)) and len(hyps) == 20
+
+
+def test_decode_from_sources_alone_ignores_targets_longer_than_the_model(toy_data_bin, tmp_path):
+    """ROUGE reads the release's references, so evaluation decodes the sources alone: a reference
+    longer than the model's target positions (two CNN/DM validation summaries at 512) stops
+    fairseq-generate when it reads the targets, and not when it decodes the sources alone."""
+    from conftest import TINY_TRAIN, USER_DIR, run_cli
+
+    from man_fairseq.recipes.evaluation.decode import EvaluateError, decode
+
+    run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_iwslt_de_en",
+             *TINY_MODEL, *TINY_TRAIN, "--max-target-positions", "6", "--skip-invalid-size-inputs-valid-test",
+             "--max-update", "2", "--save-dir", tmp_path / "ckpt"])
+    cfg = {"source_lang": "src", "target_lang": "tgt", "eval": {"beam": 2, "max_len_b": 4, "remove_bpe": ""}}
+    args = (cfg, toy_data_bin, tmp_path / "ckpt" / "checkpoint_last.pt", "test", "cpu", "fp32", 8)
+    with pytest.raises(EvaluateError, match="fairseq-generate failed"):
+        decode(*args, tmp_path / "with-targets.txt")
+    _cmd, ids, hyps, refs = decode(*args, tmp_path / "generate.txt", sources_only=True)
+    assert ids == list(range(20)) and len(hyps) == 20 and refs is None
+    assert sorted(p.name for p in (tmp_path / "test-sources").iterdir()) == [
+        "dict.src.txt", "dict.tgt.txt", "test.src-tgt.src.bin", "test.src-tgt.src.idx"]
 
 
 def test_docs_list_every_row_with_its_command_and_paper_number():

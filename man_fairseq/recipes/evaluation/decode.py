@@ -5,6 +5,7 @@ Called directly by every recipe that decodes: ``scripts/evaluate.sh`` (:mod:`.ev
 studies (:mod:`..studies.study_eval`) and ``scripts/demo.py``.
 """
 
+import os
 import time
 from pathlib import Path
 
@@ -17,8 +18,9 @@ class EvaluateError(RuntimeError):
     """What stops an evaluation; ``main`` prints it as one ``ERROR:`` line (exit status 2)."""
 
 
-def read_generate_output(text):
-    """{id: (hypothesis, target)} from fairseq-generate's H-/T- lines (hypothesis = top beam)."""
+def read_generate_output(text, with_targets=True):
+    """(ids, hypotheses, targets) from fairseq-generate's H-/T- lines (hypothesis = top beam);
+    targets None when decoded ``with_targets=False`` (from the sources alone)."""
     hyps, refs = {}, {}
     for line in text.splitlines():
         if line.startswith("H-"):
@@ -27,10 +29,32 @@ def read_generate_output(text):
         elif line.startswith("T-"):
             idx, *rest = line[2:].split("\t")
             refs[int(idx)] = rest[0] if rest else ""
-    if set(hyps) != set(refs):
+    if set(hyps) != set(refs) and (with_targets or refs):
         raise EvaluateError(f"generate output has {len(hyps)} hypotheses and {len(refs)} targets")
     ids = sorted(hyps)
-    return ids, [hyps[i] for i in ids], [refs[i] for i in ids]
+    return ids, [hyps[i] for i in ids], [refs[i] for i in ids] if with_targets else None
+
+
+def sources_view(data, subset, src, tgt, dest):
+    """A data folder ``dest`` holding links to ``data``'s dictionaries and to the source side of
+    ``subset`` only. fairseq-generate decodes it without targets, so it checks no target length: a
+    reference longer than the model's target positions (CNN/DM validation articles 4,493 and
+    11,529: 687 and 1,949 BPE pieces) cannot stop it. Rebuilt at each call (``dest`` is the
+    caller's own). Returns ``dest``."""
+    import shutil
+
+    data, dest = Path(str(data).split(os.pathsep)[0]).resolve(), Path(dest)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    # fairseq-preprocess names a pair either way round (fairseq's translation task reads both)
+    pair = next((p for p in (f"{src}-{tgt}", f"{tgt}-{src}") if (data / f"{subset}.{p}.{src}.idx").is_file()),
+                f"{src}-{tgt}")
+    names = [f"dict.{src}.txt", f"dict.{tgt}.txt"] + [f"{subset}.{pair}.{src}.{ext}" for ext in ("bin", "idx")]
+    for name in names:
+        if not (data / name).is_file():
+            raise EvaluateError(f"{data / name}: not found (the binarized {subset} set); check --data")
+        os.symlink(data / name, dest / name)
+    return dest
 
 
 def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
@@ -85,9 +109,14 @@ def run_generate(cmd, log_path, total=None, every_s=10.0):
     return "".join(lines)
 
 
-def decode(cfg, data, checkpoint, subset, device, precision, batch_size, log_path, total=None):
+def decode(cfg, data, checkpoint, subset, device, precision, batch_size, log_path, total=None, sources_only=False):
     """Decode ``subset`` of ``data`` with ``checkpoint`` as ``cfg['eval']`` says; returns (the
-    command, sentence ids, hypotheses, targets)."""
+    command, sentence ids, hypotheses, targets). ``sources_only``: decode the sources alone
+    (:func:`sources_view`, beside ``log_path``), for a metric that reads the release's references
+    (ROUGE); the targets are then None."""
+    if sources_only:
+        data = sources_view(data, subset, cfg["source_lang"], cfg["target_lang"],
+                            Path(log_path).parent / f"{subset}-sources")
     cmd = ["fairseq-generate"] + generate_args(cfg, data, checkpoint, subset, device, precision, batch_size)
-    ids, hyps, refs = read_generate_output(run_generate(cmd, log_path, total))
+    ids, hyps, refs = read_generate_output(run_generate(cmd, log_path, total), with_targets=not sources_only)
     return cmd, ids, hyps, refs

@@ -274,8 +274,10 @@ def evaluate(run, args):
     num_updates, epochs_completed = training_progress(checkpoint)
 
     generate_log = eval_dir / f"generate-{subset}.txt"
+    # ROUGE reads the release's references: decode from the sources alone when data-prep wrote them
+    sources_only = bool(src) and cfg["eval"]["metric"] == "rouge" and raw_reference_file(data, subset, tgt).is_file()
     gen_cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
-                                      generate_log, total)
+                                      generate_log, total, sources_only=sources_only)
     if ids != list(range(len(ids))) or (total is not None and len(ids) != total):
         # line i of the raw references is sentence i: every sentence must be decoded, once
         raise EvaluateError(f"fairseq-generate decoded {len(ids):,} sentences of `{subset}`"

@@ -108,8 +108,9 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
             data = sampled_split(args.data, subset, manifest["source_lang"], tgt, sample,
                                  run / "eval" / f"{subset}-sample")
             release_name += "; " + describe(len(sample), manifest["counts"][subset])
+        # ROUGE reads the release's references only: decoded from the sources alone (no target length check)
         cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
-                                      run / "eval" / f"generate-{subset}.txt")
+                                      run / "eval" / f"generate-{subset}.txt", sources_only=metric == "rouge")
         ref_path, raw_refs = read_references(args.data, manifest, subset, sample)
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "
