@@ -105,7 +105,8 @@ def read_raw_references(path, subset=None):
 def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rouge_implementation="rouge155",
                   rouge_exception_db=None):
     """The config's metric (:func:`.metric.score`) on the decoded ``hyps`` and fairseq's target lines
-    ``refs`` of ``subset`` (written to ``eval_dir``, named in errors), as results.json's (scores, details).
+    ``refs`` of ``subset`` (None when decoded from the sources alone; written to ``eval_dir``, named in
+    errors), as results.json's (scores, details).
     ``bleu_wmt``'s sacreBLEU and ROUGE read the references data-prep writes beside the data
     (:func:`raw_reference_file`). Written: ``eval_dir/SUBSET.ref`` (the references tokenized BLEU or
     ROUGE scored against) and ``SUBSET.detok.hyp`` (the hypotheses sacreBLEU scored)."""
