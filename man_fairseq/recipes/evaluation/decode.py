@@ -6,6 +6,7 @@ studies (:mod:`..studies.study_eval`) and ``scripts/demo.py``.
 """
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -41,8 +42,6 @@ def sources_view(data, subset, src, tgt, dest):
     reference longer than the model's target positions (CNN/DM validation articles 4,493 and
     11,529: 687 and 1,949 BPE pieces) cannot stop it. Rebuilt at each call (``dest`` is the
     caller's own). Returns ``dest``."""
-    import shutil
-
     data, dest = Path(str(data).split(os.pathsep)[0]).resolve(), Path(dest)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)

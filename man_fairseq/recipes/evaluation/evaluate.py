@@ -85,6 +85,10 @@ def training_progress(checkpoint):
     return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
 
 
+# the metrics that read raw_reference_file when data-prep wrote it: sacreBLEU of bleu_wmt, and ROUGE
+RAW_REFERENCE_METRICS = ("bleu_wmt", "rouge")
+
+
 def raw_reference_file(data, subset, tgt):
     """The references as released, which data-prep writes beside the binarized data (line i =
     sentence id i): ``DATA/<subset>.raw.<tgt>``. sacreBLEU reads them, and so does ROUGE: the
@@ -114,7 +118,7 @@ def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rou
     raw_file, detok_file = raw_reference_file(data, subset, tgt), eval_dir / f"{subset}.detok.hyp"
     # Without them (an older data folder, a subset data-prep writes none for) sacreBLEU falls back to
     # detokenized target lines, ROUGE to the target lines, and results.json says so.
-    raw_refs = read_raw_references(raw_file) if ev["metric"] in ("bleu_wmt", "rouge") and raw_file.is_file() else None
+    raw_refs = read_raw_references(raw_file) if ev["metric"] in RAW_REFERENCE_METRICS and raw_file.is_file() else None
     names = Names(f"hypotheses {eval_dir / f'{subset}.hyp'}", f"references {eval_dir / f'{subset}.ref'}",
                   detok_hyps=f"hypotheses {detok_file}", raw_refs=f"references {raw_file}")
     rouge_refs = None
@@ -161,7 +165,7 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
                                 "check --subset and --data")
         total = subset_size(data, subset, src, tgt)
     metric = cfg["eval"]["metric"]
-    if metric in ("bleu_wmt", "rouge") and raw_reference_file(data, subset, tgt).is_file():
+    if metric in RAW_REFERENCE_METRICS and raw_reference_file(data, subset, tgt).is_file():
         read_raw_references(raw_reference_file(data, subset, tgt),
                             None if total is None else (f"the binarized {subset} set in {folder}", total))
     if metric == "rouge" and rouge_implementation == "rouge155":
