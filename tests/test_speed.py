@@ -67,6 +67,18 @@ def test_an_untrained_model_and_other_batches_are_marked():
     assert "† decoded an **untrained** model" in md and "‡ its batches differed" in md
 
 
+def test_a_trained_model_is_never_compared_with_an_untrained_ones_decoding():
+    mixed = record([run_of(1, "transformer", [5, 1000], 500, 20.0, tokens=8),
+                    run_of(1, "man", [1, 800], 600, 5.0, tokens=31)])
+    mixed["checkpoints"]["man"]["trained"] = False
+    man = speed_table.summarize(mixed)[1]
+    assert not man["decode_comparable"] and man["decode_ratio"] is None and man["train_ratio"] is not None
+    md = speed_table.to_markdown("gigaword-cpu", [mixed], FAMILY_LABELS)
+    assert "| 1 | MAN (small, DMAN enc.) | 800 | 0.80× | 600 MiB | 1.20× | 5.0 | — § |" in md
+    assert "§ one of this family's and the Transformer's decoded models was trained" in md
+    assert "(the study's trained seed-1 checkpoints of transformer)" in md
+
+
 def test_readme_block_lists_every_record_and_is_replaced_in_place(tmp_path):
     records = tmp_path / "speed"
     records.mkdir()
@@ -145,6 +157,12 @@ def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
     assert found["transformer"]["path"] == str(ckpt) and found["transformer"]["trained"]
     assert found["transformer"]["bytes"] == 7 and not found["transformer"]["finished"]
     assert not (tmp_path / "work").exists()  # nothing trained
+    args.checkpoint_seed = 2  # another seed's run is another folder
+    seed2 = args.runs_dir / "transformer-seed2" / "checkpoints" / "checkpoint_last.pt"
+    seed2.parent.mkdir(parents=True)
+    seed2.write_bytes(b"other weights")
+    found = speed.checkpoints(["transformer"], {}, args, tmp_path / "work", 1)
+    assert found["transformer"]["path"] == str(seed2) and found["transformer"]["seed"] == 2
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -14,8 +14,8 @@ of the machine's load hits them alike (ratios are taken within a repeat):
 * **decoding**: fairseq-generate with the config's generation settings
   (:func:`..evaluation.decode.generate_args`) on a fixed sample of ``--decode-sentences`` pairs of
   the data's first test set (:mod:`..evaluation.test_sample`), with the study's trained checkpoint
-  (``RUNS/<family>-seed1/checkpoints/checkpoint_last.pt``) when it exists, else with a model trained
-  for one update (the record says which). Sentences/s: fairseq-generate's own "Translated N
+  (``RUNS/<family>-seed<S>/checkpoints/checkpoint_last.pt``, ``--checkpoint-seed S``, default 1) when it
+  exists, else with a model trained for one update (the record says which). Sentences/s: fairseq-generate's own "Translated N
   sentences ... (X sentences/s)" line (generation time only).
 
 ``OMP_NUM_THREADS`` (and MKL's) is the thread count measured, for every fairseq process. Each thread
@@ -171,11 +171,12 @@ def checkpoints(families, cfgs, args, work, setting):
     trained for one update in ``work`` (so that fairseq-generate has a checkpoint to load)."""
     found = {}
     for fam in families:
-        run = args.runs_dir / f"{fam}-seed1"
+        run = args.runs_dir / f"{fam}-seed{args.checkpoint_seed}"
         trained = run / "checkpoints" / "checkpoint_last.pt"
         if trained.is_file():
             stat = trained.stat()
-            found[fam] = {"path": str(trained), "trained": True, "finished": (run / ".train.done").is_file(),
+            found[fam] = {"path": str(trained), "trained": True, "seed": args.checkpoint_seed,
+                          "finished": (run / ".train.done").is_file(),
                           "bytes": stat.st_size, "modified": datetime.datetime.fromtimestamp(
                               stat.st_mtime, datetime.timezone.utc).isoformat(timespec="seconds")}
             if args.fairseq_args:  # training takes them, the study's checkpoint was trained without them
@@ -216,7 +217,8 @@ def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
               "settings": {"repeats": args.repeats, "updates": args.updates, "log_interval": args.log_interval,
                            "warmup_intervals": WARMUP_INTERVALS, "seed": SEED, "test_set": subset,
                            "decode_sentences": len(ids), "sample_seed": SAMPLE_SEED, "batch_size": args.batch_size,
-                           "fairseq_args": list(args.fairseq_args), "skip_decoding": args.skip_decoding},
+                           "fairseq_args": list(args.fairseq_args), "skip_decoding": args.skip_decoding,
+                           "checkpoint_seed": args.checkpoint_seed},
               "checkpoints": ckpts, "runs": []}
     name = speed_table.setting_name(record)
     for repeat in range(1, args.repeats + 1):
@@ -295,6 +297,8 @@ def parser():
                    help="fairseq-generate sentences per batch (the studies' default)")
     p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
     p.add_argument("--runs-dir", default=None, help="the study's runs, for trained checkpoints (default runs/EXPERIMENT)")
+    p.add_argument("--checkpoint-seed", type=number("--checkpoint-seed", low=1), default=1,
+                   help="decode the study's runs of this seed (RUNS/FAMILY-seedS; default %(default)s)")
     p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
     p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")

@@ -113,14 +113,17 @@ def summarize(record):
         values = [run_values(runs[fam], warmup) for runs in repeats]
         base = [run_values(runs[baseline], warmup) for runs in repeats]
         decoded = all(runs[fam]["decode"] for runs in repeats)
-        row = {"family": fam, "threads": record["threads"],
-               "trained": record["checkpoints"][fam]["trained"] if decoded else True,
+        trained = record["checkpoints"][fam]["trained"] if decoded else True
+        row = {"family": fam, "threads": record["threads"], "trained": trained,
+               # a trained model's outputs end where an untrained one's run to the length limit
+               "decode_comparable": not decoded or trained == record["checkpoints"][baseline]["trained"],
                "same_batches": all(runs[fam]["train"]["wpb"] == runs[baseline]["train"]["wpb"] for runs in repeats),
                "out_len": spread([runs[fam]["decode"]["tokens"] / runs[fam]["decode"]["sentences"] for runs in repeats])
                if decoded else None}
         for q, _ in QUANTITIES:
             row[q] = spread([v[q] for v in values])
-            row[q + "_ratio"] = None if fam == baseline or row[q] is None else spread(
+            row[q + "_ratio"] = None if fam == baseline or row[q] is None or (
+                q == "decode" and not row["decode_comparable"]) else spread(
                 [v[q] / b[q] for v, b in zip(values, base)])
         rows.append(row)
     return rows
@@ -153,9 +156,11 @@ def table_rows(rows, labels, lead=()):
                 cells += ["—", "—"]
                 continue
             ratio = fmt_ratio(row[q + "_ratio"])
+            if q == "decode" and not row["decode_comparable"]:
+                ratio = "— §"
             if q == "train" and not row["same_batches"]:
                 ratio += " ‡"
-            if q == "decode" and not row["trained"]:
+            if q == "decode" and not row["trained"] and row["decode_comparable"]:
                 ratio += " †"
             cells += [fmt_value(row[q], q), ratio]
         lines.append("| " + " | ".join(cells) + " |")
@@ -173,6 +178,9 @@ def footnotes(summaries):
     if any(not row["trained"] for rows in summaries for row in rows):
         notes.append("† decoded an **untrained** model (no trained checkpoint of the study was found): its output "
                      "lengths are not a trained model's, so its decoding speed says little of what users pay.")
+    if any(not row["decode_comparable"] for rows in summaries for row in rows):
+        notes.append("§ one of this family's and the Transformer's decoded models was trained and the other not: "
+                     "their outputs differ in length, so no decoding ratio is given.")
     if any(not row["same_batches"] for rows in summaries for row in rows):
         notes.append("‡ its batches differed from the Transformer's (fairseq's words per batch differ): "
                      "the training ratio compares different work.")
@@ -187,6 +195,10 @@ def provenance(record):
              if on_gpu(record) else f"{record['cpu']} ({record['cpu_count']} cores)")
     decoded = ("no decoding" if s.get("skip_decoding")
                else f"{s['decode_sentences']} sentences of `{s['test_set']}` decoded at batch {s['batch_size']}")
+    trained = sorted(f for f, c in record.get("checkpoints", {}).items() if c.get("trained"))
+    if trained and not s.get("skip_decoding"):
+        decoded += (f" (the study's trained seed-{s.get('checkpoint_seed', 1)} checkpoints of "
+                    f"{', '.join(trained)})")
     return (f"{setting_name(record) if on_gpu(record) else threads}: `{record['command']}` — commit "
             f"{record['commit']}, {where}, {record['date']}, load average "
             f"{load(record['loadavg_before'])} before → {load(record['loadavg_after'])} after; {s['repeats']} repeat(s), "
