@@ -5,18 +5,16 @@ the Transformer of the same study, on one thread and on two.
 For each thread count, each repeat runs every family in turn, the Transformer first, so that a drift
 of the machine's load hits them alike (ratios are taken within a repeat):
 
-* **training**: fairseq-train with the family's config, its command built by the launcher of
-  ``scripts/train.sh`` (:func:`..training.launch.launch_command`), for ``--updates`` updates on the
-  data-bin with seed 1 (the same batches for every family), no validation, no checkpoint
-  (``--no-save``; its save folder is a temporary one). Words/s: fairseq's ``wps`` of each
-  ``--log-interval`` in its log; peak memory: the ``ru_maxrss`` of the fairseq-train process, from
-  ``os.wait4`` on it.
+* **training**: fairseq-train with the family's config (the launcher of ``scripts/train.sh``,
+  :func:`..training.launch.launch_command`), ``--updates`` updates with seed 1 (the same batches for
+  every family), ``--no-save`` in a temporary folder. Words/s: fairseq's ``wps`` of each
+  ``--log-interval``; peak memory: the fairseq-train process's ``ru_maxrss`` (``os.wait4``).
 * **decoding**: fairseq-generate with the config's generation settings
-  (:func:`..evaluation.decode.generate_args`) on a fixed sample of ``--decode-sentences`` pairs of
-  the data's first test set (:mod:`..evaluation.test_sample`), with the study's trained checkpoint
-  (``RUNS/<family>-seed<S>/checkpoints/checkpoint_last.pt``, ``--checkpoint-seed S``, default 1) when it
-  exists, else with a model trained for one update (the record says which). Sentences/s: fairseq-generate's own "Translated N
-  sentences ... (X sentences/s)" line (generation time only).
+  (:func:`..evaluation.decode.generate_args`) on a fixed sample of ``--decode-sentences`` pairs of the
+  data's first test set (:mod:`..evaluation.test_sample`), with the study's trained checkpoint
+  (``RUNS/<family>-seed<S>/checkpoints/checkpoint_last.pt``, ``--checkpoint-seed S``, default 1) when
+  it exists, else a model trained for one update (the record says which). Sentences/s:
+  fairseq-generate's own "Translated N sentences ... (X sentences/s)" (generation time only).
 
 ``OMP_NUM_THREADS`` (and MKL's) is the thread count measured, for every fairseq process. Each thread
 count's record, ``RESULTS/speed/<experiment>-threads<T>.json``, holds every raw number; the table
