@@ -175,7 +175,7 @@ def header(lead):
 
 def footnotes(summaries):
     notes = []
-    if any(not row["trained"] for rows in summaries for row in rows):
+    if any(not row["trained"] and row["decode_comparable"] for rows in summaries for row in rows):
         notes.append("† decoded an **untrained** model (no trained checkpoint of the study was found): its output "
                      "lengths are not a trained model's, so its decoding speed says little of what users pay.")
     if any(not row["decode_comparable"] for rows in summaries for row in rows):
