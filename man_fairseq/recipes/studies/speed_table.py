@@ -156,11 +156,11 @@ def table_rows(rows, labels, lead=()):
                 cells += ["—", "—"]
                 continue
             ratio = fmt_ratio(row[q + "_ratio"])
-            if q == "decode" and not row["decode_comparable"]:
-                ratio = "— §"
             if q == "train" and not row["same_batches"]:
                 ratio += " ‡"
-            if q == "decode" and not row["trained"] and row["decode_comparable"]:
+            if q == "decode" and not row["decode_comparable"]:
+                ratio = "— §"
+            elif q == "decode" and not row["trained"]:
                 ratio += " †"
             cells += [fmt_value(row[q], q), ratio]
         lines.append("| " + " | ".join(cells) + " |")
