@@ -24,9 +24,18 @@ traceback); every other exception keeps its traceback.
 A fourth: fairseq 0.12 turns ``--bf16`` into ``--tpu`` (``options.parse_args_and_arch``: bf16 was a
 TPU mode when it was written), so ``fairseq-train --bf16`` on a GPU asks torch_xla for a device and
 dies (``'NoneType' object has no attribute 'xla_device'``). ``--tpu`` is now set only when given.
+
+A fifth: ``--no-repeat-ngram-size`` (the summarization papers' trigram blocking) does nothing
+wherever fairseq's CUDA kernel for it is not in use (on CPU, and on a GPU where the extension was
+not built): since fairseq commit 8ca4813 its Python fallback compares the last n-1 entries of the
+whole (padded) token buffer with the earlier n-grams, which never match (fairseq issues 4709,
+5206), so beam search repeats n-grams freely and exits 0. The fallback now bans what the CUDA
+kernel bans: every token that would complete an n-gram already in the hypothesis (its leading
+end-of-sentence included).
 """
 
 import logging
+import math
 import os
 import re
 import sys
@@ -35,6 +44,7 @@ import numpy as np
 import torch
 from fairseq import options
 from fairseq.data import data_utils
+from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.tasks.translation import TranslationTask
 
 logger = logging.getLogger(__name__)
@@ -116,6 +126,31 @@ def inference_step(self, generator, models, sample, prefix_tokens=None, constrai
     return hypos
 
 
+def banned_ngram_completions(tokens, step, n):
+    """(rows, tokens) to ban at ``step`` under ``--no-repeat-ngram-size n``: for each row of
+    ``tokens`` (the generator's buffer; positions ``0..step`` are the hypothesis so far, from its
+    leading end-of-sentence), the token that followed each earlier occurrence of its last n-1
+    tokens. The rule of fairseq's CUDA kernel (``ngram_repeat_block_cuda_kernel.cu``)."""
+    start = step + 2 - n  # where the n-gram that the next token would complete begins
+    if start <= 0:
+        return tokens.new_empty(0), tokens.new_empty(0)
+    hyp = tokens[:, : step + 1]
+    if n == 1:
+        matches = torch.ones(hyp.size(0), start, dtype=torch.bool, device=hyp.device)
+    else:
+        earlier = hyp.unfold(1, n - 1, 1)[:, :start]  # (rows, start, n-1): the (n-1)-grams at 0..start-1
+        matches = (earlier == hyp[:, start:].unsqueeze(1)).all(-1)
+    rows, at = matches.nonzero(as_tuple=True)
+    return rows, hyp[rows, at + n - 1]
+
+
+def _no_repeat_ngram(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
+    """``NGramRepeatBlock``'s CPU path, banning what the CUDA kernel bans (:func:`banned_ngram_completions`)."""
+    rows, banned = banned_ngram_completions(tokens, step, self.no_repeat_ngram_size)
+    lprobs[rows, banned] = -math.inf
+    return lprobs
+
+
 _original_parse_args_and_arch = options.parse_args_and_arch
 
 
@@ -170,5 +205,6 @@ def apply():
     data_utils.batch_by_size = batch_by_size
     TranslationTask.inference_step = inference_step
     options.parse_args_and_arch = parse_args_and_arch
+    NGramRepeatBlock._no_repeat_ngram = _no_repeat_ngram
     if not getattr(sys.excepthook, "prints_plugin_option_errors", False):  # once per process
         sys.excepthook = print_plugin_option_errors(sys.excepthook)

@@ -33,6 +33,20 @@ def test_fingerprint_follows_what_decides_a_run(tmp_path):
     assert with_data != sr.config_fingerprint(cfg, [], 1, tmp_path) != fp
 
 
+def test_records_of_blocking_configs_name_how_ngrams_were_blocked(monkeypatch):
+    """Records decoded while fairseq's CPU path blocked no n-gram are stale; their runs are rescored,
+    not retrained, and studies without blocking keep their fingerprints."""
+    giga = load_config(CONFIG_DIR / "gigaword-cpu" / "transformer.yaml")
+    m30k = load_config(CONFIG_DIR / "multi30k-cpu" / "man.yaml")
+    assert giga["eval"]["no_repeat_ngram_size"] == 3 and not m30k["eval"].get("no_repeat_ngram_size")
+    before = [sr.config_fingerprint(giga, [], 1), sr.config_fingerprint(giga, [], 1, keys=sr.TRAINING_KEYS),
+              sr.config_fingerprint(m30k, [], 1)]
+    monkeypatch.setattr(sr, "NGRAM_BLOCKING", "none (fairseq's CPU fallback)")
+    after = [sr.config_fingerprint(giga, [], 1), sr.config_fingerprint(giga, [], 1, keys=sr.TRAINING_KEYS),
+             sr.config_fingerprint(m30k, [], 1)]
+    assert before[0] != after[0] and before[1:] == after[1:]
+
+
 def test_records_round_trip_and_refuse_incomplete_writes(tmp_path):
     r = record("man", 2)
     path = sr.write_record(tmp_path, r, {"test": ["a", "b", "c"]})

@@ -42,6 +42,12 @@ ROUGE_TEST_SET_FIELDS = ("name", "n_sentences", "rouge1", "rouge2", "rougeL", "r
                          "rouge_implementation")
 
 
+# How --no-repeat-ngram-size was applied in decoding, in the fingerprint of every record whose config
+# blocks n-grams: records decoded before fairseq_fixes restored the blocking on CPU (fairseq's Python
+# fallback blocked nothing) lack it, so they are stale and rescored from their checkpoints.
+NGRAM_BLOCKING = "as fairseq's CUDA kernel"
+
+
 class RecordError(ValueError):
     pass
 
@@ -70,6 +76,8 @@ def config_fingerprint(cfg, fairseq_args, seed, data=None, options=None, keys=FI
     changed = {k: v for k, v in (options or {}).items() if k not in defaults or v != defaults[k]}
     if changed:  # absent at the defaults: the hash of every record made before this key existed
         content["run_options"] = changed
+    if "eval" in keys and (cfg.get("eval") or {}).get("no_repeat_ngram_size"):
+        content["ngram_blocking"] = NGRAM_BLOCKING
     if data is not None:
         content["dictionaries"] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
                                    for p in sorted(Path(data).glob("dict.*.txt"))}
