@@ -145,7 +145,8 @@ def banned_ngram_completions(tokens, step, n):
 
 
 def _no_repeat_ngram(self, tokens, lprobs, bsz: int, beam_size: int, step: int):
-    """``NGramRepeatBlock``'s CPU path, banning what the CUDA kernel bans (:func:`banned_ngram_completions`)."""
+    """``NGramRepeatBlock``'s fallback (CPU, or CUDA without fairseq's extension), banning what the
+    CUDA kernel bans (:func:`banned_ngram_completions`)."""
     rows, banned = banned_ngram_completions(tokens, step, self.no_repeat_ngram_size)
     lprobs[rows, banned] = -math.inf
     return lprobs
