@@ -1,8 +1,6 @@
 """--no-repeat-ngram-size (the summarization configs' trigram blocking) bans what fairseq's CUDA
 kernel bans, on CPU too, where the fork's Python fallback banned nothing (fairseq_fixes)."""
 
-import itertools
-
 import pytest
 import torch
 from conftest import TINY_MODEL, USER_DIR, run_cli
@@ -24,6 +22,20 @@ def kernel_bans(tokens, step, n):
     return bans
 
 
+def generator_buffer(rows, width, step, gen):
+    """The sequence generator's token buffer at ``step``: end-of-sentence first, a hypothesis of three
+    word types (so n-grams repeat) up to ``step``, padding after it."""
+    tokens = torch.full((rows, width), 1, dtype=torch.long)
+    tokens[:, 0] = 2
+    tokens[:, 1: step + 1] = torch.randint(3, 6, (rows, step), generator=gen)
+    return tokens
+
+
+def bans_of(lprobs):
+    """The (row, token) pairs set to -inf."""
+    return {tuple(x) for x in torch.isinf(lprobs).nonzero().tolist()}
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_cpu_blocking_bans_what_the_cuda_kernel_bans(n):
     gen = torch.Generator().manual_seed(n)
@@ -31,13 +43,8 @@ def test_cpu_blocking_bans_what_the_cuda_kernel_bans(n):
     blocker = NGramRepeatBlock(n, use_extension=False)
     banned_any = False
     for step in range(width - 1):
-        # the generator's buffer: end-of-sentence first, the hypothesis up to step, padding after it
-        tokens = torch.full((bsz * beam, width), 1, dtype=torch.long)
-        tokens[:, 0] = 2
-        tokens[:, 1: step + 1] = torch.randint(3, 6, (bsz * beam, step), generator=gen)
-        lprobs = torch.zeros(bsz * beam, vocab)
-        out = blocker(tokens, lprobs, bsz, beam, step)
-        got = {(r, v) for r, v in itertools.product(range(bsz * beam), range(vocab)) if out[r, v] == -float("inf")}
+        tokens = generator_buffer(bsz * beam, width, step, gen)
+        got = bans_of(blocker(tokens, torch.zeros(bsz * beam, vocab), bsz, beam, step))
         assert got == kernel_bans(tokens, step, n), (n, step)
         banned_any |= bool(got)
     assert banned_any  # three word types repeat: the test sees bans, not only their absence
