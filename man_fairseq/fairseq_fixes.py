@@ -32,18 +32,32 @@ whole (padded) token buffer with the earlier n-grams, which never match (fairseq
 5206), so beam search repeats n-grams freely and exits 0. The fallback now bans what the CUDA
 kernel bans: every token that would complete an n-gram already in the hypothesis (its leading
 end-of-sentence included).
+
+A sixth: ``fairseq-train`` that stops before the end of an epoch (``--max-update``, ``--stop-time-hours``)
+can die at exit with ``terminate called without an active exception`` (SIGABRT, exit status -6)
+after its last checkpoint is written. fairseq collates the next batches in a daemon thread
+(``iterators.BackgroundConsumer``); when the interpreter shuts down while that thread is inside a
+torch operator that released the GIL, Python < 3.14 ends the thread with ``pthread_exit`` as it
+takes the GIL back, and the unwinding through pybind11's GIL guard calls ``std::terminate``. At
+exit those threads are now told to stop after the batch in hand and are waited for (their queues
+drained so that none waits to put), before the interpreter shuts down.
 """
 
+import atexit
 import logging
 import math
 import os
+import queue
 import re
 import sys
+import threading
+import time
+import weakref
 
 import numpy as np
 import torch
 from fairseq import options
-from fairseq.data import data_utils
+from fairseq.data import data_utils, iterators
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.tasks.translation import TranslationTask
 
@@ -202,10 +216,45 @@ def print_plugin_option_errors(previous):
     return hook
 
 
+_exiting = threading.Event()
+_consumers = weakref.WeakSet()
+_fork_consumer_init = iterators.BackgroundConsumer.__init__
+CONSUMER_STOP_SECONDS = 60  # one batch in hand; a stuck source keeps fairseq's own behaviour after this
+
+
+def _until_exit(source):
+    for item in source:
+        if _exiting.is_set():
+            return
+        yield item
+
+
+def consumer_init(self, queue_, source, max_len, cuda_device):
+    _fork_consumer_init(self, queue_, _until_exit(source), max_len, cuda_device)
+    _consumers.add(self)
+
+
+def stop_background_consumers(timeout=CONSUMER_STOP_SECONDS):
+    """Stop fairseq's batch-collating threads before the interpreter shuts down (see the sixth fix)."""
+    _exiting.set()
+    deadline = time.monotonic() + timeout
+    for consumer in list(_consumers):
+        while consumer.is_alive() and time.monotonic() < deadline:
+            try:
+                while True:  # room in its queue, so that a thread waiting to put goes on and sees the flag
+                    consumer._queue.get_nowait()
+            except queue.Empty:
+                pass
+            consumer.join(0.05)
+
+
 def apply():
     data_utils.batch_by_size = batch_by_size
     TranslationTask.inference_step = inference_step
     options.parse_args_and_arch = parse_args_and_arch
     NGramRepeatBlock._no_repeat_ngram = _no_repeat_ngram
+    if iterators.BackgroundConsumer.__init__ is not consumer_init:  # once per process
+        iterators.BackgroundConsumer.__init__ = consumer_init
+        atexit.register(stop_background_consumers)
     if not getattr(sys.excepthook, "prints_plugin_option_errors", False):  # once per process
         sys.excepthook = print_plugin_option_errors(sys.excepthook)
