@@ -121,6 +121,7 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     assert "| Transformer (small) |" in md and "| MAN (small, DMAN enc.) |" in md and "Lead-8" in md
     lead = next(r for r in table["references"] if r["what"].startswith("Lead-8"))
     assert lead["rouge1"] > 50  # the toy titles are the articles' first 4 words
+    assert lead["lead_subset"] == "test"  # the figure draws it as the score panels' baseline line
     assert "ROUGE-1/2/L" in out and (results / "gigaword-cpu.png").stat().st_size > 10_000
     # another exception database is another scoring: today's records do not match it
     again = run(cmd[:cmd.index("--")] + ["--rouge-exception-db", "wordnet", "--table-only"] + cmd[cmd.index("--"):],

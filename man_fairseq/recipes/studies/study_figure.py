@@ -14,7 +14,8 @@ def _short(label):
 
 
 def plot_study(records, families, labels, panels, path, title):
-    """``panels``: [(title, score of a record or None)], one dot panel each, then the loss panel."""
+    """``panels``: [(title, score of a record or None[, (label, value) of a baseline line or None])], one dot
+    panel each, then the loss panel."""
     from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
@@ -22,10 +23,15 @@ def plot_study(records, families, labels, panels, path, title):
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 6.5, 4.8), dpi=110,
                              gridspec_kw={"width_ratios": [1] * len(panels) + [1.7]})
-    for ax, (name, score) in zip(axes[:-1], panels):
+    for ax, (name, score, *line) in zip(axes[:-1], panels):
         base = [v for v in (score(r) for r in records if r["family"] == BASELINE) if v is not None]
         if base:
             ax.axhspan(min(base), max(base), color="0.85", zorder=0)
+        if line and line[0]:
+            label, value = line[0]
+            ax.axhline(value, color="0.35", ls="--", lw=1, zorder=1)
+            ax.annotate(f"{label} {value:.2f}", (0, value), xycoords=("axes fraction", "data"), xytext=(3, 3),
+                        textcoords="offset points", fontsize=7, color="0.25")
         for i, fam in enumerate(fams):
             vals = [v for v in (score(r) for r in sorted(records, key=lambda r: r["seed"]) if r["family"] == fam)
                     if v is not None]

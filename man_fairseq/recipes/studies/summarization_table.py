@@ -109,7 +109,7 @@ def references_table(dataset, data, manifest, exception_db, order, samples):
             _, refs = read_references(data, manifest, subset, samples[subset])
             lead = [lead_of(line) for line in articles]
             r = score("rouge", lead, refs, rouge_order=order, rouge_exception_db=exception_db).rouge
-            rows.append({"what": f"{what}, {release}", "metric":
+            rows.append({"what": f"{what}, {release}", "lead_subset": subset, "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})
     for row in PAPER_ROWS.get(dataset, ()):
@@ -176,9 +176,12 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
                                       samples)
     png = results_dir / f"{experiment}.png"
     subset = next(iter(manifest["test_sets"]))
-    panels = [(f"{NAMES[k]}, {manifest['test_sets'][subset]}",
-               lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None) for k in KEYS]
-    plot_study(current, families, labels, panels, png, exp["title"].split(":")[0])
+    lead = next((row for row in reference_rows if row.get("lead_subset") == subset), None)
+    panels = [(NAMES[k], lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None,
+               (lead["what"].split(" (")[0], lead[k]) if lead else None) for k in KEYS]
+    # the scored set on a line of its own: its name is longer than a panel is wide
+    plot_study(current, families, labels, panels, png,
+               f"{exp['title'].split(':')[0]}\nscored on: {manifest['test_sets'][subset]}")
     meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
                        + option_flags(args, exp.get("device"))
