@@ -245,6 +245,27 @@ def test_train_seconds_count_each_finished_epoch_once_across_kills(tmp_path):
     assert fairseq_log.epoch_seconds(tmp_path / "missing.log") == (0, 0)
 
 
+def test_train_seconds_keep_what_a_killed_start_saved_mid_epoch(tmp_path):
+    # --save-interval-updates: attempt 1 saves twice in epoch 1 and is killed 10 minutes after the
+    # second save; attempt 2 resumes from that save, ends epoch 1, saves once in epoch 2, is killed;
+    # attempt 3 resumes there and finishes
+    start = "{} | INFO | fairseq_cli.train | {{'_name': None, 'common': {{}}}}\n"
+    begin = "{} | INFO | fairseq.trainer | begin training epoch {}\n"
+    saved = "{} | INFO | fairseq.checkpoint_utils | Saved checkpoint ckpt/checkpoint_1_{}.pt (epoch 1 @ {} updates)\n"
+    end = "{} | INFO | fairseq_cli.train | end of epoch {} (average epoch stats below)\n"
+    log = tmp_path / "train.log"
+    log.write_text(start.format("2026-11-27 05:00:00") + begin.format("2026-11-27 05:00:10", 1)
+                   + saved.format("2026-11-27 05:30:10", 250, 250) + saved.format("2026-11-27 06:00:10", 500, 500)
+                   + "2026-11-27 06:10:10 | INFO | train_inner | epoch 001:    600 / 900 loss=9.1\n"
+                   + start.format("2026-11-27 09:00:00") + begin.format("2026-11-27 09:00:05", 1)
+                   + saved.format("2026-11-27 09:40:05", 900, 900) + end.format("2026-11-27 09:40:05", 1)
+                   + begin.format("2026-11-27 09:40:06", 2) + saved.format("2026-11-27 09:50:06", 1000, 1000)
+                   + start.format("2026-11-27 12:00:00") + begin.format("2026-11-27 12:00:02", 2)
+                   + saved.format("2026-11-27 12:50:02", 1800, 1800) + end.format("2026-11-27 12:50:02", 2))
+    # epoch 1: 60 min kept of attempt 1 (not its last 10) + 40 min; epoch 2: 10 min + 50 min
+    assert fairseq_log.epoch_seconds(log) == (160 * 60.0, 3)
+
+
 def test_prepare_rejects_nonstandard_sizes_and_missing_files(tmp_path):
     folder = synthetic_release(tmp_path / "raw")
     proc = run([REPO / "data-prep" / "prepare-multi30k.sh", "--from", folder, "--work", tmp_path / "w",

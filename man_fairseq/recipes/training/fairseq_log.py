@@ -42,8 +42,10 @@ INNER_RE = re.compile(r"epoch (\d+):\s+(\d+) / (\d+) .*?num_updates=(\d+).*?, wa
 STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \| INFO \| "
 EPOCH_RE = re.compile(STAMP + r"(?:fairseq\.trainer \| (begin) training epoch|fairseq_cli\.train \| (end) of epoch) (\d+)",
                       re.M)
-# the config dump fairseq-train writes first on every start (a resumed run appends to the same log)
-START_RE = re.compile(r"\| fairseq_cli\.train \| \{'_name'", re.M)
+# a start (the config dump fairseq-train writes first; a resumed run appends to the same log), an
+# epoch's begin, a checkpoint saved, an epoch's end
+EVENT_RE = re.compile(STAMP + r"(?:fairseq_cli\.train \| (\{)'_name'|fairseq\.trainer \| (begin) training epoch \d+"
+                      r"|fairseq\.checkpoint_utils \| (Saved) checkpoint|fairseq_cli\.train \| (end) of epoch \d+)", re.M)
 
 
 def valid_curve(train_log):
@@ -63,22 +65,33 @@ def model_params(train_log):
 
 
 def epoch_seconds(train_log):
-    """(seconds of the epochs the final model went through, fairseq-train starts) from the log.
+    """(seconds of training the final model went through, fairseq-train starts) from the log.
 
-    Each epoch counts once, from its "begin training epoch N" to its "end of epoch N" (the last
-    attempt that finished it wins), so a run killed and resumed is timed like one that never
-    stopped: the part of an epoch lost to a kill is not counted, nor is start-up. Measured from the
-    log because a killed launcher never gets to write down its own time.
+    Each start's stretch of an epoch counts from its "begin training epoch N" to its "end of epoch
+    N", or, where the start was killed before the epoch ended, to its last "Saved checkpoint" in
+    that epoch (the next start resumes from there; a run that saves mid-epoch, every
+    ``--save-interval-updates``, keeps that part). So a run killed and resumed is timed like one
+    that never stopped: the work lost to a kill (after the last save) is not counted, nor is
+    start-up. Validation and checkpointing inside an epoch count. Measured from the log because a
+    killed launcher never gets to write down its own time.
     """
     text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
-    begun, seconds = {}, {}
-    for stamp, begin, end, epoch in EPOCH_RE.findall(text):
+    seconds, attempts, begun, kept = 0.0, 0, None, None
+    for stamp, start, begin, saved, end in EVENT_RE.findall(text):
         t = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
-        if begin:
-            begun[int(epoch)] = t
-        elif int(epoch) in begun:
-            seconds[int(epoch)] = t - begun[int(epoch)]
-    return sum(seconds.values()), len(START_RE.findall(text))
+        if start or begin:  # a new start, or a new epoch: what the last one kept is counted
+            if begun is not None and kept is not None:
+                seconds += kept - begun
+            begun, kept = (t if begin else None), None
+            attempts += bool(start)
+        elif saved:
+            kept = t
+        elif end and begun is not None:
+            seconds += t - begun
+            begun, kept = None, None
+    if begun is not None and kept is not None:
+        seconds += kept - begun
+    return seconds, attempts
 
 
 def epochs_ended(train_log):
