@@ -122,6 +122,11 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     lead = next(r for r in table["references"] if r["what"].startswith("Lead-8"))
     assert lead["rouge1"] > 50  # the toy titles are the articles' first 4 words
     assert lead["lead_subset"] == "test"  # the figure draws it as the score panels' baseline line
+    # the toy titles are their article's first words: every word and bigram is found there
+    assert table["references_copying"]["test"] == {"words": 1.0, "bigrams": 1.0,
+                                                   "bigrams_chance": table["references_copying"]["test"]["bigrams_chance"]}
+    copied = table["summary"]["man"]["test_sets"]["test"]["copying"][0]
+    assert 0 <= copied["words"] <= 1 and "| from its article: words / bigrams |" in md
     assert "ROUGE-1/2/L" in out and (results / "gigaword-cpu.png").stat().st_size > 10_000
     # another exception database is another scoring: today's records do not match it
     again = run(cmd[:cmd.index("--")] + ["--rouge-exception-db", "wordnet", "--table-only"] + cmd[cmd.index("--"):],

@@ -1,7 +1,8 @@
 """A summarization study's table (``scripts/reproduce.sh gigaword-cpu``), rebuilt from its run
 records alone: ROUGE-1/2/L F1 per family (mean ± sample standard deviation over seeds), the
-difference to the Transformer of the same seed, a paired bootstrap over documents against it, a
-lead baseline and the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
+difference to the Transformer of the same seed, a paired bootstrap over documents against it, how
+much of each family's summaries (and of the references) their articles contain, a lead baseline and
+the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
 ``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
 """
 
@@ -9,6 +10,7 @@ import json
 
 from ...tables import mean_std
 from ..config import CONFIG_DIR, load_config
+from ..evaluation.copying import copying
 from ..evaluation.metric import score
 from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap, per_document_f
 from ..evaluation.test_sample import sample_ids
@@ -56,7 +58,13 @@ def significance(records, records_dir, refs, n_samples):
     return out
 
 
-def summarize(records, families, labels, boot):
+def copying_of_runs(records, records_dir, articles):
+    """{(family, seed, subset): the copying of its hypotheses} (:func:`..evaluation.copying.copying`)."""
+    return {(r["family"], r["seed"], subset): copying(read_hypotheses(records_dir, r, subset), articles[subset])
+            for r in records for subset in r["test_sets"] if subset in articles}
+
+
+def summarize(records, families, labels, boot, copied):
     summary = {}
     base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     for fam in families:
@@ -73,6 +81,7 @@ def summarize(records, families, labels, boot):
                 s[k] = values
                 s[f"{k}_mean_std"] = mean_std(values)
                 s[f"delta_{k}"] = round(sum(diffs) / len(diffs), 2) if diffs else None
+            s["copying"] = [copied.get((fam, r["seed"], subset)) for r in fr]
             if fam != BASELINE:
                 s["paired_bootstrap"] = [boot.get((fam, r["seed"], subset)) for r in fr]
             entry["test_sets"][subset] = s
@@ -121,13 +130,22 @@ def references_table(dataset, data, manifest, exception_db, order, samples):
     return rows
 
 
-def to_markdown(summary, meta, stale, reference_rows):
+def _copied(values):
+    """'words / bigrams' found in the article, the mean over seeds."""
+    values = [v for v in values if v]
+    if not values:
+        return "–"
+    return " / ".join("–" if any(v[k] is None for v in values) else f"{sum(v[k] for v in values) / len(values):.2f}"
+                      for k in ("words", "bigrams"))
+
+
+def to_markdown(summary, meta, stale, reference_rows, reference_copying):
     lines = header_lines(meta, f"data: {meta['subset']}")
     for subset, release in meta["test_sets"].items():
         lines += [f"## {release}", "",
-                  "| family | params | train min (mean) | R-1 | R-2 | R-L | Δ R-1 / R-2 / R-L vs Transformer | "
-                  "paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| family | params | train min (mean) | R-1 | R-2 | R-L | from its article: words / bigrams | "
+                  "Δ R-1 / R-2 / R-L vs Transformer | paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for fam, e in summary.items():
             s = e["test_sets"].get(subset)
             if s is None:
@@ -142,7 +160,17 @@ def to_markdown(summary, meta, stale, reference_rows):
                                                   for k in KEYS)
                     for seed, b in zip(e["seeds"], s.get("paired_bootstrap") or []) if b) or "–"
             lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | "
-                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {delta} | {pcol} |")
+                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {_copied(s.get('copying') or [])} | {delta} | {pcol} |")
+        ref = reference_copying.get(subset)
+        if ref:
+            lines += ["", f"From its article: of all the summaries' words (bigrams), the share found in their own article, "
+                          f"pooled over the documents (lowercase tokens, sentence tags dropped). The references: "
+                          f"{_copied([ref])}. Chance level (each summary against the next document's article), "
+                          f"bigrams: the references {ref['bigrams_chance']:.2f}, "
+                          + ", ".join(f"{e['label']} {sum(c['bigrams_chance'] for c in cs) / len(cs):.2f}"
+                                      for e in summary.values()
+                                      for cs in [[c for c in e["test_sets"].get(subset, {}).get("copying", []) if c]]
+                                      if cs) + "."]
         lines.append("")
     lines += ["For reference (not comparable runs):", "", "| what | R-1 | R-2 | R-L | how scored |", "|---|---|---|---|---|"]
     lines += [f"| {r['what']} | {r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['metric']} |"
@@ -170,7 +198,10 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     refs = {subset: read_references(args.data, manifest, subset, samples[subset])[1] for subset in manifest["test_sets"]}
     log("paired bootstrap over documents against the Transformer of the same seed")
     boot = significance(current, records_dir, refs, args.bootstrap_samples)
-    summary = summarize(current, families, labels, boot)
+    articles = {subset: read_test_lines(args.data, manifest["sources"][subset], f"the articles of {subset}",
+                                        samples[subset])[1] for subset in manifest["test_sets"]}
+    summary = summarize(current, families, labels, boot, copying_of_runs(current, records_dir, articles))
+    reference_copying = {subset: copying(refs[subset], articles[subset]) for subset in manifest["test_sets"]}
     first = next(iter(current[0]["test_sets"].values()))
     reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"],
                                       samples)
@@ -190,5 +221,6 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
             "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
                           "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),
             "png": png.name, "scored": scored_checkpoints(current)})
-    return write_table(results_dir, experiment, to_markdown(summary, meta, stale, reference_rows),
-                       {"meta": meta, "summary": summary, "references": reference_rows}, boot, current, stale, png, log)
+    return write_table(results_dir, experiment, to_markdown(summary, meta, stale, reference_rows, reference_copying),
+                       {"meta": meta, "summary": summary, "references": reference_rows,
+                        "references_copying": reference_copying}, boot, current, stale, png, log)
