@@ -106,18 +106,15 @@ def record_samples(records, manifest):
     return samples
 
 
-def references_table(dataset, data, manifest, exception_db, order, samples):
-    """Rows for the lead baseline (computed here, on the runs' test sample ``samples[subset]`` where
-    there is one) and the published numbers (from the configs)."""
+def references_table(dataset, manifest, exception_db, order, articles, refs):
+    """Rows for the lead baseline (computed here, on the articles and references the runs were scored
+    on, ``{subset: lines}``) and the published numbers (from the configs)."""
     rows = []
     if dataset in LEADS:
         what, lead_of = LEADS[dataset]
         for subset, release in manifest["test_sets"].items():
-            _, articles = read_test_lines(data, manifest["sources"][subset], f"the articles of {subset}",
-                                          samples[subset])
-            _, refs = read_references(data, manifest, subset, samples[subset])
-            lead = [lead_of(line) for line in articles]
-            r = score("rouge", lead, refs, rouge_order=order, rouge_exception_db=exception_db).rouge
+            lead = [lead_of(line) for line in articles[subset]]
+            r = score("rouge", lead, refs[subset], rouge_order=order, rouge_exception_db=exception_db).rouge
             rows.append({"what": f"{what}, {release}", "lead_subset": subset, "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})
@@ -130,13 +127,17 @@ def references_table(dataset, data, manifest, exception_db, order, samples):
     return rows
 
 
+def _share(values, key):
+    """The mean over seeds of one share of :func:`..evaluation.copying.copying`, as the table prints it."""
+    values = [v for v in values if v]
+    if not values or any(v[key] is None for v in values):
+        return "–"
+    return f"{sum(v[key] for v in values) / len(values):.2f}"
+
+
 def _copied(values):
     """'words / bigrams' found in the article, the mean over seeds."""
-    values = [v for v in values if v]
-    if not values:
-        return "–"
-    return " / ".join("–" if any(v[k] is None for v in values) else f"{sum(v[k] for v in values) / len(values):.2f}"
-                      for k in ("words", "bigrams"))
+    return f"{_share(values, 'words')} / {_share(values, 'bigrams')}"
 
 
 def to_markdown(summary, meta, stale, reference_rows, reference_copying):
@@ -166,11 +167,9 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying):
             lines += ["", f"From its article: of all the summaries' words (bigrams), the share found in their own article, "
                           f"pooled over the documents (lowercase tokens, sentence tags dropped). The references: "
                           f"{_copied([ref])}. Chance level (each summary against the next document's article), "
-                          f"bigrams: the references {ref['bigrams_chance']:.2f}, "
-                          + ", ".join(f"{e['label']} {sum(c['bigrams_chance'] for c in cs) / len(cs):.2f}"
-                                      for e in summary.values()
-                                      for cs in [[c for c in e["test_sets"].get(subset, {}).get("copying", []) if c]]
-                                      if cs) + "."]
+                          f"bigrams: the references {_share([ref], 'bigrams_chance')}, "
+                          + ", ".join(f"{e['label']} {_share(e['test_sets'][subset]['copying'], 'bigrams_chance')}"
+                                      for e in summary.values() if subset in e["test_sets"]) + "."]
         lines.append("")
     lines += ["For reference (not comparable runs):", "", "| what | R-1 | R-2 | R-L | how scored |", "|---|---|---|---|---|"]
     lines += [f"| {r['what']} | {r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['metric']} |"
@@ -203,8 +202,8 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     summary = summarize(current, families, labels, boot, copying_of_runs(current, records_dir, articles))
     reference_copying = {subset: copying(refs[subset], articles[subset]) for subset in manifest["test_sets"]}
     first = next(iter(current[0]["test_sets"].values()))
-    reference_rows = references_table(exp["dataset"], args.data, manifest, first["exception_db"], first["rouge_order"],
-                                      samples)
+    reference_rows = references_table(exp["dataset"], manifest, first["exception_db"], first["rouge_order"], articles,
+                                      refs)
     png = results_dir / f"{experiment}.png"
     subset = next(iter(manifest["test_sets"]))
     lead = next((row for row in reference_rows if row.get("lead_subset") == subset), None)
