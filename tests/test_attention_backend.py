@@ -67,6 +67,11 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
         (dict(backend="flex", device_type="cuda", dtype=BF16, has_mask=True, flex_supported=True, dropout=True),
          SDPA, (EFFICIENT, MATH)),
         (dict(backend="flex", device_type="cpu", dtype=F32, has_mask=True, flex_supported=True, requires_grad=True), SDPA, ()),
+        # ... and a head dimension under 16 on CUDA (flex's compiled kernel rejects it); 16 runs
+        (dict(backend="flex", device_type="cuda", dtype=F16, has_mask=True, flex_supported=True, head_dim=8),
+         SDPA, (EFFICIENT, MATH)),
+        (dict(backend="flex", device_type="cuda", dtype=F16, has_mask=True, flex_supported=True, head_dim=16), FLEX, ()),
+        (dict(backend="flex", device_type="cpu", dtype=F64, has_mask=True, flex_supported=True, head_dim=8), FLEX, ()),
     ],
 )
 def test_kernel_policy(kwargs, path, kernels):
@@ -368,6 +373,18 @@ def test_flex_falls_back_where_it_cannot_run():
     with torch.no_grad():
         _, w = attn(x, x, x, need_weights=True)
     assert w is not None and attn.last_kernel.path == EXPLICIT
+
+
+def test_the_head_dimension_reaches_the_kernel_choice(monkeypatch):
+    """flex's CUDA fallback for small heads (see test_kernel_policy) depends on the core passing D."""
+    seen = []
+    choose = backends.choose_kernel
+    monkeypatch.setattr(backends, "choose_kernel", lambda *a, **kw: seen.append(kw["head_dim"]) or choose(*a, **kw))
+    attn = make_attention(DynamicMaskBias(C, H))
+    x = inputs(5)
+    with torch.no_grad():
+        attn(x, x, x, need_weights=False)
+    assert seen == [C // H]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@
   Falls back to ``auto`` (:func:`choose_kernel` says why) where flex cannot run: a bias module
   without ``flex_mods`` (the differentiable windows' cumulative sums), a
   post-softmax transform (calibration, multiplicative windows), returned attention weights,
-  attention dropout > 0 (flex has no dropout), and training on CPU (flex has no CPU backward).
+  attention dropout > 0 (flex has no dropout), training on CPU (flex has no CPU backward), and a
+  head dimension under 16 on CUDA (flex's compiled kernel needs at least 16).
 * ``explicit``: ``softmax(q k^T * scale + mask)`` written out, the reference path.
 
 Whatever the option, a post-softmax transform, returned weights or a subclass that reads the
@@ -45,6 +46,9 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 # flex lengths are padded up to a multiple of this (flex's own block size) when compiled
 FLEX_BUCKET = 128
+# flex's compiled CUDA kernel rejects smaller head dimensions ("NYI: embedding dimension of the query,
+# key, and value must be at least 16", torch 2.11 on an H200)
+FLEX_MIN_HEAD_DIM = 16
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ def choose_kernel(
     flex_supported: bool = False,
     dropout: bool = False,
     requires_grad: bool = False,
+    head_dim: Optional[int] = None,
 ) -> KernelChoice:
     """The attention kernel for one call: a pure function of what the call needs.
 
@@ -79,6 +84,7 @@ def choose_kernel(
         flex_supported: the bias module (if any) provides ``flex_mods``.
         dropout: attention dropout is active (training with ``--attention-dropout`` > 0).
         requires_grad: a backward pass will follow (q, k, v or the bias need gradients).
+        head_dim: the per-head dimension of q, k and v.
     """
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {ATTENTION_BACKENDS}")
@@ -94,6 +100,8 @@ def choose_kernel(
             fallback = "flex: attention dropout is not supported by flex_attention; "
         elif requires_grad and device_type == "cpu":
             fallback = "flex: no backward on CPU; "
+        elif device_type == "cuda" and head_dim is not None and head_dim < FLEX_MIN_HEAD_DIM:
+            fallback = f"flex: head dimension {head_dim} < {FLEX_MIN_HEAD_DIM} (flex_attention's CUDA kernel); "
         else:
             return KernelChoice(FLEX, reason="--attention-backend flex")
         backend = "auto"

@@ -263,6 +263,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
             flex_supported=self.bias_module is None or hasattr(self.bias_module, "flex_mods"),
             dropout=dropout_p > 0,
             requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+            head_dim=min(q.size(-1), v.size(-1)),
         )
         self.last_kernel = choice
         if choice.path == backends.FLEX:

@@ -54,7 +54,9 @@ def test_one_train_step_in_half_precision(toy_data_bin, tmp_path, family, precis
 @pytest.fixture(scope="module")
 def trained_man(toy_data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("gpu_man")
-    train(toy_data_bin, save, "man", "fp16", backend="flex", extra=["--max-epoch", "3"])
+    # 2 heads: head dimension 16, the least flex's CUDA kernel takes (with 4 it would fall back to auto)
+    train(toy_data_bin, save, "man", "fp16", backend="flex",
+          extra=["--max-epoch", "3", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"])
     return save / "checkpoint_best.pt"
 
 
