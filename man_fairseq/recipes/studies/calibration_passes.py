@@ -38,14 +38,15 @@ PHASES = {
 }
 
 
-def build(cfg, data):
-    """(task, model, criterion, fairseq cfg) of a study config, parsed as fairseq-train parses it."""
+def build(cfg, data, extra=()):
+    """(task, model, criterion, fairseq cfg) of a study config, parsed as fairseq-train parses it
+    (``extra``: more fairseq-train arguments)."""
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from ..training.launch import train_args
 
-    argv = train_args(cfg, "/nonexistent-save-dir", device="cpu", precision="fp32", data=data, extra=["--seed", 1])
+    argv = train_args(cfg, "/nonexistent-save-dir", device="cpu", precision="fp32", data=data, extra=["--seed", 1, *extra])
     parser = options.get_training_parser()
     fs_cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, argv))
     utils.import_user_module(fs_cfg.common)
