@@ -17,7 +17,8 @@ from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 # every user-facing command: the console scripts of setup.py, the recipes behind scripts/*.sh and
 # data-prep/*.sh, and the Python scripts
 RECIPES = ["evaluation.evaluate", "checks.gpu_check", "training.launch", "training.lr_probe", "studies.reproduce",
-           "studies.speed", "studies.calibration_passes", "evaluation.results_table", "checks.smoke", "training.sublayer_grads"]
+           "studies.speed", "studies.calibration_passes", "studies.profile_update", "evaluation.results_table", "checks.smoke",
+           "training.sublayer_grads", "data.head_subset"]
 # data-prep/_prepare.py runs these without the plugin package: fairseq is never imported, so the root
 # logger keeps Python's default (WARNING), and they draw nothing
 DATA_PREP = ["data.prepare", "data.multi30k"]

@@ -16,6 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ...logging_setup import quiet_logging
 from .dataprep import PrepError
 
 
@@ -76,6 +77,7 @@ def parse_pairs(text):
 
 
 def main(argv=None):
+    quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 prog="python -m man_fairseq.recipes.data.head_subset")
     p.add_argument("data", help="a prepared data folder (with its <dataset>.json)")
