@@ -4,6 +4,8 @@ FlexAttention has no backward on CPU, so its CPU checks are forward passes under
 (eager, unfused); gradients are compared in tests/gpu/.
 """
 
+import logging
+
 import pytest
 import torch
 from conftest import TINY_MODEL, build_fairseq_model
@@ -373,6 +375,25 @@ def test_flex_falls_back_where_it_cannot_run():
     with torch.no_grad():
         _, w = attn(x, x, x, need_weights=True)
     assert w is not None and attn.last_kernel.path == EXPLICIT
+
+
+def test_a_flex_fallback_is_reported_once_per_cause(monkeypatch, caplog):
+    from man_fairseq.modules import biased_attention
+
+    monkeypatch.setattr(biased_attention, "_REPORTED_FLEX_FALLBACKS", set())
+    attn = make_attention(DynamicMaskBias(C, H))
+    attn.attention_backend = "flex"
+    x = inputs(5)
+    with caplog.at_level(logging.WARNING, logger="man_fairseq.modules.biased_attention"):
+        attn(x, x, x, need_weights=False)  # CPU with gradients
+        attn(x, x, x, need_weights=False)
+        with torch.no_grad():
+            attn(x, x, x, need_weights=False)  # flex runs: nothing to say
+            attn(x, x, x, need_weights=True)  # the weights are needed: the explicit path
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["--attention-backend flex: no backward on CPU: these attention calls run sdpa instead",
+                        "--attention-backend flex: the probabilities are needed (post-softmax transform or weights): "
+                        "these attention calls run explicit instead"], messages
 
 
 def test_the_head_dimension_reaches_the_kernel_choice(monkeypatch):

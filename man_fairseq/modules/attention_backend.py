@@ -18,8 +18,8 @@
   ``(B, H, T, S)`` tensor; compiled (``torch.compile``) on CUDA with lengths bucketed to multiples
   of :data:`FLEX_BUCKET` so that variable sentence lengths reuse a few compiled kernels. It is not
   ``auto``'s choice: its GPU speed is not measured yet (docs/benchmarks.md).
-  Falls back to ``auto`` (:func:`choose_kernel` says why) where flex cannot run: a bias module
-  without ``flex_mods`` (the differentiable windows' cumulative sums), a
+  Falls back to ``auto`` (:func:`choose_kernel` says why; the core logs each cause once) where flex
+  cannot run: a bias module without ``flex_mods`` (the differentiable windows' cumulative sums), a
   post-softmax transform (calibration, multiplicative windows), returned attention weights,
   attention dropout > 0 (flex has no dropout), training on CPU (flex has no CPU backward), and a
   head dimension under 16 on CUDA (flex's compiled kernel needs at least 16).

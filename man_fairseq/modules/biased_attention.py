@@ -21,6 +21,7 @@ incremental-state buffers and beam reordering are fairseq's own, and the layer c
 fairseq can use it as a drop-in replacement.
 """
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
@@ -30,6 +31,17 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
 from . import attention_backend as backends
+
+logger = logging.getLogger(__name__)
+_REPORTED_FLEX_FALLBACKS = set()
+
+
+def report_flex_fallback(choice: "backends.KernelChoice") -> None:
+    """Say once per process and cause that an attention asked for ``flex`` runs another path."""
+    cause = choice.reason.split("; ")[0].removeprefix("flex: ")
+    if cause not in _REPORTED_FLEX_FALLBACKS:
+        _REPORTED_FLEX_FALLBACKS.add(cause)
+        logger.warning(f"--attention-backend flex: {cause}: these attention calls run {choice.path} instead")
 
 
 @dataclass
@@ -266,6 +278,8 @@ class BiasedMultiheadAttention(MultiheadAttention):
             head_dim=min(q.size(-1), v.size(-1)),
         )
         self.last_kernel = choice
+        if self.attention_backend == backends.FLEX and choice.path != backends.FLEX:
+            report_flex_fallback(choice)
         if choice.path == backends.FLEX:
             return self._flex_attention(ctx, attn_mask, q, k, v), None
         if choice.path == backends.SDPA:
