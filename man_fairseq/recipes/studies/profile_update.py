@@ -81,7 +81,7 @@ def profile_family(experiment, family, data, device, precision, n_batches, warmu
         for sample in samples[warmup:]:
             update(sample)
         sync()
-    sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    sort = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
     syncs = {e.key: e.count / n_batches for e in events if e.key in SYNC_OPS}
     return {
