@@ -306,6 +306,8 @@ def test_gpu_records_sit_beside_the_cpu_ones_with_cuda_memory_and_no_decoding(tm
     assert "| H200 bf16 | MAN (small, DMAN enc.) | 725 (600–850) | 0.73× (0.68–0.77) | 900 MiB (900–900) | 1.12× (1.12–1.12) | — | — |" in md
     assert "- H200 bf16: `scripts/speed.sh gigaword-cpu` — commit abc1234, NVIDIA H200, --bf16, 1 thread on Test CPU" in md
     assert "no decoding" in md and "(H200 fp16)" not in md  # no output lengths without decoding
+    assert "compare implementations as well as methods" in md
+    assert "implementations" not in speed_table.to_markdown("gigaword-cpu", recs[:1], FAMILY_LABELS)
     block = speed_table.readme_block(records, FAMILY_LABELS)
     assert "gigaword-cpu H200 fp16: NVIDIA H200, Test CPU, 2026-11-25" in block
 

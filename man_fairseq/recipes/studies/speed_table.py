@@ -206,6 +206,14 @@ def provenance(record):
             f"warm-up), {decoded}")
 
 
+GPU_RATIO_NOTE = (
+    "On a GPU the ratios compare implementations as well as methods: every family sends all its attentions "
+    "through the plugin's core, fairseq's Transformer through fairseq's `MultiheadAttention` (every family "
+    "trained 1.4-3× faster than it in bf16 on an H200, results/gpu/2026-11-27-h200.md). `python -m "
+    "man_fairseq.recipes.studies.profile_update EXPERIMENT --device cuda --families transformer,core,FAMILY` "
+    "adds the core without a bias as a second baseline.")
+
+
 def lead_name(records):
     return "threads / GPU" if any(on_gpu(r) for r in records) else "threads"
 
@@ -235,6 +243,8 @@ def to_markdown(experiment, records, labels, title=None):
         lines += table_rows(rows, labels, lead=[setting_name(record)])
     lines += [""]
     lines += [n + "\n" for n in footnotes(summaries)]
+    if any(on_gpu(r) for r in records):
+        lines += [GPU_RATIO_NOTE + "\n"]
     lengths = [f"{labels.get(row['family'], row['family'])} {row['out_len']['median']:.1f} ({short_setting(rec)})"
                for rec, rows in zip(records, summaries) for row in rows if row["out_len"]]
     if lengths:
