@@ -10,8 +10,8 @@
 # data-bin/cnndm-40k data-bin/cnndm-sub --pairs train=4000,valid=300,test=300`); Multi30k is read
 # from data-bin/multi30k.de-en. Steps, most informative first, each capped by what is left of
 # BUDGET seconds and bundled into $OUT/bundle.tgz as it ends:
-#   1. install: requirements from WHEELHOUSE, fairseq's source built in place (ninja off PATH:
-#      its parallel extensions share one build.ninja and fail; CUDA_HOME unset: no nvcc extensions);
+#   1. install: requirements from WHEELHOUSE, fairseq's source built in place without ninja (with it
+#      the parallel extensions share one build.ninja and fail to link; CUDA_HOME unset: no nvcc extensions);
 #   2. profile_update on CNN/DM sources, bf16: transformer, core, man, localness;
 #   3. pytest tests/gpu (-n 16);
 #   4. speed.sh multi30k-cpu in bf16 and cnndm-cpu in bf16, training only, one repeat.
@@ -21,7 +21,7 @@ OUT=${OUT:?set OUT to the results folder}; mkdir -p "$OUT"
 START=$(date +%s); BUDGET=${BUDGET:-560}
 left() { echo $(( START + BUDGET - $(date +%s) )); }
 log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*"; }
-D=$(mktemp -d); R=$PWD
+D=$(mktemp -d); W=$(mktemp -d); R=$PWD  # D: what comes back (bundled); W: the fairseq build
 bundle() { tar czf "$OUT/bundle.tgz.part" -C "$D" . 2>/dev/null && mv "$OUT/bundle.tgz.part" "$OUT/bundle.tgz"; }
 exec > >(tee -a "$OUT/session.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,utilization.gpu --format=csv,noheader; uptime
@@ -29,20 +29,21 @@ nvidia-smi --query-gpu=name,memory.total,utilization.gpu --format=csv,noheader; 
 PY=$(command -v python3); export PIP_CONFIG_FILE=/dev/null PYTHONUNBUFFERED=1
 log "install"
 $PY -m pip install -q --no-index --find-links "$WH" -r requirements.txt > "$D/pip.log" 2>&1; log "requirements rc=$?"
-mkdir -p "$D/fs" && tar xzf "$WH"/fairseq_fixed-*.tar.gz -C "$D/fs"
-FS=$(ls -d "$D"/fs/fairseq*)
-NINJA_DIR=$(dirname "$(command -v ninja || echo /nonexistent/ninja)")
-NO_NINJA_PATH=$(echo "$PATH" | tr ':' '\n' | grep -v -x "$NINJA_DIR" | paste -sd:)
-( cd "$FS" && time env -u CUDA_HOME PATH="$NO_NINJA_PATH" timeout 200 $PY setup.py build_ext --inplace -j 16 ) \
+mkdir -p "$W/fs" && tar xzf "$WH"/fairseq_fixed-*.tar.gz -C "$W/fs"
+FS=$(ls -d "$W"/fs/fairseq*)
+# a failing `ninja` first on PATH, so that torch's BuildExtension builds without it (dropping ninja's
+# folder from PATH is not enough where /bin links to /usr/bin)
+mkdir -p "$W/noninja" && printf '#!/bin/sh\nexit 1\n' > "$W/noninja/ninja" && chmod +x "$W/noninja/ninja"
+( cd "$FS" && time env -u CUDA_HOME PATH="$W/noninja:$PATH" timeout $(( $(left) / 2 )) $PY setup.py build_ext --inplace -j 16 ) \
   > "$D/build.log" 2>&1; log "fairseq build rc=$?"; tail -3 "$D/build.log"
 export PYTHONPATH=$FS:$R
-mkdir -p "$D/bin"
+mkdir -p "$W/bin"
 for t in train preprocess generate; do
-  printf '#!/bin/sh\nexec %s -m fairseq_cli.%s "$@"\n' "$PY" $t > "$D/bin/fairseq-$t"; chmod +x "$D/bin/fairseq-$t"
+  printf '#!/bin/sh\nexec %s -m fairseq_cli.%s "$@"\n' "$PY" $t > "$W/bin/fairseq-$t"; chmod +x "$W/bin/fairseq-$t"
 done
-export PATH=$(dirname "$PY"):$D/bin:$PATH
-python -c 'import torch, fairseq, man_fairseq; print("torch", torch.__version__, "fairseq", fairseq.__version__)' \
-  || { bundle; exit 1; }
+export PATH=$(dirname "$PY"):$W/bin:$PATH
+python -c 'import torch, fairseq, man_fairseq; from fairseq.data import data_utils_fast
+print("torch", torch.__version__, "fairseq", fairseq.__version__)' || { log "the install is incomplete"; bundle; exit 1; }
 bundle
 
 capped() {  # NAME RESERVE_S COMMAND...: run with what is left minus RESERVE_S, log in $D/NAME.log
@@ -56,8 +57,10 @@ capped() {  # NAME RESERVE_S COMMAND...: run with what is left minus RESERVE_S, 
 capped profile 330 python -m man_fairseq.recipes.studies.profile_update cnndm-cpu --device cuda --precision bf16 \
   --families transformer,core,man,localness --data "$CNNDM" --output "$D/profile-cnndm-bf16.md"
 [ -f "$D/profile-cnndm-bf16.md" ] && sed -n 5,11p "$D/profile-cnndm-bf16.md"
-capped tests-gpu 150 python -m pytest -v -n 16 --timeout 170 -p no:cacheprovider tests/gpu --junitxml="$D/tests-gpu.xml"
-grep -E 'FAILED|ERROR|[0-9]+ (passed|failed)' "$D/tests-gpu.log" | grep -v PASSED | tail -20
+per_test=(); python -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 170)
+capped tests-gpu 150 python -m pytest -v -n 16 ${per_test[@]+"${per_test[@]}"} -p no:cacheprovider tests/gpu \
+  --junitxml="$D/tests-gpu.xml"
+grep -E 'FAILED|ERROR|[0-9]+ (passed|failed|skipped)' "$D/tests-gpu.log" | grep -v PASSED | tail -20
 for exp in multi30k-cpu cnndm-cpu; do
   data=(); [ $exp = cnndm-cpu ] && data=(--data "$CNNDM")
   capped speed-$exp 5 env TMPDIR="$D" python -m man_fairseq.recipes.studies.speed $exp --device cuda --precision bf16 \

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO, TINY_MODEL, run_cli
 from man_fairseq.recipes.studies import speed, speed_table
@@ -323,7 +324,16 @@ def test_gpu_settings_are_checked_before_anything_runs(argv, message, capsys):
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_gpu_settings_and_commands(tmp_path):
+def test_cuda_without_a_cuda_device_is_refused(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        speed.main(["gigaword-cpu", "--device", "cuda", "--results-dir", str(tmp_path)])
+    assert e.value.code == 2 and "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_gpu_settings_and_commands(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     p = speed.parser()
     args = p.parse_args(["gigaword-cpu", "--device", "cuda"])
     assert speed.settings(args, p) == [{"device": "cuda", "precision": "bf16", "threads": 1},

@@ -323,6 +323,10 @@ def settings(args, p):
     threads = args.threads or [1]
     if len(threads) != 1:
         p.error("--threads: one thread count on a GPU (its records are one per --precision)")
+    import torch
+
+    if not torch.cuda.is_available():  # fairseq-train would quietly train on the CPU under a cuda record
+        p.error("--device cuda: torch sees no CUDA device here")
     return [{"device": "cuda", "precision": prec, "threads": threads[0]} for prec in args.precision or ["bf16", "fp16"]]
 
 
