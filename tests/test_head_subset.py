@@ -2,6 +2,7 @@
 folder's record; bad input gets one line and replaces nothing."""
 
 import json
+import shutil
 
 import pytest
 from fairseq.data import indexed_dataset
@@ -15,19 +16,26 @@ def items(data, prefix):
 
 
 def test_the_first_pairs_with_their_record(gigaword_like_bin, tmp_path):
+    source = tmp_path / "data"
+    shutil.copytree(gigaword_like_bin, source)
+    references = "".join(f"reference {i}\n" for i in range(20))
+    (source / "test.raw.title").write_text(references)  # the file the record names for scoring
     dest = tmp_path / "sub"
-    assert main([str(gigaword_like_bin), str(dest), "--pairs", "train=7,test=3"]) == 0
+    assert main([str(source), str(dest), "--pairs", "train=7,test=3"]) == 0
+    assert (dest / "test.raw.title").read_text() == "reference 0\nreference 1\nreference 2\n"
+    assert not (dest / "test.raw.article").exists()  # named, but the source folder has none
     for split, n in (("train", 7), ("test", 3)):
         for lang in ("article", "title"):
             prefix = f"{split}.article-title.{lang}"
-            assert items(dest, prefix) == items(gigaword_like_bin, prefix)[:n]
+            assert items(dest, prefix) == items(source, prefix)[:n]
     assert not list(dest.glob("valid.*"))
     record = json.loads((dest / "gigaword.json").read_text())
-    original = json.loads((gigaword_like_bin / "gigaword.json").read_text())
+    original = json.loads((source / "gigaword.json").read_text())
     assert record["counts"] == {"train": 7, "valid": 0, "test": 3}
     assert record["head_subset"]["first_pairs"] == {"train": 7, "test": 3}
     assert record["test_sets"] == original["test_sets"]
-    assert (dest / "dict.article.txt").read_text() == (gigaword_like_bin / "dict.article.txt").read_text()
+    assert (dest / "dict.article.txt").read_text() == (source / "dict.article.txt").read_text()
+    assert record["references"] == original["references"]
 
 
 @pytest.mark.parametrize("pairs, message", [

@@ -3,11 +3,10 @@
 For moving a study's real batches where a whole folder does not fit (CNN/DM's 84 MiB to a GPU node
 that takes 64 MiB): ``python -m man_fairseq.recipes.data.head_subset data-bin/cnndm-40k
 data-bin/cnndm-sub --pairs train=4000,valid=300,test=300``. The binarized sentences are copied
-unchanged (both sides, in order), the dictionaries too, and the folder's record
-(``<dataset>.json``) with the new counts and where they came from, so that ``scripts/speed.sh
---data`` and ``profile_update --data`` read it as they read the original. Training on it is not a
-study: its raw test files are not copied, so it cannot be scored. A folder that exists is never
-replaced.
+unchanged (both sides, in order), the dictionaries too, the first lines of the raw text files its
+record names for scoring (references, articles), and the folder's record (``<dataset>.json``) with
+the new counts and where they came from, so that ``scripts/speed.sh --data`` and ``profile_update
+--data`` read it as they read the original. A folder that exists is never replaced.
 """
 
 import argparse
@@ -56,9 +55,14 @@ def head_subset(data, dest, pairs):
             for i in range(n):
                 builder.add_item(dataset[i])
             builder.finalize(str(partial / f"{prefix}.idx"))
+    for kind in ("references", "sources"):
+        for split, name in (record.get(kind) or {}).items():
+            if split in pairs and (data / name).is_file():
+                with open(data / name, encoding="utf-8", newline="") as f:
+                    head = [line for _, line in zip(range(pairs[split]), f)]
+                (partial / name).write_text("".join(head), encoding="utf-8", newline="")
     record["counts"] = {split: pairs.get(split, 0) for split in counts}
     record["head_subset"] = {"of": str(data.resolve()), "first_pairs": dict(pairs)}
-    record["references"], record["sources"] = {}, {}  # the raw test files stay behind
     (partial / record_path.name).write_text(json.dumps(record, indent=1) + "\n")
     partial.rename(dest)
     return dest
