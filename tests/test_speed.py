@@ -333,7 +333,7 @@ def test_cuda_without_a_cuda_device_is_refused(monkeypatch, capsys, tmp_path):
 
 
 def test_gpu_settings_and_commands(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(speed, "gpu_name", lambda: "NVIDIA H200")
     p = speed.parser()
     args = p.parse_args(["gigaword-cpu", "--device", "cuda"])
     assert speed.settings(args, p) == [{"device": "cuda", "precision": "bf16", "threads": 1},

@@ -105,7 +105,6 @@ def train_command(cfg, data, save_dir, extra, setting=None):
     """fairseq-train as ``scripts/train.sh`` runs it; on a GPU through :mod:`..training.cuda_peak`
     (the same fairseq-train in-process, plus its peak CUDA memory)."""
     from ..training.launch import launch_command
-
     setting = setting or CPU_FP32
     cmd = launch_command(cfg, save_dir, nproc=1, device="gpu" if setting["device"] == "cuda" else "cpu",
                          precision=setting["precision"], data=data, extra=extra)
@@ -196,7 +195,6 @@ def checkpoints(families, cfgs, args, work, setting):
 
 def gpu_name():
     import torch
-
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
@@ -323,9 +321,7 @@ def settings(args, p):
     threads = args.threads or [1]
     if len(threads) != 1:
         p.error("--threads: one thread count on a GPU (its records are one per --precision)")
-    import torch
-
-    if not torch.cuda.is_available():  # fairseq-train would quietly train on the CPU under a cuda record
+    if gpu_name() is None:  # fairseq-train would quietly train on the CPU under a cuda record
         p.error("--device cuda: torch sees no CUDA device here")
     return [{"device": "cuda", "precision": prec, "threads": threads[0]} for prec in args.precision or ["bf16", "fp16"]]
 
