@@ -13,6 +13,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from ...logging_setup import quiet_logging
@@ -41,9 +42,8 @@ def head_subset(data, dest, pairs):
             raise PrepError(f"--pairs: {data} has no split {split!r} (it has {', '.join(counts)})")
         if n > counts[split]:
             raise PrepError(f"--pairs: {split}={n} but {data} has {counts[split]:,} {split} pairs")
-    partial = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=dest.name + ".partial-", dir=dest.parent))  # a new name: nothing replaced
     for lang in (src, tgt):
         shutil.copy(data / f"dict.{lang}.txt", partial)
     for split, n in pairs.items():
