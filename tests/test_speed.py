@@ -203,7 +203,9 @@ def test_a_record_is_replaced_only_with_force_and_never_another_file(tmp_path, c
     assert (records / "gigaword-cpu-threads2.json").read_text() == '{"my": "notes"}\n'
     # with --force and a record of ours, the work goes on as far as the missing data
     assert speed.main(argv + ["--threads", "1", "--force"]) == 2
-    assert "no gigaword.json; prepare the data first" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no gigaword.json; prepare the data first: data-prep/prepare-gigaword.sh" in err
+    assert err.count("--dest") == 1
     assert json.loads((records / "gigaword-cpu-threads1.json").read_text()) == two_repeats()
 
 

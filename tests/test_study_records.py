@@ -138,19 +138,18 @@ def test_table_says_which_way_each_significant_seed_went():
     assert "| 0.010 (+), 0.020 (−) | 1 better, 1 worse of 2 |" in row
 
 
-def test_each_study_names_the_preparation_that_writes_the_data_it_reads():
-    """The line a study prints for a missing data-bin must write that data-bin: without its --dest,
-    prepare-gigaword.sh wrote data-bin/gigaword while the study read data-bin/gigaword-30k."""
+def test_each_study_names_the_preparation_that_writes_the_data_it_reads(tmp_path):
+    """The line a study prints for a missing data-bin must write that data-bin, naming it once:
+    without its --dest, prepare-gigaword.sh wrote data-bin/gigaword while the study read
+    data-bin/gigaword-30k; then the line named --dest twice (the default folder and the one read)."""
     import shlex
 
     from man_fairseq.recipes.config import REPO
-    from man_fairseq.recipes.studies.experiments import EXPERIMENTS
+    from man_fairseq.recipes.studies.experiments import EXPERIMENTS, prepare_line
 
     for name, exp in EXPERIMENTS.items():
-        words = shlex.split(exp["prepare"].replace("[--from FOLDER]", ""))
-        if "--dest" in words:
-            dest = REPO / words[words.index("--dest") + 1]
-        else:  # only Multi30k relies on its script's default folder
-            assert words[0] == "data-prep/prepare-multi30k.sh", (name, exp["prepare"])
-            dest = REPO / "data-bin" / "multi30k.de-en"
-        assert dest == exp["data"], (name, exp["prepare"], exp["data"])
+        for data, expected in ((None, exp["data"]), (tmp_path / "my data", tmp_path / "my data")):
+            words = shlex.split(prepare_line(name, data).replace("[--from FOLDER]", ""))
+            assert words.count("--dest") == 1, (name, words)
+            assert REPO / words[words.index("--dest") + 1] == expected, (name, words)
+            assert words[0] == f"data-prep/prepare-{exp['dataset']}.sh", (name, words)

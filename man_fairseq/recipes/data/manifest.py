@@ -47,10 +47,11 @@ def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_cou
 
 
 def read_manifest(data, dataset, prepare_command):
-    """The record of the data folder ``data``; a clear error naming the command that makes it."""
+    """The record of the data folder ``data``; a clear error naming ``prepare_command``, the command
+    that makes it (``--dest`` included)."""
     path = manifest_path(data, dataset)
     if not path.is_file():
-        raise PrepError(f"{data}: no {path.name}; prepare the data first: {prepare_command} --dest {data}")
+        raise PrepError(f"{data}: no {path.name}; prepare the data first: {prepare_command}")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

@@ -2,6 +2,9 @@
 comparison), their labels in tables and figures, and the experiments of ``scripts/reproduce.sh``
 (their configs, data, metric, title, and the families they have configs for)."""
 
+import shlex
+from pathlib import Path
+
 from ..config import CONFIG_DIR, REPO
 
 FAMILIES = ["transformer", "man", "sman2", "localness", "diffwin", "calibration"]
@@ -25,7 +28,7 @@ EXPERIMENTS = {
     "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
                      "dataset": "gigaword", "metric": "rouge", "device": "cpu",
                      "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
-                                "--allow-nonstandard-splits --bpe-merges 8000 --dest data-bin/gigaword-30k",
+                                "--allow-nonstandard-splits --bpe-merges 8000",
                      "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
                               "every family against the Transformer"},
     # the families a CPU budget allows on 400-token sources (issue-level choice: the Transformer, MAN
@@ -34,10 +37,21 @@ EXPERIMENTS = {
                   "dataset": "cnndm", "metric": "rouge", "device": "cpu",
                   "families": ["transformer", "man", "localness"],
                   "prepare": "data-prep/prepare-cnndm.sh --from ../shared/data/cnndm-see "
-                             "--allow-nonstandard-splits --bpe-merges 16000 --dest data-bin/cnndm-40k",
+                             "--allow-nonstandard-splits --bpe-merges 16000",
                   "title": "CNN/DailyMail on a 2-core CPU (40,000 training pairs, articles cut to 400 tokens, "
                            "d=256, 3+3 layers): Transformer, MAN and localness"},
 }
+
+
+def prepare_line(experiment, data=None):
+    """The command that writes the data folder ``data`` (default: the experiment's data-bin) the way
+    ``experiment`` reads it: its preparation with ``--dest`` naming that folder (inside the checkout,
+    relative to it, as the command runs from there)."""
+    exp = EXPERIMENTS[experiment]
+    data = Path(data or exp["data"])
+    if data.is_absolute() and data.is_relative_to(REPO):
+        data = data.relative_to(REPO)
+    return f"{exp['prepare']} --dest {shlex.quote(str(data))}"
 
 
 def families_of(experiment):

@@ -30,7 +30,7 @@ from ...provenance import cpu_model, git_commit
 from ..config import load_config
 from ..options import number
 from .calibration_passes import batches, build
-from .experiments import EXPERIMENTS
+from .experiments import EXPERIMENTS, prepare_line
 
 CORE = "core"
 CORE_ARGS = ["--localness-layers", ""]  # the localness config with no localness: the core, no bias
@@ -145,7 +145,7 @@ def main(argv=None):
         p.error("--precision: the CPU profiles fp32 only")
     data = Path(args.data or EXPERIMENTS[args.experiment]["data"])
     if not any(data.glob("dict.*.txt")):
-        p.error(f"--data: {data} holds no binarized data (prepare it: {EXPERIMENTS[args.experiment]['prepare']})")
+        p.error(f"--data: {data} holds no binarized data (prepare it: {prepare_line(args.experiment, data)})")
     output = Path(args.output)
     if output.exists():
         p.error(f"--output: {output} exists; it is not replaced")

@@ -41,7 +41,7 @@ from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
 from ..options import SEEDS_HELP, number, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
-from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families  # noqa: F401  (reproduce.FAMILIES)
+from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import plot_study
 from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
@@ -336,7 +336,7 @@ def main(argv=None):
     args = parse_args(argv)
     exp = EXPERIMENTS[args.experiment]
     try:
-        manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
+        manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
         cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in args.families}
         args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:

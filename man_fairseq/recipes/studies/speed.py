@@ -47,7 +47,7 @@ from ..tools import tool_env
 from ..training.cuda_peak import PEAK_LINE
 from ..training.fairseq_log import LogError, train_intervals
 from . import speed_table
-from .experiments import EXPERIMENTS, FAMILY_LABELS, parse_families
+from .experiments import EXPERIMENTS, FAMILY_LABELS, parse_families, prepare_line
 
 SEED = 1  # every family's training: the same shuffling, so the same batches
 CPU_FP32 = {"device": "cpu", "precision": "fp32", "threads": 1}
@@ -375,7 +375,7 @@ def run_study(args, families, records_dir):
             if not args.force:
                 raise SpeedError(f"{path} exists (measured {old.get('date')} on {old.get('cpu')}); pass --force "
                                  "to replace it")
-    manifest = read_manifest(args.data, exp["dataset"], exp["prepare"])
+    manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
     cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in families}
     records_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="man-fairseq-speed-"))
