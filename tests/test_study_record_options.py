@@ -175,6 +175,34 @@ def test_a_current_study_makes_its_table(study, capsys):
     assert len(json.loads((results / "multi30k-cpu.json").read_text())["runs"]) == 2
 
 
+def test_a_study_whose_configs_changed_under_every_record_says_so(study, capsys):
+    """Every record stale under the default options (the configs changed after the runs): the table
+    says no run is current and lists them, and the last table's figure goes; the records stay. With
+    other options given, the same state is refused and nothing is touched (a forgotten option is
+    the likelier cause)."""
+    data, results = study
+    assert _table(data, results, capsys)[0] == 0
+    png = results / "multi30k-cpu-valid-loss.png"
+    assert png.is_file()
+    for family in ("transformer", "man"):
+        path = results / "multi30k-cpu" / f"{family}-seed1.json"
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), fingerprint="0" * 16)))
+    before = (results / "multi30k-cpu.md").read_text()
+    rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(data), "--results-dir", str(results),
+                         "--avg-last", "3"])
+    assert "pass the options they were made with" in _refused(rc, capsys.readouterr().err.strip())
+    assert (results / "multi30k-cpu.md").read_text() == before and png.is_file()
+
+    rc, err = _table(data, results, capsys)
+    assert rc == 0, err
+    md = (results / "multi30k-cpu.md").read_text()
+    assert "No run record matches today's configs" in md and "| man-seed1 | `0000000000000000` |" in md
+    assert "Transformer (small) |" not in md and not png.exists()
+    table = json.loads((results / "multi30k-cpu.json").read_text())
+    assert table["runs"] == [] and sorted(table["stale"]) == ["man-seed1", "transformer-seed1"]
+    assert len(list((results / "multi30k-cpu").glob("*-seed1.json"))) == 2
+
+
 def test_a_truncated_record_is_named(study, capsys):
     data, results = study
     path = results / "multi30k-cpu" / "man-seed1.json"

@@ -189,9 +189,14 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
     current, stale = partition(records, expected)
     for r in stale:
         log(f"stale record {r['family']}-seed{r['seed']} (fingerprint {r.get('fingerprint')}): not in the table")
-    if not current:
+    flags = option_flags(args, EXPERIMENTS[experiment].get("device"))
+    if not current and (not stale or flags or args.fairseq_args):
         raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate" + (
             f" ({len(stale)} stale: pass the options they were made with)" if stale else ""))
+    if not current:  # with the default options: the configs changed under every record
+        figures = [results_dir / f"{experiment}{suffix}.png" for suffix in ("", "-valid-loss")]
+        return study_table.write_without_runs(results_dir, experiment, EXPERIMENTS[experiment]["title"], stale,
+                                              figures, log)
     if EXPERIMENTS[experiment]["metric"] == "rouge":
         from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
 

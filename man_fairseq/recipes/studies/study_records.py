@@ -19,6 +19,8 @@ import json
 import os
 from pathlib import Path
 
+from ...rouge155 import DEFAULT_EXCEPTION_DB
+
 RECORD_VERSION = 1
 # the config keys that decide training and scoring (not name, notes, paths)
 FINGERPRINT_KEYS = ("arch", "task", "source_lang", "target_lang", "model", "train", "batch", "eval")
@@ -109,6 +111,8 @@ def option_flags(args, default_device=None):
     flags += [f"--device {args.device}"] if args.device != (default_device or "cpu") else []
     flags += [f"--precision {args.precision}"] if args.device != "cpu" else []
     flags += [f"--test-sample {args.test_sample}"] if getattr(args, "test_sample", None) is not None else []
+    exception_db = getattr(args, "rouge_exception_db", None)
+    flags += [f"--rouge-exception-db {exception_db}"] if exception_db not in (None, DEFAULT_EXCEPTION_DB) else []
     return "".join(" " + f for f in flags)
 
 

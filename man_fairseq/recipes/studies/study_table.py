@@ -135,8 +135,7 @@ def to_markdown(summary, meta, stale):
               "Train minutes: wall time of the training epochs from the log, with validation and checkpointing "
               "(start-up left out; an epoch cut short by a kill and redone counts once).", "",
               f"Validation loss of every run: `{meta['png']}`.", ""]
-    lines += stale_lines(stale, "Their config fingerprint differs from what today's configs give: the config changed "
-                                "after they ran. Rerun them to bring them back.")
+    lines += stale_lines(stale, STALE_WHY)
     return "\n".join(lines)
 
 
@@ -169,6 +168,27 @@ def header_lines(meta, sources):
             f"- devices: {'; '.join(meta['devices'])}",
             f"- commits: {', '.join(meta['commits'])}; configs: `{meta['configs']}`; {sources}",
             f"- one run: `{meta['command']}`", ""]
+
+
+STALE_WHY = ("Their fingerprint differs from what today's configs give with this table's options: the config "
+             "changed after they ran, or they were made with other options. Rerun them, or rebuild the table with "
+             "their options, to bring them back.")
+
+
+def write_without_runs(results_dir, experiment, title, stale, figures, log):
+    """Every record is stale under the default options (the configs changed after they ran):
+    ``<experiment>.md`` and ``.json`` say that no run is current and list the stale ones, and the last
+    table's ``figures`` are removed, so no table of this study shows what today's configs did not give.
+    The records stay."""
+    lines = [f"# {title}", "", "No run record matches today's configs: no table until one does.", ""]
+    (results_dir / f"{experiment}.md").write_text("\n".join(lines + stale_lines(stale, STALE_WHY)))
+    (results_dir / f"{experiment}.json").write_text(json.dumps(
+        {"meta": {"title": title}, "summary": [], "runs": [],
+         "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
+    for png in figures:
+        png.unlink(missing_ok=True)
+    log(f"no current record: wrote {results_dir / (experiment + '.md')} and .json listing {len(stale)} stale")
+    return results_dir / f"{experiment}.md"
 
 
 def stale_lines(stale, why):

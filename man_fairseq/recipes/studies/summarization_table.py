@@ -18,7 +18,7 @@ from .experiments import BASELINE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import plot_study
 from .study_records import option_flags, read_hypotheses
-from .study_table import _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
+from .study_table import STALE_WHY, _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -179,8 +179,7 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying):
               f"{meta['bootstrap']}; p is the probability of the observed difference under no difference. Train "
               f"minutes: wall time of the training epochs from the log, with validation and checkpointing. {meta['scored']}", "",
               f"Each run's scores and validation loss: `{meta['png']}`.", ""]
-    lines += stale_lines(stale, "Their config fingerprint differs from what today's configs give. Rerun them to "
-                                "bring them back.")
+    lines += stale_lines(stale, STALE_WHY)
     return "\n".join(lines)
 
 
