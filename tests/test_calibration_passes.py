@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import REPO
@@ -50,3 +51,12 @@ def test_a_short_run_records_every_part_and_keeps_an_earlier_record(gigaword_lik
     again = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
     assert again.returncode == 2 and "exists; pass --force" in again.stderr.strip().splitlines()[-1]
     assert json.loads(out.read_text()) == rec
+
+
+def test_a_folder_without_binarized_data_is_one_line_naming_the_command_that_makes_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cp.main(["gigaword-cpu", "--data", str(tmp_path)])
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds no binarized data (prepare it: data-prep/prepare-gigaword.sh" in line
+    assert line.endswith(f"--dest {tmp_path})")

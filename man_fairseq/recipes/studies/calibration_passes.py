@@ -30,7 +30,7 @@ from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
 from ..config import REPO, load_config
 from ..options import number
-from .experiments import EXPERIMENTS, prepare_line
+from .experiments import EXPERIMENTS, missing_data
 
 PHASES = {
     "calibration": ["calibrated forward", "perturbation forward", "calibrated backward", "perturbation backward"],
@@ -155,8 +155,8 @@ def main(argv=None):
     p.add_argument("--force", action="store_true", help="replace an existing record")
     args = p.parse_args(argv)
     data = Path(args.data or EXPERIMENTS[args.experiment]["data"])
-    if not (data / "dict.txt").is_file() and not any(data.glob("dict.*.txt")):
-        p.error(f"--data: {data} holds no binarized data (prepare it: {prepare_line(args.experiment, data)})")
+    if problem := missing_data(args.experiment, data):
+        p.error(problem)
     output = Path(args.output or REPO / "results" / "speed" / f"{args.experiment}-calibration-passes.json")
     if output.is_dir():
         p.error(f"--output: {output} is a folder")

@@ -54,6 +54,14 @@ def prepare_line(experiment, data=None):
     return f"{exp['prepare']} --dest {shlex.quote(str(data))}"
 
 
+def missing_data(experiment, data):
+    """None when ``data`` holds binarized data (a fairseq dictionary), else the line that says so and
+    how to make it (for ``argparse``'s error)."""
+    if (data / "dict.txt").is_file() or any(data.glob("dict.*.txt")):
+        return None
+    return f"--data: {data} holds no binarized data (prepare it: {prepare_line(experiment, data)})"
+
+
 def families_of(experiment):
     """The families ``experiment`` has configs for, the baseline first (every family by default)."""
     return EXPERIMENTS[experiment].get("families", FAMILIES)

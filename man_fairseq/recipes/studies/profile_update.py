@@ -30,7 +30,7 @@ from ...provenance import cpu_model, git_commit
 from ..config import load_config
 from ..options import number
 from .calibration_passes import batches, build
-from .experiments import EXPERIMENTS, prepare_line
+from .experiments import EXPERIMENTS, missing_data
 
 CORE = "core"
 CORE_ARGS = ["--localness-layers", ""]  # the localness config with no localness: the core, no bias
@@ -144,8 +144,8 @@ def main(argv=None):
     if args.device == "cpu" and args.precision != "fp32":
         p.error("--precision: the CPU profiles fp32 only")
     data = Path(args.data or EXPERIMENTS[args.experiment]["data"])
-    if not any(data.glob("dict.*.txt")):
-        p.error(f"--data: {data} holds no binarized data (prepare it: {prepare_line(args.experiment, data)})")
+    if problem := missing_data(args.experiment, data):
+        p.error(problem)
     output = Path(args.output)
     if output.exists():
         p.error(f"--output: {output} exists; it is not replaced")
