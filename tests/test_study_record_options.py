@@ -188,6 +188,8 @@ def test_a_study_whose_configs_changed_under_every_record_says_so(study, capsys)
         path = results / "multi30k-cpu" / f"{family}-seed1.json"
         path.write_text(json.dumps(dict(json.loads(path.read_text()), fingerprint="0" * 16)))
     before = (results / "multi30k-cpu.md").read_text()
+    mine = results / "multi30k-cpu.png"  # not this study's figure name: never removed
+    mine.write_bytes(b"a user's figure")
     rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(data), "--results-dir", str(results),
                          "--avg-last", "3"])
     assert "pass the options they were made with" in _refused(rc, capsys.readouterr().err.strip())
@@ -198,6 +200,7 @@ def test_a_study_whose_configs_changed_under_every_record_says_so(study, capsys)
     md = (results / "multi30k-cpu.md").read_text()
     assert "No run record matches today's configs" in md and "| man-seed1 | `0000000000000000` |" in md
     assert "Transformer (small) |" not in md and not png.exists()
+    assert mine.read_bytes() == b"a user's figure"
     table = json.loads((results / "multi30k-cpu.json").read_text())
     assert table["runs"] == [] and sorted(table["stale"]) == ["man-seed1", "transformer-seed1"]
     assert len(list((results / "multi30k-cpu").glob("*-seed1.json"))) == 2

@@ -43,7 +43,7 @@ from ..options import SEEDS_HELP, number, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
-from .study_figure import plot_study
+from .study_figure import figure_path, plot_study
 from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
 
 
@@ -193,10 +193,10 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
     if not current and (not stale or flags or args.fairseq_args):
         raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate" + (
             f" ({len(stale)} stale: pass the options they were made with)" if stale else ""))
+    png = figure_path(results_dir, experiment, EXPERIMENTS[experiment]["metric"])
     if not current:  # with the default options: the configs changed under every record
-        figures = [results_dir / f"{experiment}{suffix}.png" for suffix in ("", "-valid-loss")]
         return study_table.write_without_runs(results_dir, experiment, EXPERIMENTS[experiment]["title"], stale,
-                                              figures, log)
+                                              png, log)
     if EXPERIMENTS[experiment]["metric"] == "rouge":
         from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
 
@@ -208,14 +208,13 @@ def build_table(experiment, cfgs, args, manifest, results_dir):
     log("paired bootstrap against the Transformer of the same seed")
     boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
     summary = study_table.summarize(current, families_of(experiment), FAMILY_LABELS, boot)
-    png = results_dir / f"{experiment}-valid-loss.png"
     panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
               for subset, release in manifest["test_sets"].items()]
     plot_study(current, families_of(experiment), FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
     first = next(iter(current[0]["test_sets"].values()))
     meta = dict(table_meta(EXPERIMENTS[experiment], current, records_dir, args), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
-                       + option_flags(args, EXPERIMENTS[experiment].get("device"))
+                       + flags
                        + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
             "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
             "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name})

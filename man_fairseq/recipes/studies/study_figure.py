@@ -9,6 +9,12 @@ from pathlib import Path
 from .experiments import BASELINE
 
 
+def figure_path(results_dir, experiment, metric):
+    """The figure a study's table names: a ROUGE study's scores beside its loss curves, or a BLEU
+    study's loss curves."""
+    return results_dir / (f"{experiment}.png" if metric == "rouge" else f"{experiment}-valid-loss.png")
+
+
 def _short(label):
     return label.split(" (")[0]
 

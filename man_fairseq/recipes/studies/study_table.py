@@ -175,18 +175,17 @@ STALE_WHY = ("Their fingerprint differs from what today's configs give with this
              "their options, to bring them back.")
 
 
-def write_without_runs(results_dir, experiment, title, stale, figures, log):
+def write_without_runs(results_dir, experiment, title, stale, png, log):
     """Every record is stale under the default options (the configs changed after they ran):
     ``<experiment>.md`` and ``.json`` say that no run is current and list the stale ones, and the last
-    table's ``figures`` are removed, so no table of this study shows what today's configs did not give.
+    table's figure ``png`` is removed, so no table of this study shows what today's configs did not give.
     The records stay."""
     lines = [f"# {title}", "", "No run record matches today's configs: no table until one does.", ""]
     (results_dir / f"{experiment}.md").write_text("\n".join(lines + stale_lines(stale, STALE_WHY)))
     (results_dir / f"{experiment}.json").write_text(json.dumps(
         {"meta": {"title": title}, "summary": [], "runs": [],
          "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
-    for png in figures:
-        png.unlink(missing_ok=True)
+    png.unlink(missing_ok=True)
     log(f"no current record: wrote {results_dir / (experiment + '.md')} and .json listing {len(stale)} stale")
     return results_dir / f"{experiment}.md"
 

@@ -16,7 +16,7 @@ from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_sentences, lead
 from ..evaluation.test_sample import sample_ids
 from .experiments import BASELINE
 from .study_eval import StudyEvalError, read_references, read_test_lines
-from .study_figure import plot_study
+from .study_figure import figure_path, plot_study
 from .study_records import option_flags, read_hypotheses
 from .study_table import STALE_WHY, _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
 
@@ -203,7 +203,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     first = next(iter(current[0]["test_sets"].values()))
     reference_rows = references_table(exp["dataset"], manifest, first["exception_db"], first["rouge_order"], articles,
                                       refs)
-    png = results_dir / f"{experiment}.png"
+    png = figure_path(results_dir, experiment, exp["metric"])
     subset = next(iter(manifest["test_sets"]))
     lead = next((row for row in reference_rows if row.get("lead_subset") == subset), None)
     panels = [(NAMES[k], lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None,
