@@ -285,6 +285,31 @@ def test_foreign_folders_are_refused_and_inputs_untouched(iwslt_fixture, tmp_pat
     assert archive.stat().st_size == size
 
 
+def test_a_work_folder_in_use_is_refused_and_left_alone(iwslt_fixture, tmp_path):
+    """Two preparations sharing --work (the default is one per dataset) would rewrite each other's
+    intermediate files between steps: the second is refused while the first runs, and runs after."""
+    from man_fairseq.recipes.data import multi30k
+
+    archive, _, _ = iwslt_fixture
+    work, dest = tmp_path / "w", tmp_path / "b"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom man_fairseq.recipes.data.dataprep import work_lock\n"
+         "with work_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(300)", str(work)],
+        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted((p.name, p.stat().st_size) for p in work.iterdir())
+        with pytest.raises(PrepError, match="--work .* is in use by another preparation still running"):
+            prep_in_process("iwslt14", "--from", archive, "--work", work, "--dest", dest, "--bpe-merges", MERGES)
+        assert multi30k.main(["--from", str(tmp_path / "none"), "--work", str(work), "--dest", str(dest)]) == 2
+        assert not dest.exists() and sorted((p.name, p.stat().st_size) for p in work.iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert prep_in_process("iwslt14", "--from", archive, "--work", work, "--dest", dest,
+                           "--bpe-merges", MERGES) == dest.absolute()
+
+
 def test_truncated_or_wrong_archive_is_a_clear_error(iwslt_fixture, tmp_path):
     archive, _, _ = iwslt_fixture
     truncated = tmp_path / "de-en.tgz"

@@ -9,6 +9,8 @@ interrupted step (no stamp) is redone from its inputs. Only folders data-prep ma
 is :mod:`man_fairseq.recipes.data.downloads`, fairseq-preprocess :mod:`man_fairseq.recipes.data.binarize`.
 """
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import json
@@ -52,6 +54,20 @@ def claim_folder(path, what):
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).write_text(f"made by man-fairseq data-prep (pid {os.getpid()})\n")
     return path
+
+
+@contextlib.contextmanager
+def work_lock(work):
+    """Own the --work folder while a preparation runs, or refuse: two preparations sharing one (the
+    default is one per dataset, whatever --from and --dest) would rewrite each other's intermediate
+    files between steps, and one could binarize the other's text with exit status 0."""
+    with open(claim_folder(work, "--work") / ".lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PrepError(f"--work {work} is in use by another preparation still running; wait for it "
+                            "to end, or give this one its own --work folder") from None
+        yield  # released with the file's close, also when the process dies
 
 
 def is_ours(path):

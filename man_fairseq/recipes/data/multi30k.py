@@ -23,7 +23,9 @@ from pathlib import Path
 from ..config import REPO
 from ..options import number
 from .binarize import binarize, learn_and_apply_bpe
-from .dataprep import PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, write_lines
+from .dataprep import (
+    PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, work_lock, write_lines,
+)
 from .downloads import fetch
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -201,7 +203,8 @@ def main(argv=None):
     args.work = args.work or str(REPO / "data-bin" / "_work" / f"multi30k.{pair}")
     args.dest = args.dest or str(REPO / "data-bin" / f"multi30k.{pair}")
     try:
-        prepare_multi30k(args)
+        with work_lock(args.work):
+            prepare_multi30k(args)
     except PrepError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (
     PrepError, Steps, check_counts, check_paths, clean_pairs, is_ours, log, read_lines, read_seg_lines,
-    report_counts, split_counts, tokenize_lines, write_lines,
+    report_counts, split_counts, tokenize_lines, work_lock, write_lines,
 )
 from .downloads import find_file, stage
 from .manifest import write_manifest
@@ -270,7 +270,8 @@ def run(argv=None):
     """Prepare one dataset; returns the binarized folder (PrepError on bad input)."""
     args = parse_args(argv)
     check_paths(args)
-    DATASETS[args.dataset][0](args)
+    with work_lock(args.work):
+        DATASETS[args.dataset][0](args)
     dest = Path(args.dest).absolute()
     if not (dest.is_dir() and is_ours(dest)):
         raise PrepError(f"{dest} was not produced (internal error: binarize step did not run)")
