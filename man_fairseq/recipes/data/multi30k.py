@@ -100,10 +100,17 @@ def stage(args, steps):
 
 
 def prepare_multi30k(args):
-    src, tgt = args.src, args.tgt
-    if src == tgt or src not in LANGS or tgt not in LANGS:
-        raise PrepError(f"--src/--tgt must be two different task-1 languages of {LANGS}, got {src!r} {tgt!r}")
+    """Check the languages and folders, then build the data folder, owning --work meanwhile."""
+    if args.src == args.tgt or args.src not in LANGS or args.tgt not in LANGS:
+        raise PrepError(f"--src/--tgt must be two different task-1 languages of {LANGS}, "
+                        f"got {args.src!r} {args.tgt!r}")
     check_paths(args)
+    with work_lock(args.work):
+        return build_multi30k(args)
+
+
+def build_multi30k(args):
+    src, tgt = args.src, args.tgt
     steps = Steps(args.work)
     files = stage(args, steps)
     raw, tok = steps.work / "raw", steps.work / "tok"
@@ -203,8 +210,7 @@ def main(argv=None):
     args.work = args.work or str(REPO / "data-bin" / "_work" / f"multi30k.{pair}")
     args.dest = args.dest or str(REPO / "data-bin" / f"multi30k.{pair}")
     try:
-        with work_lock(args.work):
-            prepare_multi30k(args)
+        prepare_multi30k(args)
     except PrepError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
