@@ -235,3 +235,35 @@ def test_static_window_keeps_all_mass_inside_its_window(tmp_path):
         share, _ = stats.means()
         assert share[1] == pytest.approx(1.0, abs=1e-6)
         assert share[0] < 0.99
+
+
+def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bin, gigaword_like_bin, tmp_path):
+    """The analyses load a checkpoint with its task reading DATA: no file, a folder without the
+    checkpoint's dictionaries, or one with dictionaries of other sizes each say so in one line."""
+    import shutil
+
+    save = tmp_path / "t"
+    run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer", "--source-lang", "src",
+             "--target-lang", "tgt", "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--max-update", "1",
+             "--save-dir", save])  # languages named, as the recipes name them: then they must be in DATA
+    checkpoint = save / "checkpoint_last.pt"
+    other = tmp_path / "other-dict"  # the toy data with one more word in each dictionary
+    shutil.copytree(toy_data_bin, other)
+    for side in ("src", "tgt"):
+        with open(other / f"dict.{side}.txt", "a") as f:
+            f.write("zzz-not-in-training 1\n")
+
+    def locality(data, path, *extra):
+        proc = run_cli([sys.executable, "-m", "man_fairseq.cli.attention_locality", data, "--path", path,
+                        "--gen-subset", "valid", "--max-sentences", "2", "--cpu", "--output-dir",
+                        tmp_path / "out", *extra], check=False)
+        assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+        return proc.stdout.strip().splitlines()[-1]
+
+    assert locality(toy_data_bin, tmp_path / "none.pt") == f"--path {tmp_path / 'none.pt'}: no such checkpoint file"
+    assert locality(gigaword_like_bin, checkpoint) == (
+        f"{gigaword_like_bin} has no dict.src.txt, which {checkpoint} needs: give the data folder it was trained on "
+        "(or --source-lang / --target-lang)")
+    assert locality(other, checkpoint).startswith(f"the dictionaries in {other} are not those {checkpoint} was "
+                                                  "trained with (their sizes differ from its embeddings)")
+    assert not (tmp_path / "out").exists()

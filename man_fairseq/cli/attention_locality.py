@@ -41,6 +41,7 @@ from man_fairseq.analysis.locality import (  # noqa: F401  (the measurements, by
     AttentionRecorder, LocalityStats, encoder_self_attentions, locality_shares, real_positions, self_attention_label,
     uniform_shares,
 )
+from man_fairseq.analysis.utils import load_checkpoint
 
 logger = logging.getLogger("man_fairseq.attention_locality")
 
@@ -96,15 +97,9 @@ def sentence_batches(task, subset, model, max_sentences, batch_size, max_tokens)
 
 
 def analyse_model(path, args, windows, use_cuda):
-    from fairseq import checkpoint_utils, utils
+    from fairseq import utils
 
-    overrides = {"data": args.data}
-    if args.source_lang:
-        overrides["source_lang"] = args.source_lang
-    if args.target_lang:
-        overrides["target_lang"] = args.target_lang
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
-    model = models[0].eval()
+    model, cfg, task = load_checkpoint(path, args.data, args.source_lang, args.target_lang)
     if use_cuda:
         model.cuda()
     task.load_dataset(args.gen_subset)
