@@ -267,3 +267,8 @@ def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bi
     assert locality(other, checkpoint).startswith(f"the dictionaries in {other} are not those {checkpoint} was "
                                                   "trained with (their sizes differ from its embeddings)")
     assert not (tmp_path / "out").exists()
+    # man-localness-windows builds its task from its own arguments, then loads: the same lines
+    proc = run_cli([sys.executable, "-m", "man_fairseq.cli.localness_windows", other, "--path", checkpoint,
+                    "--gen-subset", "valid", "--cpu", "--output-dir", tmp_path / "windows"], check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith(f"the dictionaries in {other} are not those")

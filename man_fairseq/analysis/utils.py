@@ -1,6 +1,7 @@
 """Pieces shared by the analysis commands: loading checkpoints, batching a split, progress,
 labels, and the rank correlation used by the calibration analysis."""
 
+import contextlib
 import logging
 import math
 import os
@@ -16,21 +17,14 @@ from .. import textfile
 logger = logging.getLogger("man_fairseq.analysis")
 
 
-def load_checkpoint(path: str, data: str, source_lang: Optional[str] = None, target_lang: Optional[str] = None):
-    """(model in eval mode, cfg, task) of one checkpoint, its task reading ``data``; a missing file, or
-    a data folder without the checkpoint's dictionaries or with others of other sizes, is one line."""
-    import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is read)
-    from fairseq import checkpoint_utils
-
+@contextlib.contextmanager
+def checkpoint_load_errors(path: str, data: str):
+    """Loading ``path`` with its task reading ``data``: a missing file, or a data folder without the
+    checkpoint's dictionaries or with others of other sizes, is one line, not a traceback."""
     if not os.path.isfile(path):
         raise SystemExit(f"--path {path}: no such checkpoint file")
-    overrides = {"data": data}
-    if source_lang:
-        overrides["source_lang"] = source_lang
-    if target_lang:
-        overrides["target_lang"] = target_lang
     try:
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
+        yield
     except FileNotFoundError as e:  # the task's dictionaries, named by the checkpoint's languages
         raise SystemExit(f"{data} has no {os.path.basename(e.filename or '?')}, which {path} needs: give the data "
                          "folder it was trained on (or --source-lang / --target-lang)") from None
@@ -39,6 +33,20 @@ def load_checkpoint(path: str, data: str, source_lang: Optional[str] = None, tar
             raise
         raise SystemExit(f"the dictionaries in {data} are not those {path} was trained with (their sizes differ "
                          "from its embeddings): give the data folder it was trained on") from None
+
+
+def load_checkpoint(path: str, data: str, source_lang: Optional[str] = None, target_lang: Optional[str] = None):
+    """(model in eval mode, cfg, task) of one checkpoint, its task reading ``data``."""
+    import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is read)
+    from fairseq import checkpoint_utils
+
+    overrides = {"data": data}
+    if source_lang:
+        overrides["source_lang"] = source_lang
+    if target_lang:
+        overrides["target_lang"] = target_lang
+    with checkpoint_load_errors(path, data):
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=overrides)
     return models[0].eval(), cfg, task
 
 

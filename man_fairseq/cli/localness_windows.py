@@ -237,7 +237,9 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
 def main(args):
     from fairseq import checkpoint_utils, tasks, utils
 
-    from man_fairseq.analysis.utils import checkpoint_folder, model_labels, parse_model_overrides
+    from man_fairseq.analysis.utils import (
+        checkpoint_folder, checkpoint_load_errors, model_labels, parse_model_overrides,
+    )
 
     overrides = parse_model_overrides(args.model_overrides)  # before any work: bad input fails fast
     utils.import_user_module(args)
@@ -250,9 +252,10 @@ def main(args):
     for path, label in zip(paths, labels):
         out_dir = args.windows_output_dir if len(paths) == 1 else os.path.join(
             args.windows_output_dir, slug(label))
-        models, _ = checkpoint_utils.load_model_ensemble(
-            utils.split_paths(path), arg_overrides=overrides, task=task
-        )
+        with checkpoint_load_errors(path, args.data):
+            models, _ = checkpoint_utils.load_model_ensemble(
+                utils.split_paths(path), arg_overrides=overrides, task=task
+            )
         model = models[0].eval()
         if use_cuda:
             model.cuda()
