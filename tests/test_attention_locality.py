@@ -260,7 +260,8 @@ def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bi
         assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
         return proc.stdout.strip().splitlines()[-1]
 
-    assert locality(toy_data_bin, tmp_path / "none.pt") == f"--path {tmp_path / 'none.pt'}: no such checkpoint file"
+    none = tmp_path / "none.pt"
+    assert locality(toy_data_bin, none) == f"--path {none}: no such checkpoint file: {none}"
     assert locality(gigaword_like_bin, checkpoint) == (
         f"{gigaword_like_bin} has no dict.src.txt, which {checkpoint} needs: give the data folder it was trained on "
         "(or --source-lang / --target-lang)")
@@ -272,3 +273,8 @@ def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bi
                     "--gen-subset", "valid", "--cpu", "--output-dir", tmp_path / "windows"], check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith(f"the dictionaries in {other} are not those")
+    proc = run_cli([sys.executable, "-m", "man_fairseq.cli.localness_windows", other, "--path",
+                    f"{checkpoint}:{none}", "--gen-subset", "valid", "--cpu", "--output-dir", tmp_path / "windows"],
+                   check=False)  # fairseq's a.pt:b.pt: each file is checked, the missing one named
+    assert proc.returncode == 1 and proc.stdout.strip().splitlines()[-1] == (
+        f"--path {checkpoint}:{none}: no such checkpoint file: {none}"), proc.stdout[-3000:]

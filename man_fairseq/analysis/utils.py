@@ -18,11 +18,13 @@ logger = logging.getLogger("man_fairseq.analysis")
 
 
 @contextlib.contextmanager
-def checkpoint_load_errors(path: str, data: str):
-    """Loading ``path`` with its task reading ``data``: a missing file, or a data folder without the
+def checkpoint_load_errors(path: str, data: str, files: Optional[List[str]] = None):
+    """Loading ``path`` (the checkpoint ``files``, by default ``path`` alone: fairseq's ``a.pt:b.pt``
+    names several) with its task reading ``data``: a missing file, or a data folder without the
     checkpoint's dictionaries or with others of other sizes, is one line, not a traceback."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"--path {path}: no such checkpoint file")
+    missing = [f for f in (files or [path]) if not os.path.isfile(f)]
+    if missing:
+        raise SystemExit(f"--path {path}: no such checkpoint file: {missing[0]}")
     try:
         yield
     except FileNotFoundError as e:  # the task's dictionaries, named by the checkpoint's languages

@@ -252,10 +252,9 @@ def main(args):
     for path, label in zip(paths, labels):
         out_dir = args.windows_output_dir if len(paths) == 1 else os.path.join(
             args.windows_output_dir, slug(label))
-        with checkpoint_load_errors(path, args.data):
-            models, _ = checkpoint_utils.load_model_ensemble(
-                utils.split_paths(path), arg_overrides=overrides, task=task
-            )
+        files = utils.split_paths(path)
+        with checkpoint_load_errors(path, args.data, files):
+            models, _ = checkpoint_utils.load_model_ensemble(files, arg_overrides=overrides, task=task)
         model = models[0].eval()
         if use_cuda:
             model.cuda()

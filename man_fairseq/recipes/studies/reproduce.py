@@ -177,7 +177,8 @@ def time_families(families, cfgs, args, on_family=None):
 # ------------------------------------------------------------------------------------ main
 
 def build_table(experiment, cfgs, args, manifest, results_dir):
-    """Rebuild ``RESULTS/<experiment>.md/.json/-valid-loss.png`` from the records alone."""
+    """Rebuild ``RESULTS/<experiment>.md``, ``.json`` and its figure (``study_figure.figure_path``) from the
+    records alone."""
     from . import study_table
     from .study_table import table_meta
     from .study_records import partition, read_records
