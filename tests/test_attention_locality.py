@@ -278,3 +278,30 @@ def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bi
                    check=False)  # fairseq's a.pt:b.pt: each file is checked, the missing one named
     assert proc.returncode == 1 and proc.stdout.strip().splitlines()[-1] == (
         f"--path {checkpoint}:{none}: no such checkpoint file: {none}"), proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("module, option, value, minimum", [
+    ("attention_locality", "--max-sentences", "0", 1),
+    ("attention_locality", "--batch-size", "-3", 1),
+    ("attention_locality", "--max-tokens", "0", 1),
+    ("attention_locality", "--log-interval", "0", 1),
+    ("diffwin_windows", "--max-sentences", "0", 1),
+    ("diffwin_windows", "--num-heatmaps", "-1", 0),
+    ("export_calibration", "--kendall-sentences", "-1", 0),
+    ("export_calibration", "--batch-size", "0", 1),
+])
+def test_a_count_option_below_its_minimum_is_refused_before_loading(module, option, value, minimum, tmp_path):
+    """``--max-sentences 0`` wrote a table of zeros with exit status 0 and ``--log-interval 0`` was a
+    traceback after loading: a count below its minimum is one line, before the checkpoint is read
+    (the path does not exist: without the check the message would be the missing checkpoint's)."""
+    import importlib
+
+    cli = importlib.import_module(f"man_fairseq.cli.{module}")
+    argv = [str(tmp_path / "data"), "--path", str(tmp_path / "none.pt"), "--output-dir", str(tmp_path / "out"), "--cpu"]
+    with pytest.raises(SystemExit) as refused:
+        cli.cli_main([*argv, option, value])
+    assert str(refused.value) == f"{option} {value}: expected an integer >= {minimum}"
+    with pytest.raises(SystemExit) as at_minimum:  # the minimum itself passes the check
+        cli.cli_main([*argv, option, str(minimum)])
+    assert "expected an integer" not in str(at_minimum.value)
+    assert not (tmp_path / "out").exists()

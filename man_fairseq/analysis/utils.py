@@ -1,5 +1,5 @@
-"""Pieces shared by the analysis commands: loading checkpoints, batching a split, progress,
-labels, and the rank correlation used by the calibration analysis."""
+"""Pieces shared by the analysis commands: loading checkpoints, checking count options, batching a
+split, progress, labels, and the rank correlation used by the calibration analysis."""
 
 import contextlib
 import logging
@@ -86,6 +86,16 @@ def add_model_and_data_arguments(p, default_subset: str, path_help: str, data_he
     p.add_argument("--target-lang", default=None)
     p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
     p.add_argument("--batch-size", type=int, default=32)
+
+
+def check_counts(args, **minimums: int) -> None:
+    """Each named count option that is set is at least its minimum (``batch_size=1``), checked
+    before anything is loaded: ``--max-sentences 0`` wrote a table of zeros, ``--log-interval 0``
+    was a traceback after the model had loaded."""
+    for name, minimum in minimums.items():
+        value = getattr(args, name)
+        if value is not None and value < minimum:
+            raise SystemExit(f"--{name.replace('_', '-')} {value}: expected an integer >= {minimum}")
 
 
 def checkpoint_folder(path: str) -> str:

@@ -41,7 +41,7 @@ from man_fairseq.analysis.locality import (  # noqa: F401  (the measurements, by
     AttentionRecorder, LocalityStats, encoder_self_attentions, locality_shares, real_positions, self_attention_label,
     uniform_shares,
 )
-from man_fairseq.analysis.utils import load_checkpoint
+from man_fairseq.analysis.utils import check_counts, load_checkpoint
 
 logger = logging.getLogger("man_fairseq.attention_locality")
 
@@ -241,6 +241,7 @@ def cli_main(argv=None):
         parse_windows(args.windows)  # fail before loading anything
     except ValueError as e:
         raise SystemExit(str(e))
+    check_counts(args, batch_size=1, max_tokens=1, max_sentences=1, log_interval=1)
     main(args)
 
 

@@ -50,8 +50,8 @@ import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, checkpoint_folder, load_checkpoint,
-    model_labels,
+    Progress, add_model_and_data_arguments, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    load_checkpoint, model_labels,
 )
 from man_fairseq.analysis.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
 from man_fairseq.analysis.calibration_stats import (
@@ -350,7 +350,9 @@ def main(args):
 
 def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
-    main(get_parser().parse_args(argv))
+    args = get_parser().parse_args(argv)
+    check_counts(args, batch_size=1, max_sentences=1, num_heatmaps=0, kendall_sentences=0, log_interval=1)
+    main(args)
 
 
 if __name__ == "__main__":
