@@ -120,3 +120,14 @@ def test_nothing_cites_notes_outside_the_repository(group):
             if OUTSIDE.search(rest):
                 bad.append(f"{rel}:{n}: {line.strip()[:100]}")
     assert not bad, "cite docs/ (or the paper and its table) instead:\n" + "\n".join(bad)
+
+
+def test_the_docs_index_lists_every_page_and_each_link_exists():
+    """docs/README.md, the page GitHub shows for docs/, links every page there (a new page is listed
+    when it is added), and every relative link of it names a file that exists."""
+    index = REPO / "docs" / "README.md"
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)", index.read_text(encoding="utf-8"))
+    missing = [link for link in links if not (index.parent / link).is_file()]
+    assert not missing, f"docs/README.md links files that do not exist: {missing}"
+    pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+    assert not pages - set(links), f"docs/README.md does not list: {sorted(pages - set(links))}"
