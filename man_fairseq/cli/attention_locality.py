@@ -181,6 +181,8 @@ def save_plot(path, rows, windows, subset="valid"):
         if r["layer"] is not None:
             series[(r["model"], r["sublayer"])].append(r)
     uniform = {r["model"]: r["share"] for r in rows if r["layer"] is None}
+    # zoomed to the largest share: on 400-token articles every share is near 0.01 and a 0-1 axis hid them
+    top = min(1.02, 1.15 * max([max(r["share"]) for r in rows] + [0.01]))
     for wi, (ax, w) in enumerate(zip(axes[0], windows)):
         for (model, sublayer), rs in series.items():
             rs = sorted(rs, key=lambda r: r["layer"])
@@ -189,7 +191,7 @@ def save_plot(path, rows, windows, subset="valid"):
             ax.axhline(share[wi], linestyle=":", color="grey", linewidth=1)
         ax.set_title(f"w = {w}")
         ax.set_xlabel("encoder layer")
-        ax.set_ylim(0, 1.02)
+        ax.set_ylim(0, top)
         layers = sorted({r["layer"] for r in rows if r["layer"] is not None})
         ax.set_xticks(layers)
     axes[0][0].set_ylabel("attention share within |t-s| <= w")
