@@ -128,6 +128,18 @@ def test_rerun_removes_only_what_the_demo_wrote(tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
 
 
+def test_try_lock_has_one_owner_at_a_time(tmp_path):
+    """The lock of scripts/reproduce.sh's runs and of data-prep's --work folders (workdir.try_lock)."""
+    from man_fairseq.recipes.workdir import try_lock
+
+    lock = tmp_path / ".lock"
+    with try_lock(lock) as first:
+        with try_lock(lock) as second:  # another open file: as another process would
+            assert (first, second) == (True, False)
+    with try_lock(lock) as again:  # released with the block
+        assert again
+
+
 def test_words_per_second_inputs():
     log = ("2026 | INFO | train | epoch 001 | loss 5 | wps 200 | ups 1 | wpb 100.5 | bsz 10 | num_updates 4 | lr 0.1\n"
            "2026 | INFO | valid | epoch 001 | loss 5 | wps 999 | wpb 70 | num_updates 4\n"

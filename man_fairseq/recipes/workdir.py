@@ -3,9 +3,11 @@
 A command that writes into a folder (``scripts/demo.py --out``, ``make smoke``) records there,
 in a marker file, every entry it creates. On a later run it removes only those entries; a
 non-empty folder without the marker is someone else's and is refused, and the command's input
-may not lie inside it.
+may not lie inside it. ``try_lock`` lets one process at a time own a folder a long job writes into.
 """
 
+import contextlib
+import fcntl
 import shutil
 from pathlib import Path
 
@@ -47,3 +49,16 @@ def created(out, *names):
     marker = Path(out) / MARKER
     known = marker.read_text().split()
     marker.write_text("".join(n + "\n" for n in dict.fromkeys(known + [str(n) for n in names])))
+
+
+@contextlib.contextmanager
+def try_lock(path):
+    """Take the lock file ``path`` (created if missing) for the block without waiting; yields whether
+    this process holds it. The lock goes with the file's close, also when the process dies."""
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True

@@ -10,7 +10,6 @@ is :mod:`man_fairseq.recipes.data.downloads`, fairseq-preprocess :mod:`man_fairs
 """
 
 import contextlib
-import fcntl
 import gzip
 import hashlib
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from . import moses
 from ... import textfile
+from ..workdir import try_lock
 
 
 class PrepError(RuntimeError):
@@ -61,13 +61,11 @@ def work_lock(work):
     """Own the --work folder while a preparation runs, or refuse: two preparations sharing one (the
     default is one per dataset, whatever --from and --dest) would rewrite each other's intermediate
     files between steps, and one could binarize the other's text with exit status 0."""
-    with open(claim_folder(work, "--work") / ".lock", "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with try_lock(claim_folder(work, "--work") / ".lock") as ours:
+        if not ours:
             raise PrepError(f"--work {work} is in use by another preparation still running; wait for it "
-                            "to end, or give this one its own --work folder") from None
-        yield  # released with the file's close, also when the process dies
+                            "to end, or give this one its own --work folder")
+        yield
 
 
 def is_ours(path):

@@ -20,9 +20,7 @@ config's width and batch and extrapolates one epoch (``RESULTS/<experiment>-timi
 """
 
 import argparse
-import contextlib
 import datetime
-import fcntl
 import json
 import os
 import shutil
@@ -41,6 +39,7 @@ from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
 from ..options import SEEDS_HELP, number, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
+from ..workdir import try_lock
 from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_figure import figure_path, plot_study
@@ -104,18 +103,11 @@ def prepare_run_dir(run, fingerprint, force, legacy=None):
     return False
 
 
-@contextlib.contextmanager
 def run_lock(runs_dir, name):
     """Whether this process owns the (family, seed) run: two scripts/reproduce.sh at once (say one per
     family, as on a 2-core machine) must not train the same run folder; the baseline is in both."""
     runs_dir.mkdir(parents=True, exist_ok=True)
-    with open(runs_dir / f".{name}.lock", "a") as f:  # beside the folder: --force removes the folder
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True  # the lock goes with the file's close, also when the process dies
+    return try_lock(runs_dir / f".{name}.lock")  # beside the folder: --force removes the folder
 
 
 def train_run(cfg, run, seed, args, fingerprint, force=False):
