@@ -80,6 +80,30 @@ def test_the_runs_must_agree_on_their_test_sample():
         record_samples([a], dict(manifest, counts={"test": 90}))
 
 
+def test_a_sample_of_every_pair_is_scored_under_one_fingerprint():
+    """--test-sample 0 and one above the test set's size both score all of it: one record, not two."""
+    from man_fairseq.recipes.config import load_config
+    from man_fairseq.recipes.studies import reproduce
+    from man_fairseq.recipes.studies.experiments import EXPERIMENTS
+    from man_fairseq.recipes.studies.study_records import record_fingerprint
+
+    exp = EXPERIMENTS["cnndm-cpu"]
+    cfg = load_config(exp["configs"] / "man.yaml")  # eval.test_sample: 2000
+    manifest = {"test_sets": {"test": "val"}, "counts": {"test": 13368}}
+
+    def fingerprint(test_sample):
+        args = reproduce.parse_args(["cnndm-cpu", *(["--test-sample", str(test_sample)] if test_sample is not None
+                                                    else [])])
+        return record_fingerprint(reproduce.scoring_config(cfg, exp, args, manifest), args, 1)
+    everything = {fingerprint(0), fingerprint(13368), fingerprint(20000)}
+    assert len(everything) == 1
+    assert len({*everything, fingerprint(None), fingerprint(2000), fingerprint(13367)}) == 3  # None is 2000
+    assert fingerprint(None) == fingerprint(2000)
+    small = dict(manifest, counts={"test": 300})  # the config's own 2,000 of a 300-pair test set: all of it
+    args = reproduce.parse_args(["cnndm-cpu"])
+    assert "test_sample" not in reproduce.scoring_config(cfg, exp, args, small)["eval"]
+
+
 def tiny_see_release(root, seed=7):
     """See et al.'s text layout as cnndm-see names its splits, with a learnable toy task: the summary
     is the article's first sentence."""

@@ -62,11 +62,18 @@ def device_name(device):
     return f"CPU: {cpu_model()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
 
 
-def scoring_config(cfg, experiment, args):
+def scoring_config(cfg, experiment, args, manifest):
     """``cfg`` with the scoring options of the command line that change a score resolved into its
-    ``eval`` (so they are part of the fingerprint): ROUGE's exception database, ``--test-sample``."""
-    if args.test_sample is not None:  # only when given: the committed records' fingerprints stay
-        cfg = dict(cfg, eval=dict(cfg["eval"], test_sample=args.test_sample))
+    ``eval`` (so they are part of the fingerprint): ROUGE's exception database, ``--test-sample``.
+    A sample of every pair of each test set (0, or more than the largest holds) is no sample: the
+    key goes, so scoring all of them is one fingerprint however it was asked for."""
+    evaluation = dict(cfg["eval"])
+    if args.test_sample is not None:
+        evaluation["test_sample"] = args.test_sample
+    largest = max(manifest["counts"][subset] for subset in manifest["test_sets"])
+    if evaluation.get("test_sample") is not None and not 0 < evaluation["test_sample"] < largest:
+        del evaluation["test_sample"]
+    cfg = dict(cfg, eval=evaluation)
     if experiment["metric"] != "rouge":
         return cfg  # the BLEU studies' fingerprints stay as their committed records have them
     return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
@@ -334,14 +341,15 @@ def main(argv=None):
     exp = EXPERIMENTS[args.experiment]
     try:
         manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
-        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args) for f in args.families}
+        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args, manifest)
+                for f in args.families}
         args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:
             write_timing(args, cfgs, manifest)
             return 0
         if not args.table_only:
             run_study(args, cfgs, manifest)
-        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args)
+        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args, manifest)
                     for f in families_of(args.experiment)}
         md = build_table(args.experiment, all_cfgs, args, manifest, args.results_dir)
         print(md.read_text())
