@@ -304,6 +304,8 @@ def build_fairseq_model(arch, extra=(), dict_size=100, share_all=True, tmp_dir=N
     d.save(os.path.join(tmp, "dict.src.txt"))
     d.save(os.path.join(tmp, "dict.tgt.txt"))
     argv = [tmp, "--arch", arch, "-s", "src", "-t", "tgt", "--user-dir", USER_DIR, *map(str, extra)]
+    if arch.startswith("transformer_calibrated") and "--criterion" not in argv:
+        argv += ["--criterion", "calibrated_label_smoothed_cross_entropy"]  # the one it trains with
     if share_all:
         argv.append("--share-all-embeddings")
     parser = options.get_training_parser()

@@ -49,7 +49,7 @@ def hydra_train(tmp_path, config_name, check=True):
                    cwd=tmp_path, check=check, timeout=600)
 
 
-def argparse_model(data_bin, arch, model_options):
+def argparse_model(data_bin, arch, model_options, criterion):
     from fairseq import options, tasks
 
     flags = []
@@ -58,7 +58,7 @@ def argparse_model(data_bin, arch, model_options):
         flags += [flag] if value is True else [flag, str(value)]
     args = options.parse_args_and_arch(options.get_training_parser(), [
         str(data_bin), "--user-dir", USER_DIR, "--task", "translation", "-s", "src", "-t", "tgt",
-        "--arch", arch, "--share-all-embeddings", "--dropout", "0.1", *TINY_MODEL, *flags,
+        "--arch", arch, "--share-all-embeddings", "--dropout", "0.1", *TINY_MODEL, *flags, "--criterion", criterion,
     ])
     return tasks.setup_task(args).build_model(args)
 
@@ -84,7 +84,7 @@ def test_hydra_yaml_trains_and_builds_the_argparse_model(family, toy_data_bin, t
 
     # the model hydra trained against the one fairseq-train's argparse path builds
     state = checkpoint_utils.load_checkpoint_to_cpu(str(save / "checkpoint_last.pt"))
-    reference = argparse_model(toy_data_bin, arch, model_options)
+    reference = argparse_model(toy_data_bin, arch, model_options, criterion)
     assert {k: tuple(v.shape) for k, v in state["model"].items()} == \
         {k: tuple(v.shape) for k, v in reference.state_dict().items()}
     hydra_params = sum(v.numel() for k, v in state["model"].items() if k in dict(reference.named_parameters()))

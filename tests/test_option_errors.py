@@ -39,6 +39,8 @@ def parse(tmp_path, arch, *extra, criterion=None):
         d.save(str(tmp_path / f"dict.{lang}.txt"))
     argv = [str(tmp_path), "--user-dir", USER_DIR, "--task", "translation", "-s", "src", "-t", "tgt",
             "--arch", arch, "--share-all-embeddings", *TINY_MODEL, *map(str, extra)]
+    if criterion is None and arch.startswith("transformer_calibrated") and "--criterion" not in argv:
+        criterion = CRITERION  # the one it trains with
     if criterion:
         argv += ["--criterion", criterion]
     return options.parse_args_and_arch(options.get_training_parser(), argv)
@@ -140,6 +142,9 @@ def test_good_values_still_parse_as_their_type(tmp_path):
     ("transformer_calibrated_small", ["--checkpoint-activations"], False,
      "transformer_calibrated does not support --checkpoint-activations"),
     ("transformer_calibrated_small", ["--no-cross-attention"], False, "needs the encoder-decoder attention"),
+    ("transformer_calibrated_small", ["--criterion", "label_smoothed_cross_entropy"], False,
+     f"--arch transformer_calibrated_* trains with --criterion {CRITERION} (its mask perturbation model learns "
+     "only from that joint loss); got --criterion label_smoothed_cross_entropy"),
     ("transformer_man_small", ["--no-cross-attention"], False, "transformer_man does not support --no-cross-attention"),
     ("transformer_man_small", ["--cross-self-attention"], False,
      "transformer_man does not support --cross-self-attention"),
@@ -213,6 +218,9 @@ def test_an_option_error_in_a_spawned_process_is_one_line_too(tmp_path, capsys):
      "fairseq-train: error: argument --perturbation-weight: invalid value '-1': must be >= 0"),
     (["--arch", "transformer_localness_small", "--localness-layers", "0,5"], 1,
      "fairseq-train: error: --localness-layers 0,5: layers out of range, the model has 2 (0-based indices < 2)"),
+    (["--arch", "transformer_calibrated_small"], 1,  # TINY_TRAIN's label_smoothed_cross_entropy
+     f"fairseq-train: error: --arch transformer_calibrated_* trains with --criterion {CRITERION} (its mask "
+     "perturbation model learns only from that joint loss); got --criterion label_smoothed_cross_entropy"),
     (["--arch", "transformer_man_small", "--criterion", CRITERION], 1,
      f"fairseq-train: error: --criterion {CRITERION} needs a calibrated model "
      "(--arch transformer_calibrated_small/_base/_big), got --arch transformer_man_small"),

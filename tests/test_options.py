@@ -34,6 +34,8 @@ def parse(tmp_path, arch, *extra, criterion=None):
         d.save(str(tmp_path / f"dict.{lang}.txt"))
     argv = [str(tmp_path), "--user-dir", USER_DIR, "--task", "translation", "-s", "src", "-t", "tgt",
             "--arch", arch, "--share-all-embeddings", *TINY_MODEL, *map(str, extra)]
+    if criterion is None and arch.startswith("transformer_calibrated") and "--criterion" not in argv:
+        criterion = CRITERION  # the one it trains with
     if criterion:
         argv += ["--criterion", criterion]
     return options.parse_args_and_arch(options.get_training_parser(), argv)

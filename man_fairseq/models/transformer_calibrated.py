@@ -43,6 +43,7 @@ class CalibrationConfig(FairseqDataclass):
 
 
 CALIBRATION_DEFAULTS = CalibrationConfig()
+JOINT_CRITERION = "calibrated_label_smoothed_cross_entropy"
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,12 @@ class TransformerCalibratedModel(BiasedTransformerModel):
             raise PluginOptionError("transformer_calibrated does not support --checkpoint-activations")
         if getattr(args, "no_cross_attention", False):
             raise PluginOptionError("transformer_calibrated needs the encoder-decoder attention (no --no-cross-attention)")
+        criterion = getattr(args, "criterion", None)  # what fairseq-train trains with (absent when built by hand)
+        if isinstance(criterion, str) and criterion != JOINT_CRITERION:
+            # any other loss never trains the mask perturbation model: "calibration" by an untrained mask
+            raise PluginOptionError(f"--arch transformer_calibrated_* trains with --criterion {JOINT_CRITERION} "
+                                    f"(its mask perturbation model learns only from that joint loss); got "
+                                    f"--criterion {criterion}")
 
     @classmethod
     def make_plan(cls, args):
