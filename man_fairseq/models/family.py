@@ -8,15 +8,18 @@ A family is a fairseq model class (a subclass of :class:`PluginModel`) that decl
 * :meth:`PluginModel.check`: checks between options beyond each option's own valid values;
 * :meth:`PluginModel.make_plan`: the options parsed once into a :class:`Plan` the layers read
   (which attention of which layer gets which mask module), carrying the ``--attention-backend``
-  every attention is constructed with.
+  every attention is constructed with;
+* :meth:`PluginModel.inert_options`: the options the plan leaves unread, each warned about when
+  its value is not the default (a user's option that silently changes nothing).
 
 :meth:`PluginModel.build_model` is the wiring every family shares: as_namespace → the family's
 option defaults → the declared checks → :meth:`~PluginModel.check` → :meth:`~PluginModel.make_plan`
-→ fairseq's ``build_model``, whose ``build_encoder`` / ``build_decoder`` read the plan with
+→ the warnings of :meth:`~PluginModel.inert_options` → fairseq's ``build_model``, whose ``build_encoder`` / ``build_decoder`` read the plan with
 :meth:`PluginModel.plan_in_build`.
 """
 
 import dataclasses
+import logging
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from enum import Enum
@@ -26,7 +29,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import register_model, register_model_architecture
 
 from ..modules.attention_backend import ATTENTION_BACKENDS
-from ..plugin_options import PluginOptionError, add_option_args, as_namespace, check_options
+from ..plugin_options import PluginOptionError, add_option_args, as_namespace, check_options, option_flag
+
+logger = logging.getLogger(__name__)
 
 # the three places an attention sits in an encoder-decoder Transformer
 ENCODER_SELF, DECODER_SELF, CROSS = "encoder_self", "decoder_self", "cross"
@@ -200,13 +205,34 @@ class PluginModel:
         return Plan(attention_backend_of(args))
 
     @classmethod
+    def inert_options(cls, args, plan: Plan) -> Dict[str, str]:
+        """{option dest: why the model of ``plan`` does not read it}."""
+        return {}
+
+    @classmethod
+    def is_default(cls, args, dest: str, value) -> bool:
+        """Whether ``value`` of option ``dest`` is one the option takes when the user gives none."""
+        return str(value) == str(getattr(cls.config(), dest))
+
+    @classmethod
+    def warn_inert_options(cls, args, plan: Plan) -> None:
+        """One warning per option given a value other than its default that changes nothing here
+        (a warning, not an error: a checkpoint trained so must still load)."""
+        for dest, why in cls.inert_options(args, plan).items():
+            value = getattr(args, dest, None)
+            if value is not None and not cls.is_default(args, dest, value):
+                logger.warning("%s %s changes nothing: %s", option_flag(dest), value, why)
+
+    @classmethod
     def build_model(cls, args, task):
         args = as_namespace(args)  # fairseq-hydra-train passes a DictConfig
         cls.fill_defaults(args)
         # fail at start-up, before any data is read and any layer is built
         check_options(args, cls.config)
         cls.check(args)
-        token = _PLAN_IN_BUILD.set(cls.make_plan(args))
+        plan = cls.make_plan(args)
+        cls.warn_inert_options(args, plan)
+        token = _PLAN_IN_BUILD.set(plan)
         try:
             return super().build_model(args, task)
         finally:

@@ -88,6 +88,16 @@ class TransformerCalibratedModel(BiasedTransformerModel):
         return AttentionPlan(attention_backend_of(args), {(CROSS, layer): spec for layer in range(decoder_layers)})
 
     @classmethod
+    def inert_options(cls, args, plan):
+        fusion = str(args.calibration_fusion)
+        inert = {}
+        if fusion not in ("fixed", "fixed_softmax"):
+            inert["calibration_lambda"] = f"only the fixed fusions read it (--calibration-fusion {fusion})"
+        if fusion != "anneal":
+            inert["calibration_anneal_steps"] = f"only the anneal fusion reads it (--calibration-fusion {fusion})"
+        return inert
+
+    @classmethod
     def attention_extras(cls, spec, kind, cfg):
         return None, CalibrationTransform(
             query_dim=cfg.decoder.embed_dim,

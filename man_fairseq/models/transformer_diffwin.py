@@ -185,6 +185,32 @@ class TransformerDiffWinModel(BiasedTransformerModel):
         }
         return AttentionPlan(attention_backend_of(args), specs)
 
+    @classmethod
+    def is_default(cls, args, dest, value):
+        """The option's own default, or the value its preset fills in."""
+        preset = DIFFWIN_PRESETS[args.diffwin_preset]
+        return super().is_default(args, dest, value) or (dest in preset and str(value) == str(preset[dest]))
+
+    @classmethod
+    def inert_options(cls, args, plan):
+        specs = list(plan.specs.values())
+        if not specs:
+            no_mode = all(str(getattr(args, f"diffwin_{side}")) == "none" for side in ("encoder", "decoder", "cross"))
+            why = "no attention gets a window (" + ("--diffwin-encoder, -decoder and -cross are none)" if no_mode
+                                                    else "--diffwin-layers 0)")
+            dests = ["diffwin_temperature", "diffwin_segment_size", "diffwin_encoder_mask", "diffwin_cross_mask",
+                     "diffwin_mw_renormalize", "diffwin_mask_union"] + (["diffwin_layers"] if no_mode else [])
+            return {dest: why for dest in dests}
+        inert = {}
+        if not any(spec.mask == "segment" for spec in specs):
+            inert["diffwin_segment_size"] = "no window uses a segment mask"
+        if not any(spec.mode == "mw" for spec in specs):
+            inert["diffwin_mw_renormalize"] = "no multiplicative (mw) window"
+        for side in ("encoder", "cross"):
+            if str(getattr(args, f"diffwin_{side}")) == "none":
+                inert[f"diffwin_{side}_mask"] = f"--diffwin-{side} none"
+        return inert
+
     def set_beam_size(self, beam_size: int):
         """Called by fairseq's generator: the cross-attention windows then cache one row per
         sentence instead of one per hypothesis (the core's own caches are fairseq's, untouched)."""

@@ -165,6 +165,24 @@ class TransformerLocalnessModel(BiasedTransformerModel):
         return AttentionPlan(attention_backend_of(args), specs)
 
     @classmethod
+    def inert_options(cls, args, plan):
+        windows = {spec.window for spec in plan.specs.values() if spec.window is not None}
+        inert = {}
+        if not windows:
+            inert["localness_window"] = "no attention gets the Gaussian bias (--localness-layers, " \
+                                        "--localness-attention-types)"
+        if "fixed" not in windows:
+            inert["localness_fixed_window"] = "only the 'fixed' window strategy reads it"
+        if "head" not in windows:
+            inert["localness_head_window_max"] = "only the 'head' window strategy reads it"
+        if not args.relative_positions:
+            why = "without --relative-positions"
+            inert.update(max_relative_position=why, relative_position_attention_types=why)
+        elif not any(spec.max_relative_position is not None for spec in plan.specs.values()):
+            inert["relative_positions"] = "--relative-position-attention-types names no self-attention"
+        return inert
+
+    @classmethod
     def attention_extras(cls, spec, kind, cfg):
         if spec.window is None:
             return None, None

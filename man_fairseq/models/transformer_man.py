@@ -132,6 +132,17 @@ class TransformerMANModel(PluginModel, TransformerModel):
         )
 
     @classmethod
+    def inert_options(cls, args, plan):
+        sublayers = set(plan.encoder_sublayers) | set(plan.decoder_sublayers)
+        inert = {}
+        if "sman2" not in sublayers:
+            inert["static_mask_window"] = "no sman2 sublayer in --encoder-sublayers or --decoder-sublayers"
+        if "dman" not in sublayers:
+            why = "no dman sublayer in --encoder-sublayers or --decoder-sublayers"
+            inert.update(dman_max_relative_distance=why, dman_init=why)
+        return inert
+
+    @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return MANEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
 
