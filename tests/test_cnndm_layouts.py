@@ -453,3 +453,12 @@ def test_length_options_are_checked(capsys):
             parse_args(["cnndm", option, value])
         assert e.value.code == 2 and f"{option} {value}: {message}" in capsys.readouterr().err
     assert parse_args(["cnndm", "--max-target-tokens", "100"]).max_target_tokens == 100
+    assert parse_args(["cnndm"]).max_source_tokens == 400
+    # an option the dataset's recipe does not read changes nothing: refused, not ignored
+    for argv, message in ((["gigaword", "--max-source-tokens", "50"], "--max-source-tokens: CNN/DM only"),
+                          (["iwslt14", "--max-source-tokens", "50", "--max-target-tokens", "5"],
+                           "--max-source-tokens and --max-target-tokens: CNN/DM only"),
+                          (["cnndm", "--max-len", "100"], "--max-len: not read by the CNN/DM recipe")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err

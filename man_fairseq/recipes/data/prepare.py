@@ -247,15 +247,27 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=number("--workers", low=1), default=1)
     p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
                    help="BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
-    p.add_argument("--max-len", type=number("--max-len", low=1), default=None, help="cleaning: max tokens per side")
-    p.add_argument("--max-source-tokens", type=int, default=400,
-                   help="CNN/DM: truncate articles to this many tokens (See et al.; 0 = keep all)")
+    p.add_argument("--max-len", type=number("--max-len", low=1), default=None,
+                   help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword)")
+    p.add_argument("--max-source-tokens", type=int, default=None,
+                   help="CNN/DM: truncate articles to this many tokens (default 400, See et al.; 0 = keep all)")
     p.add_argument("--max-target-tokens", type=int, default=None,
                    help="CNN/DM: truncate training and validation summaries to this many tokens (test references "
                         "never; default: keep all, as fairseq's BART CNN/DM recipe; See et al. trained on 100)")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="go on when a split's size differs from the standard one (default: error)")
     args = p.parse_args(argv)
+    # an option the dataset's recipe does not read is refused: it would change nothing, with exit status 0
+    unread = [flag for flag, dest in (("--max-source-tokens", "max_source_tokens"),
+                                      ("--max-target-tokens", "max_target_tokens")) if getattr(args, dest) is not None]
+    if args.dataset != "cnndm" and unread:
+        p.error(f"{' and '.join(unread)}: CNN/DM only; the {args.dataset} recipe cuts no sentence "
+                "(--max-len drops longer pairs)")
+    if args.dataset == "cnndm" and args.max_len is not None:
+        p.error("--max-len: not read by the CNN/DM recipe, which drops no pair by length; "
+                "--max-source-tokens and --max-target-tokens cut articles and summaries")
+    if args.max_source_tokens is None:
+        args.max_source_tokens = 400
     if args.max_source_tokens < 0:
         p.error(f"--max-source-tokens {args.max_source_tokens}: must be 0 (keep all) or more")
     if args.max_target_tokens is not None and args.max_target_tokens < 1:
