@@ -296,6 +296,26 @@ def test_a_count_out_of_range_is_refused_when_the_arguments_are_read(toy_run, op
         f"scripts/evaluate.sh: error: argument {option}: invalid value '{value}': {why}")
 
 
+@pytest.mark.parametrize("command", ["train", "evaluate", "reproduce"])
+def test_a_half_precision_on_the_cpu_is_refused_not_dropped(command, tmp_path, capsys):
+    # fairseq's --fp16/--bf16 do not run on the CPU: --precision bf16 with --cpu trained and decoded in
+    # fp32, with exit status 0
+    from man_fairseq.recipes.studies import reproduce
+    from man_fairseq.recipes.training import launch
+
+    argv, prog = {"train": (["multi30k/transformer", "--cpu"], "scripts/train.sh"),
+                  "evaluate": ([str(tmp_path), "--cpu"], "scripts/evaluate.sh"),
+                  "reproduce": (["multi30k-cpu", "--device", "cpu"], "scripts/reproduce.sh")}[command]
+    main = {"train": launch.main, "evaluate": evaluate.main, "reproduce": reproduce.parse_args}[command]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--precision", "bf16"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"{prog}: error: --precision bf16: the CPU runs fp32 only (fairseq's --fp16/--bf16 need a GPU)")
+    assert reproduce.parse_args(["multi30k-cpu", "--device", "cpu", "--precision", "fp32"]).precision == "fp32"
+    assert reproduce.parse_args(["multi30k-cpu", "--device", "cuda"]).precision == "fp16"
+
+
 def test_a_checkpoint_that_is_not_one_is_named_before_decoding(toy_run, tmp_path, monkeypatch, capsys):
     run, _ = toy_run
     text = tmp_path / "notes.pt"

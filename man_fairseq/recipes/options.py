@@ -57,3 +57,18 @@ def number(flag, low=None, high=None, integer=True, low_open=False):
     parse.__name__ = convert.__name__  # argparse's "invalid int value"
     parse.flag = flag
     return parse
+
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISION_HELP = "GPU precision (default fp16, as the papers trained; the CPU runs fp32 only)"
+
+
+def resolve_precision(parser, precision, cpu):
+    """``--precision`` (default None) for the device: fp32 on the CPU, where fairseq's --fp16 and
+    --bf16 do not run (a half precision asked for there is refused, not silently dropped), fp16 by
+    default on a GPU."""
+    if cpu:
+        if precision not in (None, "fp32"):
+            parser.error(f"--precision {precision}: the CPU runs fp32 only (fairseq's --fp16/--bf16 need a GPU)")
+        return "fp32"
+    return precision or "fp16"

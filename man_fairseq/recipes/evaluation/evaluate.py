@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, validate
-from ..options import number
+from ..options import PRECISION_HELP, PRECISIONS, number, resolve_precision
 from ..training.launch import visible_gpus
 from . import result_files
 from .decode import EvaluateError, decode
@@ -188,7 +188,7 @@ def build_parser():
     p.add_argument("--subset", default=None, help="override eval.gen_subset (default test)")
     p.add_argument("--data", default=None, help="override the data-bin directory")
     p.add_argument("--cpu", action="store_true")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
     p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
                    help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
@@ -207,7 +207,9 @@ def build_parser():
 
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.precision = resolve_precision(parser, args.precision, args.cpu)
     run = Path(args.run).resolve()
     if not (run / "config.yaml").is_file():
         print(f"ERROR: {run}: no config.yaml; RUN must be a run folder written by scripts/train.sh", file=sys.stderr)

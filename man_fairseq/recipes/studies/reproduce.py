@@ -37,7 +37,7 @@ from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
-from ..options import SEEDS_HELP, number, seeds
+from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from ..workdir import try_lock
 from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
@@ -236,7 +236,7 @@ def build_parser():
                         "always run: it is the baseline of the significance test)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cpu for multi30k-cpu (its records were made there), else cuda when visible")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16", help="GPU precision (CPU: fp32)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--data", default=None, help="binarized data (default data-bin/multi30k.de-en; gigaword-cpu: "
                    "data-bin/gigaword-30k)")
     p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
@@ -280,6 +280,7 @@ def parse_args(argv=None):
         from ..training.launch import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
+    args.precision = resolve_precision(p, args.precision, args.device == "cpu")
     try:
         named, args.families = parse_families(args.experiment, args.families)
     except ValueError as e:

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from ..config import REPO, load_config, option_args
+from ..options import PRECISION_HELP, PRECISIONS, resolve_precision
 from ..tools import echo, run_tool, tool_env
 from ...logging_setup import quiet_logging
 from ...paths import USER_DIR
@@ -138,8 +139,7 @@ def main(argv=None):
     p.add_argument("--cpu", action="store_true", help="train on CPU (smoke runs)")
     p.add_argument("--launcher", choices=["torchrun", "slurm"], default=None,
                    help="default: slurm inside a SLURM allocation, torchrun otherwise")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16",
-                   help="GPU precision (the papers trained in fp16; CPU always fp32)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
     p.add_argument("--data", default=None, help="override the config's data-bin directory")
     p.add_argument("--run-dir", default=None, help="default: runs/<config name>")
     p.add_argument("--master-port", type=int, default=None)
@@ -147,6 +147,7 @@ def main(argv=None):
     p.epilog = "Options after '--' go to fairseq-train unchanged (they override the config)."
     argv, extra = split_fairseq_args(argv)
     args = p.parse_args(argv)
+    args.precision = resolve_precision(p, args.precision, args.cpu)
 
     try:
         return train(load_config(args.config), args.run_dir, data=args.data, nproc=args.gpus, nnodes=args.nnodes,
