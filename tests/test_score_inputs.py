@@ -316,6 +316,36 @@ def test_a_half_precision_on_the_cpu_is_refused_not_dropped(command, tmp_path, c
     assert reproduce.parse_args(["multi30k-cpu", "--device", "cuda"]).precision == "fp16"
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--rouge-exception-db", "wordnet"], "--rouge-exception-db: the run's config scores bleu_ci, not ROUGE"),
+    (["--rouge-order", "ref-hyp", "--rouge-implementation", "rouge-score"],
+     "--rouge-order and --rouge-implementation: the run's config scores bleu_ci, not ROUGE"),
+])
+def test_a_rouge_option_on_a_bleu_run_is_refused_before_decoding(toy_run, monkeypatch, capsys, extra, message):
+    # the BLEU scoring read none of them: a user asking for another ROUGE setting got BLEU with exit 0
+    run, _ = toy_run
+    code, _, err = _evaluate(run, monkeypatch, capsys, None, *extra)
+    assert code == 2 and err.startswith(f"ERROR: {message}") and err.count("\n") == 1
+
+
+def test_the_exception_database_is_refused_where_no_rouge_reads_it(capsys):
+    from types import SimpleNamespace
+
+    from man_fairseq.recipes.studies import reproduce
+
+    args = SimpleNamespace(rouge_order=None, rouge_implementation="rouge-score", rouge_exception_db="wordnet")
+    with pytest.raises(evaluate.EvaluateError, match="--rouge-exception-db: read by ROUGE-1.5.5 only"):
+        evaluate.resolve_rouge_options(args, "rouge")
+    args = SimpleNamespace(rouge_order=None, rouge_implementation=None, rouge_exception_db=None)
+    evaluate.resolve_rouge_options(args, "rouge")
+    assert (args.rouge_implementation, args.rouge_exception_db) == ("rouge155", "files2rouge")
+    with pytest.raises(SystemExit) as e:
+        reproduce.parse_args(["multi30k-cpu", "--rouge-exception-db", "wordnet"])
+    assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "scripts/reproduce.sh: error: --rouge-exception-db: multi30k-cpu scores BLEU, not ROUGE")
+    assert reproduce.parse_args(["gigaword-cpu", "--device", "cpu"]).rouge_exception_db == "files2rouge"
+
+
 def test_a_checkpoint_that_is_not_one_is_named_before_decoding(toy_run, tmp_path, monkeypatch, capsys):
     run, _ = toy_run
     text = tmp_path / "notes.pt"

@@ -180,6 +180,22 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
     return total
 
 
+def resolve_rouge_options(args, metric):
+    """The ROUGE options at their defaults where not given; one given where nothing reads it (a BLEU
+    config, or the database with rouge-score) is an error: it would change nothing."""
+    given = [flag for flag, value in (("--rouge-order", args.rouge_order),
+                                      ("--rouge-implementation", args.rouge_implementation),
+                                      ("--rouge-exception-db", args.rouge_exception_db)) if value is not None]
+    if metric != "rouge" and given:
+        raise EvaluateError(f"{' and '.join(given)}: the run's config scores {metric}, not ROUGE")
+    args.rouge_implementation = args.rouge_implementation or "rouge155"
+    if args.rouge_implementation != "rouge155" and args.rouge_exception_db is not None:
+        raise EvaluateError("--rouge-exception-db: read by ROUGE-1.5.5 only, not by --rouge-implementation "
+                            f"{args.rouge_implementation}")
+    if args.rouge_implementation == "rouge155":
+        args.rouge_exception_db = args.rouge_exception_db or rouge155.DEFAULT_EXCEPTION_DB
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="scripts/evaluate.sh",
                                 description="Average the last N checkpoints of RUN, decode, score.")
@@ -194,10 +210,10 @@ def build_parser():
                    help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
                         "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
                         "documented order); changes ROUGE-L only")
-    p.add_argument("--rouge-implementation", choices=scoring.ROUGE_IMPLEMENTATIONS, default="rouge155",
+    p.add_argument("--rouge-implementation", choices=scoring.ROUGE_IMPLEMENTATIONS, default=None,
                    help="rouge155 (default): ROUGE-1.5.5 as files2rouge runs it, needs Perl's XML::Parser; "
                         "rouge-score: Google's reimplementation (ROUGE-L as its rougeLsum), not the papers' numbers")
-    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
+    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=None,
                    help="ROUGE-1.5.5's WordNet exception database: files2rouge (default: empty, as files2rouge ships "
                         "it, so as the papers' numbers) or wordnet (its 5,930 irregular forms; a little higher)")
     p.add_argument("--checkpoint", default=None,
@@ -242,6 +258,7 @@ def evaluate(run, args):
     validate(cfg)
     data = args.data or run_info.get("data") or cfg["data"]
     ev = cfg["eval"]
+    resolve_rouge_options(args, ev["metric"])
     subset = args.subset or ev.get("gen_subset", "test")
     n_avg = args.avg_last if args.avg_last is not None else ev.get("avg_last", 5)
     by_update = ev.get("avg_by", "epoch") == "update"

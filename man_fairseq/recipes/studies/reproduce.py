@@ -247,7 +247,7 @@ def build_parser():
     p.add_argument("--test-sample", type=number("--test-sample", low=0), default=None, metavar="N",
                    help="score a fixed sample of N pairs of each test set (seeded, the same for every run; "
                         "overrides eval.test_sample, e.g. cnndm-cpu's 2,000 validation articles; 0: all of them)")
-    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=rouge155.DEFAULT_EXCEPTION_DB,
+    p.add_argument("--rouge-exception-db", choices=sorted(rouge155.EXCEPTION_DBS), default=None,
                    help="ROUGE studies: WordNet exception database of ROUGE-1.5.5 (default files2rouge: empty, as "
                         "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
     p.add_argument("--force", action="store_true",
@@ -281,6 +281,10 @@ def parse_args(argv=None):
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
     args.precision = resolve_precision(p, args.precision, args.device == "cpu")
+    if exp["metric"] == "rouge":
+        args.rouge_exception_db = args.rouge_exception_db or rouge155.DEFAULT_EXCEPTION_DB
+    elif args.rouge_exception_db is not None:
+        p.error(f"--rouge-exception-db: {args.experiment} scores BLEU, not ROUGE")
     try:
         named, args.families = parse_families(args.experiment, args.families)
     except ValueError as e:
