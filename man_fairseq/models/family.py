@@ -14,8 +14,8 @@ A family is a fairseq model class (a subclass of :class:`PluginModel`) that decl
 
 :meth:`PluginModel.build_model` is the wiring every family shares: as_namespace → the family's
 option defaults → the declared checks → :meth:`~PluginModel.check` → :meth:`~PluginModel.make_plan`
-→ the warnings of :meth:`~PluginModel.inert_options` → fairseq's ``build_model``, whose ``build_encoder`` / ``build_decoder`` read the plan with
-:meth:`PluginModel.plan_in_build`.
+→ the warnings of :meth:`~PluginModel.inert_options` → fairseq's ``build_model``, whose
+``build_encoder`` / ``build_decoder`` read the plan with :meth:`PluginModel.plan_in_build`.
 """
 
 import dataclasses

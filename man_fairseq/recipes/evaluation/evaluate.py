@@ -225,7 +225,7 @@ def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.precision = resolve_precision(parser, args.precision, args.cpu)
+    args.precision = resolve_precision(parser, args.precision, args.cpu or visible_gpus() == 0)
     run = Path(args.run).resolve()
     if not (run / "config.yaml").is_file():
         print(f"ERROR: {run}: no config.yaml; RUN must be a run folder written by scripts/train.sh", file=sys.stderr)

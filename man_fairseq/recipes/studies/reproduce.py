@@ -70,9 +70,12 @@ def scoring_config(cfg, experiment, args, manifest):
     evaluation = dict(cfg["eval"])
     if args.test_sample is not None:
         evaluation["test_sample"] = args.test_sample
-    largest = max(manifest["counts"][subset] for subset in manifest["test_sets"])
-    if evaluation.get("test_sample") is not None and not 0 < evaluation["test_sample"] < largest:
-        del evaluation["test_sample"]
+    sample = evaluation.get("test_sample")
+    if sample is not None:
+        counts = manifest.get("counts", {})  # a data folder's record older than its counts: unknown
+        largest = max((counts.get(subset, 0) for subset in manifest["test_sets"]), default=0)
+        if sample == 0 or 0 < largest <= sample:
+            del evaluation["test_sample"]
     cfg = dict(cfg, eval=evaluation)
     if experiment["metric"] != "rouge":
         return cfg  # the BLEU studies' fingerprints stay as their committed records have them
