@@ -319,6 +319,8 @@ def test_gpu_records_sit_beside_the_cpu_ones_with_cuda_memory_and_no_decoding(tm
     (["--device", "cuda", "--threads", "1,2"], "--threads: one thread count on a GPU"),
     (["--precision", "bf16"], "--precision: the CPU measures fp32 only"),
     (["--device", "cuda", "--precision", "bf16,int8"], "argument --precision: invalid value 'bf16,int8'"),
+    (["--skip-decoding", "--decode-sentences", "50", "--checkpoint-seed", "2"],
+     "--decode-sentences 50, --checkpoint-seed 2: nothing is decoded with --skip-decoding"),
 ])
 def test_gpu_settings_are_checked_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

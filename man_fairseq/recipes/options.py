@@ -1,6 +1,7 @@
 """Options that mean the same in every recipe command: ``--seeds`` (``scripts/reproduce.sh``,
-``scripts/demo.py``), and the argparse type of every count and rate (evaluate.sh, data-prep,
-reproduce.sh, the demo, the lr probe).
+``scripts/demo.py``), the argparse type of every count and rate (evaluate.sh, data-prep,
+reproduce.sh, the demo, the lr probe), ``--precision`` and its CPU rule (train.sh, evaluate.sh,
+reproduce.sh), and the comma-separated thread counts and precisions of speed.sh.
 
 A number out of range is argparse's one usage line and exit status 2 before any work, worded as
 the plugin options' (``error: argument --avg-last: invalid value '0': must be >= 1``), never a
@@ -72,3 +73,22 @@ def resolve_precision(parser, precision, cpu):
             parser.error(f"--precision {precision}: the CPU runs fp32 only (fairseq's --fp16/--bf16 need a GPU)")
         return "fp32"
     return precision or "fp16"
+
+
+def thread_counts(text):
+    """``--threads`` as an argparse ``type``: ``"1,2"`` -> [1, 2], distinct counts >= 1."""
+    try:
+        counts = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: a comma-separated list of thread counts") from None
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct thread counts, each >= 1")
+    return counts
+
+
+def precision_list(text):
+    """A comma-separated ``--precision`` as an argparse ``type``: ``"bf16,fp16"`` -> ["bf16", "fp16"]."""
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names or len(set(names)) != len(names) or not set(names) <= set(PRECISIONS):
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct names of fp32, fp16, bf16")
+    return names

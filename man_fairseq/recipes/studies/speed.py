@@ -42,7 +42,7 @@ from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
 from ..evaluation.decode import EvaluateError, generate_args, read_generate_output
 from ..evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
-from ..options import number
+from ..options import number, precision_list, thread_counts
 from ..tools import tool_env
 from ..training.cuda_peak import PEAK_LINE
 from ..training.fairseq_log import LogError, train_intervals
@@ -62,17 +62,6 @@ class SpeedError(RuntimeError):
 
 def log(msg):
     print(f"[speed {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def thread_counts(text):
-    """``--threads`` as an argparse ``type``: ``"1,2"`` -> [1, 2], distinct counts >= 1."""
-    try:
-        counts = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: a comma-separated list of thread counts") from None
-    if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct thread counts, each >= 1")
-    return counts
 
 
 def thread_env(threads):
@@ -278,7 +267,7 @@ def parser():
                    help="thread counts, e.g. 1,2 (default 1,2 on the CPU; on a GPU one count, default 1)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: train (and decode) on the GPU, one record per --precision")
-    p.add_argument("--precision", type=precisions, default=None,
+    p.add_argument("--precision", type=precision_list, default=None,
                    help="on a GPU: comma-separated bf16, fp16, fp32 (default bf16,fp16; fairseq's --bf16/--fp16 "
                         "cast the whole model); the CPU measures fp32")
     p.add_argument("--skip-decoding", action="store_true",
@@ -304,16 +293,13 @@ def parser():
     return p
 
 
-def precisions(text):
-    """``--precision`` as an argparse ``type``: ``"bf16,fp16"`` -> ["bf16", "fp16"]."""
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not names or len(set(names)) != len(names) or not set(names) <= {"fp32", "fp16", "bf16"}:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct names of fp32, fp16, bf16")
-    return names
-
-
 def settings(args, p):
-    """[{device, precision, threads}] to measure, one record each."""
+    """[{device, precision, threads}] to measure, one record each; a decoding option set with
+    --skip-decoding is refused (it would change nothing)."""
+    unread = [f"--{d.replace('_', '-')} {getattr(args, d)}" for d in ("decode_sentences", "batch_size", "checkpoint_seed")
+              if args.skip_decoding and getattr(args, d) != p.get_default(d)]
+    if unread:
+        p.error(f"{', '.join(unread)}: nothing is decoded with --skip-decoding")
     if args.device == "cpu":
         if args.precision not in (None, ["fp32"]):
             p.error("--precision: the CPU measures fp32 only (fairseq's --fp16/--bf16 need a GPU)")
