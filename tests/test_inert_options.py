@@ -3,9 +3,10 @@ user gave it a value other than its default: a flag that silently changes nothin
 user should see. Every committed config is free of them."""
 
 import logging
+import subprocess
 
 import pytest
-from conftest import TINY_MODEL, USER_DIR
+from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, child_env, run_bounded
 
 import man_fairseq  # noqa: F401  (registers the archs)
 from man_fairseq.recipes.config import all_configs
@@ -84,9 +85,6 @@ def test_the_defaults_warn_of_nothing(tmp_path, caplog, arch):
 
 
 def test_the_warning_reaches_fairseq_train_s_log(toy_data_bin, tmp_path):
-    from conftest import TINY_TRAIN, child_env, run_bounded
-    import subprocess
-
     cmd = ["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--share-all-embeddings", *TINY_MODEL,
            *TINY_TRAIN, "--arch", "transformer_man_small", "--static-mask-window", "8",
            "--save-dir", tmp_path / "save", "--max-update", "1"]
