@@ -45,6 +45,7 @@ from torch import nn
 
 from ..plugin_options import VALID, Number, PluginOptionError, add_option_args, check_options
 from ..modules.calibration import PERTURBED, calibration_mode, calibration_modules
+from ..models.transformer_calibrated import JOINT_CRITERION, TransformerCalibratedModel
 
 
 @dataclass
@@ -85,7 +86,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 @register_criterion(
-    "calibrated_label_smoothed_cross_entropy",
+    JOINT_CRITERION,  # the one criterion the calibrated models train with (their build refuses any other)
     dataclass=CalibratedLabelSmoothedCrossEntropyCriterionConfig,
 )
 class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
@@ -111,12 +112,10 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         if arch is not None:
             from fairseq.models import ARCH_MODEL_REGISTRY
 
-            from ..models.transformer_calibrated import TransformerCalibratedModel
-
             model_cls = ARCH_MODEL_REGISTRY.get(arch)
             if model_cls is None or not issubclass(model_cls, TransformerCalibratedModel):
                 raise PluginOptionError(
-                    f"--criterion calibrated_label_smoothed_cross_entropy needs a calibrated model "
+                    f"--criterion {JOINT_CRITERION} needs a calibrated model "
                     f"(--arch transformer_calibrated_small/_base/_big), got --arch {arch}"
                 )
         return super().build_criterion(cfg, task)

@@ -296,10 +296,12 @@ def parser():
 def settings(args, p):
     """[{device, precision, threads}] to measure, one record each; a decoding option set with
     --skip-decoding is refused (it would change nothing)."""
-    unread = [f"--{d.replace('_', '-')} {getattr(args, d)}" for d in ("decode_sentences", "batch_size", "checkpoint_seed")
-              if args.skip_decoding and getattr(args, d) != p.get_default(d)]
-    if unread:
-        p.error(f"{', '.join(unread)}: nothing is decoded with --skip-decoding")
+    if args.skip_decoding:
+        unread = [f"--{d.replace('_', '-')} {getattr(args, d)}" for d in ("decode_sentences", "batch_size",
+                                                                           "checkpoint_seed")
+                  if getattr(args, d) != p.get_default(d)]
+        if unread:
+            p.error(f"{', '.join(unread)}: nothing is decoded with --skip-decoding")
     if args.device == "cpu":
         if args.precision not in (None, ["fp32"]):
             p.error("--precision: the CPU measures fp32 only (fairseq's --fp16/--bf16 need a GPU)")
