@@ -144,7 +144,8 @@ def test_good_values_still_parse_as_their_type(tmp_path):
     ("transformer_calibrated_small", ["--no-cross-attention"], False, "needs the encoder-decoder attention"),
     ("transformer_calibrated_small", ["--criterion", "label_smoothed_cross_entropy"], False,
      f"--arch transformer_calibrated_* trains with --criterion {CRITERION} (its mask perturbation model learns "
-     "only from that joint loss); got --criterion label_smoothed_cross_entropy"),
+     "only from that joint loss); got --criterion label_smoothed_cross_entropy (a checkpoint trained so loads "
+     f"with --model-overrides \"{{'criterion': '{CRITERION}'}}\")"),
     ("transformer_man_small", ["--no-cross-attention"], False, "transformer_man does not support --no-cross-attention"),
     ("transformer_man_small", ["--cross-self-attention"], False,
      "transformer_man does not support --cross-self-attention"),
@@ -220,7 +221,8 @@ def test_an_option_error_in_a_spawned_process_is_one_line_too(tmp_path, capsys):
      "fairseq-train: error: --localness-layers 0,5: layers out of range, the model has 2 (0-based indices < 2)"),
     (["--arch", "transformer_calibrated_small"], 1,  # TINY_TRAIN's label_smoothed_cross_entropy
      f"fairseq-train: error: --arch transformer_calibrated_* trains with --criterion {CRITERION} (its mask "
-     "perturbation model learns only from that joint loss); got --criterion label_smoothed_cross_entropy"),
+     "perturbation model learns only from that joint loss); got --criterion label_smoothed_cross_entropy (a "
+     f"checkpoint trained so loads with --model-overrides \"{{'criterion': '{CRITERION}'}}\")"),
     (["--arch", "transformer_man_small", "--criterion", CRITERION], 1,
      f"fairseq-train: error: --criterion {CRITERION} needs a calibrated model "
      "(--arch transformer_calibrated_small/_base/_big), got --arch transformer_man_small"),

@@ -79,7 +79,8 @@ class TransformerCalibratedModel(BiasedTransformerModel):
             # any other loss never trains the mask perturbation model: "calibration" by an untrained mask
             raise PluginOptionError(f"--arch transformer_calibrated_* trains with --criterion {JOINT_CRITERION} "
                                     f"(its mask perturbation model learns only from that joint loss); got "
-                                    f"--criterion {criterion}")
+                                    f"--criterion {criterion} (a checkpoint trained so loads with --model-overrides "
+                                    f"\"{{'criterion': '{JOINT_CRITERION}'}}\")")
 
     @classmethod
     def make_plan(cls, args):
