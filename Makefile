@@ -10,15 +10,17 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-# Order matters: torch first (an unpinned torch pulls a multi-GB CUDA build), then the fairseq
-# fork without its dependencies (it pins torchaudio), then its real dependencies, then us.
-$(STAMP): setup.py requirements.txt Makefile
+# Order matters: torch first (an unpinned torch pulls a multi-GB CUDA build), then our runtime
+# dependencies (requirements.txt, which pyproject.toml declares; fairseq's are among them and the
+# fork's build needs cython and numpy), then the fairseq fork without its dependencies (it pins
+# torchaudio), then us (editable) with the extras `test` and `analysis`.
+$(STAMP): pyproject.toml requirements.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q torch==$(TORCH_VERSION)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -c "import fairseq" 2>/dev/null || $(PY) -m pip install --no-deps --no-build-isolation $(FAIRSEQ_PKG)
-	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip install -q --no-build-isolation -e ".[test,analysis]"
 	$(PY) -c "import torch, fairseq, man_fairseq; print('torch', torch.__version__, 'fairseq', fairseq.__version__)"
 	@perl -MXML::Parser -MDB_File -e 1 2>/dev/null || echo "note: ROUGE-1.5.5 (CNN/DM and Gigaword scores) needs Perl's XML::Parser: apt-get install libxml-parser-perl"
 	touch $(STAMP)

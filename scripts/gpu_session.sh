@@ -29,7 +29,8 @@ nvidia-smi --query-gpu=name,memory.total,utilization.gpu --format=csv,noheader; 
 
 PY=$(command -v python3); export PIP_CONFIG_FILE=/dev/null PYTHONUNBUFFERED=1
 log "install"
-$PY -m pip install -q --no-index --find-links "$WH" -r requirements.txt > "$D/pip.log" 2>&1; log "requirements rc=$?"
+EXTRAS=$($PY -c 'import sys; sys.path[:0] = ["scripts"]; import wheelhouse; print(" ".join(wheelhouse.extras()))')  # pytest, ...
+$PY -m pip install -q --no-index --find-links "$WH" -r requirements.txt $EXTRAS > "$D/pip.log" 2>&1; log "requirements rc=$?"
 mkdir -p "$W/fs" && tar xzf "$WH"/fairseq_fixed-*.tar.gz -C "$W/fs"
 FS=$(ls -d "$W"/fs/fairseq*)
 # a failing `ninja` first on PATH, so that torch's BuildExtension builds without it (dropping ninja's

@@ -40,6 +40,18 @@ def requirements(path):
     return [line for line in lines if line]
 
 
+def extras(pyproject=REPO / "pyproject.toml"):
+    """The requirements of the package's extras (the test tools, matplotlib): requirements.txt holds
+    only the runtime dependencies, and `make test` on the node needs these too."""
+    try:
+        import tomllib
+    except ImportError:
+        raise Refusal(f"Python {sys.version_info.major}.{sys.version_info.minor}: the offline install "
+                      "reads pyproject.toml with tomllib, Python >= 3.11") from None
+    table = tomllib.loads(Path(pyproject).read_text())["project"]["optional-dependencies"]
+    return [req for name in sorted(table) for req in table[name]]
+
+
 def platform_tags(glibc, arch="x86_64"):
     """pip --platform values for a Linux with this glibc: every manylinux_2_N up to it (pip does
     not expand a single manylinux_2_N downwards), and the legacy aliases of 2_17/2_12/2_5."""
@@ -160,7 +172,7 @@ def build(args):
     elif dest.exists() and any(dest.iterdir()):
         raise Refusal(f"{dest}: exists, is not empty and has no {MANIFEST}; give another WHEELHOUSE=")
     dest.mkdir(parents=True, exist_ok=True)
-    reqs = requirements(args.requirements) + TOOLS
+    reqs = requirements(args.requirements) + extras() + TOOLS
     pins_file = dest / "pins.txt"
     resolved = resolve(reqs + [f"torch=={args.torch}"], pins_file)
     built = [f"{name}=={version}" for name, version, sdist in resolved if sdist and not FORBIDDEN.match(name + "-")]
@@ -263,6 +275,7 @@ def install(args):
         raise Refusal(f"{args.wheelhouse}: {info['fairseq_sdist']} is missing (copied only in part?)")
     if info["fairseq"] != args.fairseq:
         raise Refusal(f"{args.wheelhouse}: carries {info['fairseq']}, not {args.fairseq}")
+    extra_reqs = extras()
     venv = Path(args.venv)
     venv_python = venv / "bin" / "python"
     created = not venv_python.exists()
@@ -283,7 +296,7 @@ def install(args):
         constraints = Path(tmp) / "torch.txt"
         constraints.write_text("".join(f"{line}\n" for line in [f"torch=={torch_version}", *torch_reqs]))
         pip_install(venv_python, wheelhouse, constraints, "--upgrade", *TOOLS)
-        pip_install(venv_python, wheelhouse, constraints, "-r", args.requirements)
+        pip_install(venv_python, wheelhouse, constraints, "-r", args.requirements, *extra_reqs)
         if need_build:
             pip_install(venv_python, wheelhouse, constraints, "--no-deps", "--no-build-isolation", args.fairseq)
         pip_install(venv_python, wheelhouse, constraints, "--no-deps", "--no-build-isolation", "-e", REPO)

@@ -14,7 +14,7 @@ import pytest
 from conftest import REPO, run_cli
 from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 
-# every user-facing command: the console scripts of setup.py, the recipes behind scripts/*.sh and
+# every user-facing command: the console scripts of pyproject.toml, the recipes behind scripts/*.sh and
 # data-prep/*.sh, and the Python scripts
 RECIPES = ["evaluation.evaluate", "checks.gpu_check", "training.launch", "training.lr_probe", "studies.reproduce",
            "studies.speed", "studies.calibration_passes", "studies.profile_update", "evaluation.results_table", "checks.smoke",
@@ -37,8 +37,9 @@ STDLIB_ONLY = ["scripts/wheelhouse.py"]
 
 
 def test_the_list_covers_every_command():
-    setup = (REPO / "setup.py").read_text()
-    scripts = {m.group(1).replace(":cli_main", "") for m in re.finditer(r"=(man_fairseq\.cli\.\w+:\w+)", setup)}
+    project = (REPO / "pyproject.toml").read_text()
+    scripts = {m.group(1).replace(":cli_main", "") for m in re.finditer(r'= "(man_fairseq\.cli\.\w+:\w+)"', project)}
+    assert scripts  # the table was found
     listed = {c.rsplit(":", 1)[0] for c in COMMANDS} | {f"man_fairseq.recipes.{m}" for m in DATA_PREP}
     assert {s.split(":")[0] for s in scripts} <= listed
     wrapped = set()

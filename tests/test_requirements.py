@@ -1,7 +1,8 @@
-"""Every package of man-fairseq's own (requirements.txt, after fairseq's runtime list) is used: a
-dependency that nothing imports does not stay."""
+"""Every package of man-fairseq's own (requirements.txt, after fairseq's runtime list, and the extras
+of pyproject.toml) is used: a dependency that nothing imports does not stay."""
 
 import re
+import tomllib
 
 from conftest import REPO
 
@@ -15,7 +16,9 @@ MODULE = {"subword-nmt": "subword_nmt", "rouge-score": "rouge_score", "pyyaml": 
 def own_requirements():
     text = (REPO / "requirements.txt").read_text()
     own = text.split("# man-fairseq's own needs", 1)[1].split("\n", 1)[1]
-    return [re.split(r"[<>=\[ ]", line)[0] for line in own.splitlines() if line.strip() and not line.startswith("#")]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    lines = [line for line in own.splitlines() if line.strip() and not line.startswith("#")]
+    return [re.split(r"[<>=\[ ]", line)[0] for line in lines + [req for reqs in extras.values() for req in reqs]]
 
 
 def test_every_own_requirement_is_used():

@@ -44,10 +44,15 @@ def test_wheelhouse_carries_every_requirement_but_torch():
     assert wheelhouse.FORBIDDEN.match("nvidia_cublas-13.0-py3-none-manylinux_2_27_x86_64.whl")
 
 
-def test_setup_py_has_no_install_requires_the_wheelhouse_would_miss():
-    # The wheelhouse is made from requirements.txt; a runtime dependency added to setup.py
-    # instead would be missing on the node.
-    assert re.search(r"install_requires=\[\]", (REPO / "setup.py").read_text())
+def test_the_wheelhouse_carries_what_the_package_declares():
+    # The wheelhouse is made from requirements.txt and the extras: a runtime dependency written
+    # into pyproject.toml instead of requirements.txt would be missing on the node.
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "dependencies" in project["project"]["dynamic"] and "dependencies" not in project["project"]
+    assert project["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
+    assert names(wheelhouse.extras()) == {"pytest", "pytest-xdist", "matplotlib"}
 
 
 def test_makefile_targets_and_defaults():
