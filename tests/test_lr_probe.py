@@ -37,6 +37,7 @@ def test_norm_is_forced_both_ways():
     pre = lr_probe.probe_args(lr_probe.probe_config(cfg, "pre"), "D", "s", 10, 2, 1000, "cpu", 5)
     for side in ("encoder", "decoder"):
         assert f"--{side}-normalize-before" not in post and f"--{side}-normalize-before" in pre
+    assert post[post.index("--man-norm") + 1] == "post" and pre[pre.index("--man-norm") + 1] == "pre"
     assert cfg["model"]["encoder-normalize-before"] is True  # the loaded config is not modified
 
 

@@ -1,5 +1,6 @@
 """Mask Attention Networks: formula, degenerate cases, padding, incremental decoding, options."""
 
+import argparse
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
 from man_fairseq.modules.man_layers import parse_sublayers
 from man_fairseq.modules.mask_bias import DynamicMaskBias, StaticWindowBias
+from man_fairseq.plugin_options import PluginOptionError
 
 D, H = 12, 3
 
@@ -310,7 +312,7 @@ def test_options_reach_the_modules():
         ["--attention-head-activation", "relu"],
         ["--attention-head-activation", "gelu"],
         ["--encoder-sublayers", "san,dman,ffn"],
-        ["--encoder-normalize-before"],
+        ["--man-norm", "post"],
     ):
         other, _ = _encoder_out(extra)
         assert not torch.allclose(base, other), f"{extra} did not change the encoder output"
@@ -343,12 +345,76 @@ def test_pre_norm_option():
     model, task = tiny_man(["--encoder-normalize-before", "--decoder-normalize-before"])
     assert model.encoder.layers[0].normalize_before and model.decoder.layers[0].normalize_before
     # and it changes what the decoder computes (same seed, same weights otherwise)
-    post, _ = tiny_man()
+    post, _ = tiny_man(["--man-norm", "post"])
+    assert not post.encoder.layers[0].normalize_before and not post.decoder.layers[0].normalize_before
     src, prev = batch(task, [6, 4], True), batch(task, [5, 5], False, seed=1)
     with torch.no_grad():
         out_pre = model(src, torch.tensor([6, 4]), prev)[0]
         out_post = post(src, torch.tensor([6, 4]), prev)[0]
     assert not torch.allclose(out_pre, out_post)
+
+
+@pytest.mark.parametrize("arch,extra,pre", [
+    # the authors' translation runs were pre-norm, their summarization runs post-norm (SPEC.md)
+    ("transformer_man_small", [], True), ("transformer_man_base", [], True), ("transformer_man", [], True),
+    ("transformer_man_summarization", [], False),
+    ("transformer_man_small", ["--man-norm", "post"], False),
+    ("transformer_man_summarization", ["--man-norm", "pre"], True),
+    # fairseq: fairseq's own flags decide
+    ("transformer_man_small", ["--man-norm", "fairseq"], False),
+    ("transformer_man_summarization", ["--encoder-normalize-before", "--decoder-normalize-before"], True),
+])
+def test_norm_defaults_to_the_authors_runs(arch, extra, pre):
+    model, _ = tiny_man(extra, arch=arch)
+    for layers in (model.encoder.layers, model.decoder.layers):
+        assert all(layer.normalize_before == pre for layer in layers)
+
+
+def test_man_norm_post_with_a_pre_norm_flag_is_refused():
+    with pytest.raises(PluginOptionError, match="--man-norm post contradicts --encoder-normalize-before"):
+        tiny_man(["--man-norm", "post", "--encoder-normalize-before"])
+
+
+def test_a_config_asking_post_norm_with_false_flags_is_refused():
+    """A false flag is dropped from the command line, so on a pre-norm arch it would change nothing."""
+    from man_fairseq.recipes.config import ConfigError, load_config, option_args, validate
+
+    cfg = load_config("configs/multi30k-cpu/man.yaml")
+    assert cfg["model"]["encoder-normalize-before"] is True
+    post = dict(cfg, model=dict(cfg["model"], **{"encoder-normalize-before": False, "decoder-normalize-before": False}))
+    with pytest.raises(ConfigError, match="model.encoder-normalize-before: false changes nothing on "
+                                          "transformer_man_small, which is pre-norm by default; set model.man-norm: post"):
+        validate(post)
+    fixed = dict(post, model=dict(post["model"], **{"man-norm": "post"}))
+    assert validate(fixed) is fixed and "--man-norm" in option_args(fixed["model"])
+    transformer = dict(post, arch="transformer_iwslt_de_en")  # fairseq's own archs: false is their default
+    assert validate(transformer) is transformer
+
+
+def test_a_post_norm_checkpoint_saved_before_man_norm_loads_as_post_norm(tmp_path):
+    """A checkpoint's saved options lack --man-norm when it was trained before the option existed:
+    its own --encoder/decoder-normalize-before decide, not the arch's new pre-norm default."""
+    from fairseq import checkpoint_utils
+
+    torch.manual_seed(0)
+    model, task, args = build_fairseq_model("transformer_man_small", TINY_MAN + ["--man-norm", "post"],
+                                            dict_size=40, tmp_dir=tmp_path)
+    old = argparse.Namespace(**vars(args))
+    del old.man_norm
+    assert old.encoder_normalize_before is False and old.decoder_normalize_before is False
+    path = tmp_path / "old.pt"
+    torch.save({"args": old, "model": model.state_dict(), "extra_state": {}, "last_optimizer_state": None,
+                "optimizer_history": [{"criterion_name": "LabelSmoothedCrossEntropyCriterion",
+                                       "optimizer_name": "Adam", "lr_scheduler_state": {}, "num_updates": 0}]},
+               path)
+    (loaded,), cfg, _ = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(tmp_path)})
+    assert cfg.model.man_norm == "fairseq"
+    for layers in (loaded.encoder.layers, loaded.decoder.layers):
+        assert not any(layer.normalize_before for layer in layers)
+    model.eval(), loaded.eval()
+    src, prev = batch(task, [6, 4], True), batch(task, [5, 5], False, seed=1)
+    with torch.no_grad():
+        assert torch.equal(model(src, torch.tensor([6, 4]), prev)[0], loaded(src, torch.tensor([6, 4]), prev)[0])
 
 
 @pytest.mark.parametrize("spec,decoder,msg", [

@@ -135,20 +135,11 @@ _ABSENT = object()
 
 
 def arch_function(family: type, size: Size, name: str) -> Callable:
-    """The ``register_model_architecture`` function of ``family`` at ``size``.
-
-    Fills ``size.values`` first, each as fairseq's arch functions do (``getattr(args, name,
-    value)``: a value already there stays, even None), except the family's own options, whose
-    None is unset (as for every plugin option); then the family's defaults, then fairseq's sizes.
-    """
-    own = {f.name for f in dataclasses.fields(family.config)}
+    """The ``register_model_architecture`` function of ``family`` at ``size``: the family's values
+    of that size and its defaults (:meth:`PluginModel.fill_size`), then fairseq's sizes."""
 
     def arch(args):
-        for option, value in size.values.items():
-            current = getattr(args, option, _ABSENT)
-            if current is _ABSENT or (option in own and current is None):
-                setattr(args, option, value)
-        family.fill_defaults(args)
+        family.fill_size(args, size)
         size.fairseq_arch(args)
 
     arch.__name__ = arch.__qualname__ = name
@@ -186,6 +177,18 @@ class PluginModel:
         super().add_args(parser)
         add_option_args(parser, cls.config())
         add_option_args(parser, AttentionBackendConfig())
+
+    @classmethod
+    def fill_size(cls, args, size: Size) -> None:
+        """Fill ``size.values`` where ``args`` has none (fairseq's way: a value already there stays,
+        even None, except for the family's own options, whose None is unset), then the family's
+        option defaults. Runs at parse time and again when a checkpoint is loaded."""
+        own = {f.name for f in dataclasses.fields(cls.config)}
+        for option, value in size.values.items():
+            current = getattr(args, option, _ABSENT)
+            if current is _ABSENT or (option in own and current is None):
+                setattr(args, option, value)
+        cls.fill_defaults(args)
 
     @classmethod
     def fill_defaults(cls, args) -> None:

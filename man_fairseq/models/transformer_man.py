@@ -21,9 +21,12 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
-from ..plugin_options import VALID, Number, Parsed, PluginOptionError
+from ..plugin_options import VALID, Choice, Number, Parsed, PluginOptionError
 from .biased_transformer import wrap_layer
 from .family import PluginModel, Plan, Size, attention_backend_of, register_family
+
+
+MAN_NORMS = ("pre", "post", "fairseq")
 
 
 @dataclass
@@ -55,6 +58,16 @@ class MANConfig(FairseqDataclass):
     )
     static_mask_window: int = field(
         default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)", VALID: Number(0, integer=True)}
+    )
+    man_norm: str = field(
+        default="fairseq",
+        metadata={"help": "where each sublayer's layer norm sits: pre (before it: --encoder- and "
+                  "--decoder-normalize-before, as the authors' translation runs; the default of "
+                  "transformer_man_small/base/big), post (after it, fairseq's default; the post-norm ablation), "
+                  "fairseq (as fairseq's --encoder/decoder-normalize-before say: the default of "
+                  "transformer_man_summarization, post-norm as the authors' summarization runs, and of a "
+                  "checkpoint saved before this option, which keeps its own setting)",
+                  VALID: Choice(MAN_NORMS)},
     )
     attention_head_activation: ChoiceEnum(["none", "relu", "gelu"]) = field(
         default="none",
@@ -102,19 +115,33 @@ class TransformerMANModel(PluginModel, TransformerModel):
     config = MANConfig
     sizes = {
         "base": Size(base_architecture, "WMT14 En-De base: d=512, 8 heads, FFN 1024 (half of the Transformer's), "
-                     "DMAN enc+dec.",
-                     {"encoder_ffn_embed_dim": 1024, "decoder_ffn_embed_dim": 1024}),
+                     "DMAN enc+dec, pre-norm.",
+                     {"encoder_ffn_embed_dim": 1024, "decoder_ffn_embed_dim": 1024, "man_norm": "pre"}),
         "small": Size(transformer_iwslt_de_en, "IWSLT14: d=512, 4 heads, FFN 512, DMAN in the encoder only "
-                      "(37M params, Table 1).",
+                      "(37M params, Table 1), pre-norm.",
                       {"encoder_ffn_embed_dim": 512, "decoder_ffn_embed_dim": 512,
-                       "decoder_sublayers": "san,cross,ffn", "dropout": 0.3}),
-        "big": Size(transformer_vaswani_wmt_en_de_big, "WMT14 En-De big: d=1024, 16 heads, FFN 2048, dropout 0.3.",
-                    {"encoder_ffn_embed_dim": 2048, "decoder_ffn_embed_dim": 2048}),
-        "summarization": Size(base_architecture, "CNN/DailyMail and Gigaword: d=768, 12 heads, FFN 1536, dropout 0.1.",
+                       "decoder_sublayers": "san,cross,ffn", "dropout": 0.3, "man_norm": "pre"}),
+        "big": Size(transformer_vaswani_wmt_en_de_big, "WMT14 En-De big: d=1024, 16 heads, FFN 2048, dropout 0.3, pre-norm.",
+                    {"encoder_ffn_embed_dim": 2048, "decoder_ffn_embed_dim": 2048, "man_norm": "pre"}),
+        "summarization": Size(base_architecture, "CNN/DailyMail and Gigaword: d=768, 12 heads, FFN 1536, dropout 0.1, post-norm.",
                               {"encoder_embed_dim": 768, "decoder_embed_dim": 768, "encoder_attention_heads": 12,
                                "decoder_attention_heads": 12, "encoder_ffn_embed_dim": 1536,
                                "decoder_ffn_embed_dim": 1536, "dropout": 0.1}),
     }
+
+    @classmethod
+    def fill_size(cls, args, size):
+        # a checkpoint saved before --man-norm keeps the norm its fairseq flags say
+        if not hasattr(args, "man_norm") and hasattr(args, "encoder_normalize_before"):
+            args.man_norm = "fairseq"
+        super().fill_size(args, size)
+        if args.man_norm == "fairseq":
+            return
+        pre = args.man_norm == "pre"
+        for side in ("encoder", "decoder"):
+            if getattr(args, f"{side}_normalize_before", False) and not pre:
+                raise PluginOptionError(f"--man-norm post contradicts --{side}-normalize-before")
+            setattr(args, f"{side}_normalize_before", pre)
 
     @classmethod
     def check(cls, args):

@@ -75,6 +75,10 @@ def load_config(path):
     return cfg
 
 
+# the archs that are pre-norm by default (--man-norm; transformer_man is transformer_man_base)
+PRE_NORM_ARCHS = ("transformer_man", "transformer_man_small", "transformer_man_base", "transformer_man_big")
+
+
 def validate(cfg):
     where = cfg.get("_path", cfg.get("name"))
     unknown = set(cfg) - TOP_LEVEL_KEYS - {"_path"}
@@ -98,6 +102,12 @@ def validate(cfg):
             raise ConfigError(f"{where}: batch.{key} must be a positive integer")
     if "max-tokens" not in cfg["train"]:
         raise ConfigError(f"{where}: train.max-tokens is required (the per-GPU batch of the paper)")
+    model = cfg.get("model") or {}
+    post = [k for k in ("encoder-normalize-before", "decoder-normalize-before") if model.get(k) is False]
+    if post and cfg["arch"] in PRE_NORM_ARCHS and "man-norm" not in model:
+        # a false flag is dropped from the command line, where this arch is pre-norm without it
+        raise ConfigError(f"{where}: model.{post[0]}: false changes nothing on {cfg['arch']}, which is pre-norm "
+                          "by default; set model.man-norm: post for post-norm")
     return cfg
 
 

@@ -112,6 +112,8 @@ def probe_config(cfg, norm):
     if norm in ("pre", "post"):
         for side in ("encoder", "decoder"):
             model[f"{side}-normalize-before"] = norm == "pre"
+        if str(cfg.get("arch", "")).startswith("transformer_man"):
+            model["man-norm"] = norm  # the MAN translation archs are pre-norm without the flags
     cfg["model"] = model
     return cfg
 
