@@ -28,10 +28,11 @@ def compound_split(line):
     return COMPOUND_RE.sub(r"\1 ##AT##-##AT## \2", line)
 
 
-def _aligned(hyps, refs, names):
+def _aligned(hyps, refs, names, blank_reference_lines=True):
     """(hypotheses, references) as lists, refused by :func:`check_aligned` unless one per sentence."""
     hyp_name, ref_name = names or ("hypotheses", "references")
-    return check_aligned([(hyp_name, hyps), (ref_name, refs)], references=ref_name)
+    return check_aligned([(hyp_name, hyps), (ref_name, refs)], references=ref_name,
+                         blank_reference_lines=blank_reference_lines)
 
 
 def tokenized_bleu(hyps, refs, lowercase=False, compound=False, names=None):
@@ -112,7 +113,7 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", names
     from . import rouge155
 
     exception_db = exception_db or rouge155.DEFAULT_EXCEPTION_DB
-    hyps, refs = _aligned(hyps, refs, names)
+    hyps, refs = _aligned(hyps, refs, names, blank_reference_lines=False)  # a blank one would score 0
     if order not in ROUGE_ORDERS:
         raise ValueError(f"ROUGE order must be one of {sorted(ROUGE_ORDERS)}, not {order!r}")
     first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)

@@ -12,6 +12,7 @@ runs first.
 """
 
 import gzip
+import zlib
 from pathlib import Path
 from typing import List
 
@@ -27,32 +28,61 @@ class NotUtf8Error(ValueError):
             "convert the file to UTF-8 first (e.g. iconv -f latin1 -t utf-8, for a Latin-1 file)")
 
 
+class CorruptFileError(ValueError):
+    """A ``.gz`` file whose stream is cut short or damaged (or not gzip at all); the message names it."""
+
+    def __init__(self, path, error):
+        self.path = Path(path)
+        super().__init__(f"{path}: corrupt or truncated gzip data ({type(error).__name__}: {error}); "
+                         f"replace it with a complete copy (`gzip -t {path}` checks one)")
+
+
+# what gzip raises on a damaged stream: a bad header, a CRC or length mismatch, a cut-short or
+# damaged deflate stream
+_GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
 def _open(path: Path):
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def _drain(f):
+    """Read ``f`` to its end, so that a damaged .gz stream raises here: the garbage a damaged
+    stream decompresses to is usually not UTF-8, and the file is to be named corrupt, not
+    converted with iconv."""
+    while f.read(1 << 20):
+        pass
 
 
 def read_lines(path) -> List[str]:
     """Lines of a UTF-8 text file (``*.gz``: gunzipped), without line ends.
 
-    Raises NotUtf8Error at the first line that is not UTF-8; a truncated ``.gz`` raises what
-    gzip raises (EOFError, gzip.BadGzipFile), for the caller to name."""
+    Raises NotUtf8Error at the first line that is not UTF-8, CorruptFileError for a damaged or
+    truncated ``.gz``; both name the file."""
     path = Path(path)
     lines = []
-    with _open(path) as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise NotUtf8Error(path, number, e.start + 1, raw[e.start:e.end]) from None
-            lines.append(line.rstrip("\n").rstrip("\r"))
+    try:
+        with _open(path) as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    _drain(f)
+                    raise NotUtf8Error(path, number, e.start + 1, raw[e.start:e.end]) from None
+                lines.append(line.rstrip("\n").rstrip("\r"))
+    except _GZIP_ERRORS as e:
+        raise CorruptFileError(path, e) from None
     return lines
 
 
 def read_text(path) -> str:
-    """The whole of a UTF-8 text file (``*.gz``: gunzipped); NotUtf8Error as :func:`read_lines`."""
+    """The whole of a UTF-8 text file (``*.gz``: gunzipped); errors as :func:`read_lines`."""
     path = Path(path)
-    with _open(path) as f:
-        data = f.read()
+    try:
+        with _open(path) as f:
+            data = f.read()
+    except _GZIP_ERRORS as e:
+        raise CorruptFileError(path, e) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -65,13 +95,15 @@ class ScoreInputError(ValueError):
     """Inputs no score can honestly be computed on; the message names each source and its count."""
 
 
-def check_aligned(sources, references=None):
+def check_aligned(sources, references=None, blank_reference_lines=True):
     """Refuse what a corpus score would silently misread, and return the lines as lists.
 
     ``sources``: (name, lines) pairs, one line per sentence, each name saying what and which file
     (``"references data-bin/test.raw.en"``). They must have the same, non-zero number of lines,
     and the source named ``references`` must not be all blank (a hypothesis may be: a model can
-    decode nothing). Raises :class:`ScoreInputError` naming every source with its count."""
+    decode nothing); with ``blank_reference_lines=False`` (ROUGE, which averages per line and would
+    count a blank reference as 0, where files2rouge stops) not one line of it may be blank.
+    Raises :class:`ScoreInputError` naming every source with its count, or the first blank line."""
     sources = [(name, list(lines)) for name, lines in sources]
 
     def counted():
@@ -84,6 +116,14 @@ def check_aligned(sources, references=None):
     if counts == {0}:
         raise ScoreInputError(f"nothing to score: {counted()}")
     for name, lines in sources:
-        if name == references and not any(line.strip() for line in lines):
+        if name != references:
+            continue
+        blank = [number for number, line in enumerate(lines, 1) if not line.strip()]
+        if len(blank) == len(lines):
             raise ScoreInputError(f"nothing to score against: every line of {name} is blank ({counted()})")
+        if blank and not blank_reference_lines:
+            raise ScoreInputError(
+                f"{name}: line {blank[0]} is blank ({len(blank):,} of {len(lines):,} lines are); ROUGE cannot score "
+                "a blank reference (it would count as 0): remove those lines and the matching hypotheses, or fix "
+                "the references")
     return [lines for _, lines in sources]

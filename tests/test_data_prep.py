@@ -157,10 +157,14 @@ def test_iwslt14_stamps_redo_what_changed(tmp_path):
         assert f"skip  {step}" in again
     assert (dest / "train.de-en.de.bin").stat().st_mtime_ns == mtime
 
-    # other BPE merges: tokenization is kept, BPE and binarization are redone
+    # other BPE merges into the same --dest: refused before any step without --force (it would
+    # replace a finished data folder); with it, tokenization is kept, BPE and binarization are redone
     codes = (dest / "code").read_text()
     out = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest, "--work", work,
-                   "--bpe-merges", "40").stdout
+                   "--bpe-merges", "40", check=False).stdout
+    assert "other options (bpe_merges 60 -> 40); refusing to replace it" in out and "start " not in out
+    out = run_prep("prepare-iwslt14.sh", "--from", archive, "--dest", dest, "--work", work,
+                   "--bpe-merges", "40", "--force").stdout
     assert "skip  tokenize_train" in out and "skip  tokenize_test" in out
     assert "redo  learn_bpe: options changed: merges 60 -> 40" in out
     assert "redo  apply_bpe" in out and "redo  binarize" in out
@@ -647,7 +651,7 @@ def test_gigaword_wrong_layout_or_truncated(tmp_path):
     # a truncated .gz inside the release
     data = (root / "train/train.title.txt.gz").read_bytes()
     (root / "train/train.title.txt.gz").write_bytes(data[: len(data) // 2])
-    with pytest.raises(PrepError, match=r"train\.title\.txt\.gz is truncated or not a valid file"):
+    with pytest.raises(PrepError, match=r"train\.title\.txt\.gz: corrupt or truncated gzip data \(EOFError"):
         prep_in_process("gigaword", "--from", root, "--work", tmp_path / "w3", "--dest", tmp_path / "b")
     # the standard sizes are enforced without --allow-nonstandard-splits
     (tmp_path / "fresh").mkdir()

@@ -2,7 +2,7 @@
 
 Same arguments, defaults and output lines as ``files2rouge`` (github.com/pltrdy/files2rouge)::
 
-    man-files2rouge REFERENCE SUMMARY [-n 2] [-nol] [-a ARGS] [-s FILE] [-e EOS] [-nm] [-ir] [-is]
+    man-files2rouge REFERENCE SUMMARY [-n 2] [-nol] [-a ARGS] [-s FILE [--overwrite]] [-e EOS] [-nm] [-ir] [-is]
 
 ROUGE-1.5.5 treats REFERENCE as its model summaries and SUMMARY as the system's. Summary-level
 ROUGE-L is not symmetric: the MAN authors and fairseq's BART README pass the hypotheses first
@@ -12,7 +12,8 @@ By default WordNet's exception database is files2rouge's (empty, so irregular fo
 ``--exception-db wordnet`` uses its 5,930 entries instead (docs/summarization-scoring.md). One
 difference: an error (files of unequal line counts, a file that is not UTF-8, options ROUGE
 rejects, an unusable ``-s`` path, checked before ROUGE runs) is one ``ERROR: ...`` line on stderr
-with exit status 2, not a traceback.
+with exit status 2, not a traceback; ``-s`` writes a new file (``--overwrite`` replaces an existing
+one); an empty ``-e`` (files2rouge: every token a sentence, ROUGE-L = ROUGE-1) is refused.
 """
 
 import argparse
@@ -52,7 +53,8 @@ def build_parser():
                    help="Maximum n_gram size to consider")
     p.add_argument("-nol", "--no_rouge_l", action="store_true", help="Do not calculate ROUGE-L")
     p.add_argument("-a", "--args", help="ROUGE Arguments (replace '-c 95 -r 1000 -n 2 -a')")
-    p.add_argument("-s", "--saveto", dest="saveto", help="File to save scores")
+    p.add_argument("-s", "--saveto", dest="saveto", help="File to save scores (a new file; see --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="let -s replace an existing file")
     p.add_argument("-e", "--eos", dest="eos", default=".",
                    help='End of sentence separator (for multisentence). Default: "."')
     p.add_argument("-m", "--stemming", action="store_true", help="DEPRECATED: stemming is now default behavior")
@@ -65,9 +67,10 @@ def build_parser():
     return p
 
 
-def check_saveto(path, inputs):
+def check_saveto(path, inputs, overwrite=False):
     """Refuse an ``-s`` path the scores cannot be written to, before ROUGE runs (minutes on a
-    large test set): a folder, a missing or read-only folder, or one of the input files."""
+    large test set): a folder, a missing or read-only folder, one of the input files, or an
+    existing file without ``overwrite`` (as man-average-checkpoints' --output)."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"-s {path}: is a folder; name the file to save the scores in")
@@ -79,6 +82,8 @@ def check_saveto(path, inputs):
     for name in inputs:
         if path.exists() and path.resolve() == Path(name).resolve():
             raise ValueError(f"-s {path}: is an input file; it would be replaced by the scores")
+    if os.path.lexists(path) and not overwrite:
+        raise ValueError(f"-s {path}: exists; pass --overwrite to replace it, or choose a new file")
 
 
 def main(argv=None):
@@ -87,6 +92,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.rouge_n == 0 and args.no_rouge_l:
         parser.error("-n 0 with -nol leaves nothing to score")
+    if not args.eos.strip() or len(args.eos.split()) != 1 or args.eos != args.eos.strip():
+        # "" would end a sentence after every token (ROUGE-L = ROUGE-1), a space none
+        parser.error(f"-e/--eos {args.eos!r}: the end-of-sentence token must be one token without spaces, "
+                     "such as '.' (the default)")
     if args.stemming:
         parser.error("files2rouge uses stemming by default so --stemming is deprecated. "
                      "You can turn it off with -nm/--no_stemming")
@@ -99,7 +108,7 @@ def main(argv=None):
 
     try:
         if args.saveto:
-            check_saveto(args.saveto, (args.reference, args.summary))
+            check_saveto(args.saveto, (args.reference, args.summary), args.overwrite)
         refs, summaries = read_lines(args.reference), read_lines(args.summary)
         print("Preparing documents...", end=" ", flush=True)
         line_open.append(True)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from .dataprep import MARKER, PrepError, apply_bpe_lines, claim_folder, is_ours, learn_bpe, log, read_lines, write_lines
+from .destination import differences, read_record, refuse_replacing, write_record
 from ..tools import tool_env
 
 
@@ -46,7 +47,7 @@ def _preprocess(cmd, what):
 
 
 def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("train", "valid", "test"),
-             extra_files=(), extra_test_sets=()):
+             extra_files=(), extra_test_sets=(), record=None, force=False):
     """fairseq-preprocess on ``prep_dir/{train,valid,test}.{src,tgt}`` into ``dest_dir``, atomically.
 
     The data is built in a sibling ``.<dest>.partial-<pid>`` folder and renamed to ``dest_dir``
@@ -56,7 +57,8 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
     ``extra_files`` are copied in next to the binarized data. Each of ``extra_test_sets`` (split
     names in ``prep_dir``) is binarized with the training dictionaries and stored under its own
     name: fairseq's translation task loads any ``--gen-subset NAME`` from
-    ``NAME.src-tgt.lang.{bin,idx}``.
+    ``NAME.src-tgt.lang.{bin,idx}``. ``record`` (:func:`.destination.making_record`) goes into the
+    finished folder's marker; a ``dest_dir`` whose record differs is replaced only with ``force``.
     """
     dest = Path(dest_dir).absolute()
     if dest.exists():
@@ -64,6 +66,9 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
         if not replaceable:
             raise PrepError(f"--dest {dest} exists, is not empty and was not made by data-prep (no {MARKER}); "
                             "refusing to replace it. Choose another --dest or remove it yourself.")
+        old = read_record(dest)
+        if record is not None and old is not None and differences(old, record) and not force:
+            refuse_replacing(dest, old, record)  # checked before any step too; this is the last line
     dest.parent.mkdir(parents=True, exist_ok=True)
     stale_dirs = [*dest.parent.glob(f".{dest.name}.partial-*"), *dest.parent.glob(f".{dest.name}.old-*")]
     for stale in stale_dirs:
@@ -92,11 +97,13 @@ def binarize(prep_dir, dest_dir, src, tgt, workers=1, joined=True, splits=("trai
             for f in one.glob(f"test.{src}-{tgt}.*"):
                 os.replace(f, tmp / f.name.replace("test.", f"{split}.", 1))
             shutil.rmtree(one)
-    except PrepError:
+    except BaseException:  # a failure or Ctrl-C: nothing half-written is left behind
         shutil.rmtree(tmp)
         raise
     for extra in extra_files:
         shutil.copy(extra, tmp / Path(extra).name)
+    if record is not None:
+        write_record(tmp, record)
     if dest.exists():
         old = dest.parent / f".{dest.name}.old-{os.getpid()}"
         if not is_ours(dest):  # an empty folder: give it the marker so a leftover is recognised
@@ -138,7 +145,8 @@ def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train
 
     def binarize_step():
         extras = [codes] + sorted(tok_dir.glob("*.raw.*"))  # untokenized references for sacreBLEU
-        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits, extra_files=extras)
+        binarize(prep, dest, src, tgt, workers=args.workers, splits=splits, extra_files=extras,
+                 record=args.record, force=args.force)
     steps.run("binarize", binarize_step, options={"dest": str(dest)},
               outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code"])
     return prep

@@ -26,8 +26,8 @@ from pathlib import Path
 from . import see_bin
 from .binarize import bpe_and_binarize
 from .dataprep import (
-    PrepError, Steps, check_counts, log, read_lines, read_text, report_counts, split_counts, tokenize_lines,
-    write_lines,
+    PrepError, Steps, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
+    tokenize_lines, write_lines,
 )
 from .downloads import find_file, stage
 from .manifest import write_manifest
@@ -228,7 +228,7 @@ def read_see(layout, tok, src, tgt, max_source, max_target):
         paths = [tok / f"{split}.{src}", tok / f"{split}.{tgt}"]
         if split == "test":
             paths += [tok / f"test.raw.{src}", tok / f"test.raw.{tgt}"]
-        n, counts = 0, Counter()
+        n, counts, blank = 0, Counter(), []
         with _writing(paths) as write:
             for article, abstract, where in see_pairs(layout, split):
                 n += 1
@@ -237,12 +237,14 @@ def read_see(layout, tok, src, tgt, max_source, max_target):
                     stats["empty_train_pairs_dropped"] += 1  # no signal (114 such stories in the standard list)
                     continue
                 if split == "test":
+                    blank += [] if target else [where]
                     write[2](" ".join(words))
                     write[3](target)
                 elif max_target:
                     target = " ".join(target.split()[:max_target])
                 write[0](" ".join(words[:max_source] if max_source else words))
                 write[1](target)
+            refuse_blank_references(blank, n)  # inside: no file of the split is renamed into place
         stats["release"][split] = n
         stats["sentences"][split], stats["periods_added"][split] = counts["sentences"], counts["periods_added"]
         log(f"      {split}: {n:,} pairs from {', '.join(p.name for p in layout.files[split])}; "
@@ -302,6 +304,8 @@ def tokenize(args, raw, tok, src, tgt):
         t = tokenize_lines(read_lines(raw / f"{split}.{tgt}"), "en", escape=False, lowercase=True,
                            workers=args.workers, desc=f"{split}.target")
         if split == "test":  # the references as scored, the whole articles for lead baselines
+            refuse_blank_references([f"{raw / 'test.target'} line {i}" for i, x in enumerate(t, 1) if not x.strip()],
+                                    len(t))
             write_lines(tok / f"test.raw.{src}", s)
             write_lines(tok / f"test.raw.{tgt}", t)
         elif args.max_target_tokens:
@@ -353,6 +357,7 @@ def prepare_cnndm(args):
                 "summary_sentences": "highlights joined by spaces, ' .' after those without final punctuation "
                                      "(See et al.'s fix_missing_period)" if layout.kind == "stories" else "as given"}
     merges = args.bpe_merges or 32000
+    split_counts(tok, src, tgt)  # an empty split (a zero-byte test file) is named here, before BPE and binarize
     bpe_and_binarize(args, steps, tok, src, tgt, merges)
     counts = report_counts(tok, src, tgt)
     write_manifest(args.dest, "cnndm", src, tgt, counts, release, STANDARD_COUNTS, {"test": layout.test_name},

@@ -52,7 +52,8 @@ def claim_folder(path, what):
         raise PrepError(f"{what} {path} is not empty and was not made by data-prep (no {MARKER} in it); "
                         "refusing to write into it. Choose another folder or empty it.")
     path.mkdir(parents=True, exist_ok=True)
-    (path / MARKER).write_text(f"made by man-fairseq data-prep (pid {os.getpid()})\n")
+    if not (path / MARKER).is_file():  # an existing marker is left as it is (a folder in use, a data record)
+        (path / MARKER).write_text(f"made by man-fairseq data-prep (pid {os.getpid()})\n")
     return path
 
 
@@ -173,16 +174,15 @@ def _read(read, path):
     """``read(path)`` (:mod:`.textfile`) with its errors as PrepErrors naming the file."""
     try:
         return read(path)
-    except textfile.NotUtf8Error as e:
+    except (textfile.NotUtf8Error, textfile.CorruptFileError) as e:
         raise PrepError(str(e)) from None
-    except (EOFError, OSError, gzip.BadGzipFile) as e:
-        raise PrepError(f"{path} is truncated or not a valid file ({type(e).__name__}: {e}). "
-                        "Replace it with a complete copy.") from e
+    except OSError as e:
+        raise PrepError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
 
 
 def read_lines(path):
     """Lines of a UTF-8 text file (``*.gz``: gunzipped), without line ends; text that is not
-    UTF-8 (nothing is replaced) or a truncated .gz is a PrepError naming the file."""
+    UTF-8 (nothing is replaced) or a damaged or truncated .gz is a PrepError naming the file."""
     return _read(textfile.read_lines, Path(path))
 
 
@@ -346,6 +346,14 @@ def check_counts(counts, expected, allow_nonstandard=False, what="pairs"):
         raise PrepError("; ".join(wrong) + ". Incomplete or different release? Pass "
                         "--allow-nonstandard-splits to go on with these splits anyway.")
     return counts
+
+
+def refuse_blank_references(blank, total):
+    """Refuse a test split with blank references before BPE: ROUGE cannot score one (files2rouge
+    stops on it, an average would count it as 0). ``blank``: where each is (file and line or record)."""
+    if blank:
+        raise PrepError(f"test: {len(blank):,} of {total:,} references are blank (first: {blank[0]}); ROUGE cannot "
+                        "score a blank reference. Fix or remove those pairs in the input and run again.")
 
 
 def report_counts(prep_dir, src, tgt, expected=None, splits=("train", "valid", "test"),

@@ -26,6 +26,7 @@ from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import (
     PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, work_lock, write_lines,
 )
+from .destination import check_dest, making_record
 from .downloads import fetch
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
@@ -105,6 +106,10 @@ def prepare_multi30k(args):
         raise PrepError(f"--src/--tgt must be two different task-1 languages of {LANGS}, "
                         f"got {args.src!r} {args.tgt!r}")
     check_paths(args)
+    args.record = making_record("multi30k", **{"from": str(Path(args.from_path).expanduser().resolve())
+                                               if args.from_path else None},
+                                src=args.src, tgt=args.tgt, bpe_merges=args.bpe_merges)
+    check_dest(args.dest, args.record, args.force, work=args.work)
     with work_lock(args.work):
         return build_multi30k(args)
 
@@ -167,7 +172,7 @@ def build_multi30k(args):
         # built next to --dest and renamed into place; a --dest data-prep did not make is refused
         references = [tok / f"{split}.raw.{lang}" for split in test_sets for lang in (src, tgt)]
         binarize(prep, dest, src, tgt, workers=args.workers, extra_files=[codes, *references],
-                 extra_test_sets=test_sets[1:])
+                 extra_test_sets=test_sets[1:], record=args.record, force=args.force)
     steps.run("binarize", binarize_step, options={"dest": str(dest)},
               outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code",
                        *[dest / f"{split}.{src}-{tgt}.{src}.bin" for split in test_sets[1:]]])
@@ -205,6 +210,9 @@ def main(argv=None):
                    help=f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a --dest that data-prep made for another dataset or with other options "
+                        "(default: refused before any step)")
     args = p.parse_args(argv)
     pair = f"{args.src}-{args.tgt}"
     args.work = args.work or str(REPO / "data-bin" / "_work" / f"multi30k.{pair}")

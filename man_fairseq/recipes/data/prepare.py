@@ -18,8 +18,9 @@ from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (
     PrepError, Steps, check_counts, check_paths, clean_pairs, is_ours, log, read_lines, read_seg_lines,
-    report_counts, split_counts, tokenize_lines, work_lock, write_lines,
+    refuse_blank_references, report_counts, split_counts, tokenize_lines, work_lock, write_lines,
 )
+from .destination import check_dest, making_record
 from .downloads import find_file, stage
 from .manifest import write_manifest
 
@@ -195,9 +196,12 @@ def prepare_gigaword(args):
         for split, (folder, art, ttl) in GIGAWORD_FILES.items():
             gz = folder is None
             a = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, art, parent=folder, gz=gz))]
-            t = [" ".join(x.lower().split()) for x in read_lines(find_file(roots, ttl, parent=folder, gz=gz))]
+            title_file = find_file(roots, ttl, parent=folder, gz=gz)
+            t = [" ".join(x.lower().split()) for x in read_lines(title_file)]
             if len(a) != len(t):
                 raise PrepError(f"gigaword {split}: {len(a)} articles ({art}) but {len(t)} titles ({ttl})")
+            if split == "test":  # the references ROUGE scores
+                refuse_blank_references([f"{title_file} line {i}" for i, x in enumerate(t, 1) if not x], len(t))
             splits[split], counts[split] = (a, t), len(a)
         # the release's sizes, before the empty / over-long training pairs are dropped
         check_counts(counts, EXPECTED["gigaword"], args.allow_nonstandard_splits)
@@ -217,6 +221,7 @@ def prepare_gigaword(args):
               + [tok / f"test.raw.{l}" for l in (src, tgt)] + [tok / "release_counts.json"])
 
     merges = args.bpe_merges or 32000
+    split_counts(tok, src, tgt)  # an empty split is named here, before BPE and binarize
     bpe_and_binarize(args, steps, tok, src, tgt, merges)
     counts = report_counts(tok, src, tgt)
     write_manifest(args.dest, "gigaword", src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
@@ -256,6 +261,9 @@ def parse_args(argv=None):
                         "never; default: keep all, as fairseq's BART CNN/DM recipe; See et al. trained on 100)")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="go on when a split's size differs from the standard one (default: error)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a --dest that data-prep made for another dataset or with other options "
+                        "(default: refused before any step)")
     args = p.parse_args(argv)
     # an option the dataset's recipe does not read is refused: it would change nothing, with exit status 0
     unread = [flag for flag, dest in (("--max-source-tokens", "max_source_tokens"),
@@ -275,13 +283,32 @@ def parse_args(argv=None):
     _, default_name = DATASETS[args.dataset]
     args.work = args.work or str(REPO / "data-bin" / "_work" / args.dataset)
     args.dest = args.dest or str(REPO / "data-bin" / default_name)
+    args.record = making_record(args.dataset, **making_options(args))
     return args
+
+
+# Defaults of the options a recipe reads where not given (its own `or` fallbacks), so that the data
+# folder's record says the same whether a default was given or left out.
+DEFAULT_BPE_MERGES = {"iwslt14": 10000, "wmt14": 40000, "cnndm": 32000, "gigaword": 32000}
+DEFAULT_MAX_LEN = {"wmt14": 250, "gigaword": 200}
+
+
+def making_options(args):
+    """The options that change what ``--dest`` holds (its making record, :mod:`.destination`)."""
+    options = {"from": str(Path(args.from_path).expanduser().resolve()) if args.from_path else None,
+               "bpe_merges": args.bpe_merges or DEFAULT_BPE_MERGES[args.dataset]}
+    if args.dataset in DEFAULT_MAX_LEN:
+        options["max_len"] = args.max_len or DEFAULT_MAX_LEN[args.dataset]
+    if args.dataset == "cnndm":
+        options.update(max_source_tokens=args.max_source_tokens, max_target_tokens=args.max_target_tokens)
+    return options
 
 
 def run(argv=None):
     """Prepare one dataset; returns the binarized folder (PrepError on bad input)."""
     args = parse_args(argv)
     check_paths(args)
+    check_dest(args.dest, args.record, args.force, work=args.work)
     with work_lock(args.work):
         DATASETS[args.dataset][0](args)
     dest = Path(args.dest).absolute()

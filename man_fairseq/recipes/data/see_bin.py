@@ -12,7 +12,9 @@ little-endian length (``struct.pack('q', n)``) followed by ``n`` bytes of a seri
 
 Only the protobuf wire format these messages need is decoded here (varint keys, length-delimited
 fields; fields of other wire types are skipped, as protobuf skips unknown fields). A truncated or
-foreign file is a :class:`PrepError` naming the file and the record.
+foreign file, text that is not UTF-8 (never replaced) or an empty (zero-byte) file is a
+:class:`PrepError` naming the file and the record, the last one when the layout is found, before
+any step.
 """
 
 import re
@@ -84,7 +86,10 @@ def decode_example(data):
                 if wire != 2:
                     continue
                 if field == 1:
-                    key = data[span[0]:span[1]].decode("utf-8", errors="replace")
+                    try:
+                        key = data[span[0]:span[1]].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise _Malformed("a feature name that is not UTF-8") from None
                 elif field == 2:
                     value = span
             if key is None:
@@ -135,7 +140,13 @@ def read_pairs(path):
                                 f"{'no' if values is None else len(values)} '{name}' text"
                                 f"{'' if values is None else 's'} (bytes features: {have}); expected one "
                                 "article and one abstract per record (See et al.'s make_datafiles.py)")
-            texts.append(values[0].decode("utf-8", errors="replace"))
+            try:
+                texts.append(values[0].decode("utf-8"))
+            except UnicodeDecodeError as e:  # nothing is replaced: the text layouts refuse the same
+                bad = " ".join(f"0x{b:02x}" for b in values[0][e.start:e.end])
+                raise PrepError(f"{path}: record {number} (byte {offset:,}): its {name} text is not UTF-8 ({bad} at "
+                                f"byte {e.start + 1} of the text); the release is UTF-8: replace the file with a "
+                                "complete copy, or convert the text to UTF-8 first") from None
         yield tuple(texts)
 
 
@@ -167,4 +178,9 @@ def split_files(folder):
                                 f"numbered {numbers[0]}..{numbers[-1]}); the chunks must be {split}_000.bin, "
                                 f"{split}_001.bin, ... without a gap")
             out[split] = [p for _, p in numbered]
+    for files in out.values():
+        for path in files:
+            if path.stat().st_size == 0:  # would make an empty or short split, found only after BPE
+                raise PrepError(f"{path}: empty (0 bytes); a See et al. .bin file holds records. Replace it with "
+                                "a complete copy")
     return out

@@ -97,12 +97,13 @@ def raw_reference_file(data, subset, tgt):
     return Path(data) / f"{subset}.raw.{tgt}"
 
 
-def read_raw_references(path, subset=None):
-    """The lines of ``path``, refused (:class:`~.scoring.ScoreInputError`) when blank or, given the
-    binarized ``subset`` as (name, number of sentences), not one per sentence."""
+def read_raw_references(path, subset=None, rouge=False):
+    """The lines of ``path``, refused (:class:`~.scoring.ScoreInputError`) when blank (for ``rouge``:
+    when one line is) or, given the binarized ``subset`` as (name, number of sentences), not one per
+    sentence."""
     lines, name = textfile.read_lines(path), f"references {path}"  # UTF-8 or an error naming the line
     sentences = [(subset[0], range(subset[1]))] if subset else []
-    scoring.check_aligned(sentences + [(name, lines)], references=name)
+    scoring.check_aligned(sentences + [(name, lines)], references=name, blank_reference_lines=not rouge)
     return lines
 
 
@@ -167,7 +168,8 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
     metric = cfg["eval"]["metric"]
     if metric in RAW_REFERENCE_METRICS and raw_reference_file(data, subset, tgt).is_file():
         read_raw_references(raw_reference_file(data, subset, tgt),
-                            None if total is None else (f"the binarized {subset} set in {folder}", total))
+                            None if total is None else (f"the binarized {subset} set in {folder}", total),
+                            rouge=metric == "rouge")
     if metric == "rouge" and rouge_implementation == "rouge155":
         try:
             rouge155.release_dir()
@@ -238,7 +240,7 @@ def main(argv=None):
                   "evaluation succeeds)", flush=True)
         evaluate(run, args)
     except (EvaluateError, ConfigError, scoring.ScoreInputError, rouge155.Rouge155Unavailable,
-            rouge155.Rouge155Failed, textfile.NotUtf8Error, OSError) as e:
+            rouge155.Rouge155Failed, textfile.NotUtf8Error, textfile.CorruptFileError, OSError) as e:
         print("ERROR: " + " ".join(str(e).split()) + (f" (the previous result is in {moved[0]})" if moved else ""),
               file=sys.stderr)
         return 2

@@ -1,0 +1,269 @@
+"""Bad inputs, faults and interruptions of data-prep and the scorers (issue 48): each is one clear
+line before any long step, loses no file and never gives a wrong number with exit status 0.
+
+The data-prep cases run on the small fixture releases of test_data_prep.py / test_cnndm_layouts.py;
+the scorer cases on the toy run of test_score_inputs.py."""
+
+import gzip
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pausing import pause_env, wait_for
+from test_cnndm_layouts import example, record, write_bin, write_see_text
+from test_data_prep import MERGES, PREP, WORDS_EN, make_iwslt_archive, make_sumdata, prep_in_process, sentence
+from test_score_inputs import _evaluate, _with_metric, toy_run  # noqa: F401  (toy_run: a fixture)
+from man_fairseq import textfile
+from man_fairseq.recipes.data import destination, see_bin
+from man_fairseq.recipes.data.dataprep import MARKER, PrepError, read_lines
+
+
+def listing(folder):
+    """Every file under ``folder`` with its bytes' digest, to show that nothing changed."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def sumdata_release(tmp_path, n=600, seed=4):
+    rng = random.Random(seed)
+    art = [sentence(rng, WORDS_EN, 8).lower() for _ in range(n)]
+    ttl = [sentence(rng, WORDS_EN, 3).lower() for _ in range(n)]
+    make_sumdata(tmp_path, art, ttl)
+    return tmp_path / "sumdata", art, ttl
+
+
+# ------------------------------------------------------------ 1. a finished data folder is kept
+
+def test_a_finished_data_folder_is_replaced_only_by_the_same_dataset_and_options(tmp_path, capsys):
+    release, _, _ = sumdata_release(tmp_path)
+    dest, giga_work = tmp_path / "data", tmp_path / "w-giga"
+    giga = ["gigaword", "--from", release, "--work", giga_work, "--dest", dest, "--bpe-merges", MERGES]
+    prep_in_process(*giga)
+    made = json.loads((dest / MARKER).read_text())
+    assert made["dataset"] == "gigaword" and made["options"]["bpe_merges"] == int(MERGES)
+    before = listing(dest)
+    see = tmp_path / "see"
+    write_see_text(see, ("train", "val", "test"))
+    cnndm = ["cnndm", "--from", see, "--work", tmp_path / "w-cnndm", "--dest", dest, "--bpe-merges", MERGES]
+    # another dataset: refused before any step (its --work is not even made), nothing of --dest lost
+    with pytest.raises(PrepError, match=rf"--dest {dest} is a finished data folder and it holds gigaword data, this "
+                                        r"run prepares cnndm; refusing to replace it\. .*--force"):
+        prep_in_process(*cnndm)
+    assert not (tmp_path / "w-cnndm").exists() and listing(dest) == before
+    # the same dataset with other options: refused too, before any step
+    with pytest.raises(PrepError, match=r"it holds gigaword data made with other options \(bpe_merges 60 -> 50\)"):
+        prep_in_process(*giga[:-1], "50")
+    assert listing(dest) == before
+    # the same command again: every step skipped, nothing rewritten
+    capsys.readouterr()
+    prep_in_process(*giga)
+    assert "start " not in capsys.readouterr().out and listing(dest) == before
+    # --force replaces it, and the folder then records the new dataset
+    prep_in_process(*cnndm, "--force")
+    assert json.loads((dest / MARKER).read_text())["dataset"] == "cnndm"
+    assert (dest / "cnndm.json").is_file() and not (dest / "gigaword.json").exists()
+
+
+def test_older_data_folders_without_a_record(tmp_path):
+    """A folder an older data-prep made (its marker is a line of text) is replaced only when the
+    --work folder's binarize step wrote it and it holds no other dataset's record, or with --force."""
+    dest, work = tmp_path / "data", tmp_path / "work"
+    dest.mkdir()
+    (dest / MARKER).write_text("made by man-fairseq data-prep (pid 1)\n")
+    (dest / "dict.article.txt").write_text("a 1\n")
+    new = destination.making_record("gigaword", bpe_merges=60)
+    with pytest.raises(PrepError, match=r"made by an older data-prep, which did not record its dataset and options"):
+        destination.check_dest(dest, new, work=work)
+    work.mkdir()
+    (work / ".binarize.done").write_text(json.dumps({"options": {"dest": str(dest.absolute())}}))
+    destination.check_dest(dest, new, work=work)  # this --work made it: a rerun of the same recipe
+    (dest / "cnndm.json").write_text(json.dumps({"dataset": "cnndm"}))
+    with pytest.raises(PrepError, match=r"it holds cnndm data, this run prepares gigaword"):
+        destination.check_dest(dest, new, work=work)
+    destination.check_dest(dest, new, force=True, work=work)
+    # a folder data-prep did not make is refused even with --force; a file is not a folder
+    (dest / MARKER).unlink()
+    with pytest.raises(PrepError, match=r"not made by data-prep .* refusing to replace it"):
+        destination.check_dest(dest, new, force=True)
+    with pytest.raises(PrepError, match=r"is a file, not a folder"):
+        destination.check_dest(dest / "cnndm.json", new)
+
+
+def test_a_foreign_dest_is_refused_before_any_step(tmp_path):
+    release, _, _ = sumdata_release(tmp_path)
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    (dest / "notes.txt").write_text("keep\n")
+    with pytest.raises(PrepError, match=r"--dest .* not made by data-prep .* refusing to replace it"):
+        prep_in_process("gigaword", "--from", release, "--work", tmp_path / "w", "--dest", dest)
+    assert not (tmp_path / "w").exists()  # refused before staging, tokenizing and BPE
+    assert listing(dest) == {"notes.txt": listing(dest)["notes.txt"]}
+
+
+# ----------------------------------------------- 2. and 8. one text reader, nothing replaced
+
+def test_see_bin_text_that_is_not_utf8_is_an_error_naming_the_chunk_and_record(tmp_path):
+    chunk = tmp_path / "test_000.bin"
+    good = record(example({"article": [b"a fine article ."], "abstract": [b"<s> fine . </s>"]}))
+    latin1 = record(example({"article": ["un caf\u00e9 .".encode("latin-1")], "abstract": [b"<s> x . </s>"]}))
+    chunk.write_bytes(good + latin1)
+    with pytest.raises(PrepError, match=rf"{chunk}: record 2 \(byte {len(good):,}\): its article text is not UTF-8 "
+                                        r"\(0xe9 at byte 7 of the text\)"):
+        list(see_bin.read_pairs(chunk))
+
+
+def damaged_gzips(tmp_path, n=12):
+    """Copies of one .gz file of text, each with two bytes of its deflate stream flipped."""
+    rng = random.Random(48)
+    text = "".join(" ".join(rng.choice(WORDS_EN) for _ in range(12)) + " caf\u00e9 .\n" for _ in range(3000))
+    data = gzip.compress(text.encode("utf-8"), mtime=0)
+    for k in range(n):
+        damaged = bytearray(data)
+        at = 20 + (len(data) - 40) * k // n
+        damaged[at] ^= 0x55
+        damaged[at + 1] ^= 0xAA
+        path = tmp_path / f"train.title.{k}.txt.gz"
+        path.write_bytes(bytes(damaged))
+        yield path
+
+
+def test_a_damaged_gz_file_is_named_as_corrupt_not_as_text_that_is_not_utf8(tmp_path):
+    for path in damaged_gzips(tmp_path):
+        for read in (textfile.read_lines, textfile.read_text):
+            with pytest.raises(textfile.CorruptFileError, match=rf"^{path}: corrupt or truncated gzip data"):
+                read(path)
+        with pytest.raises(PrepError, match=rf"^{path}: corrupt or truncated gzip data .*gzip -t"):
+            read_lines(path)
+    not_gzip = tmp_path / "plain.txt.gz"
+    not_gzip.write_text("plain text\n")
+    with pytest.raises(textfile.CorruptFileError, match="BadGzipFile"):
+        textfile.read_lines(not_gzip)
+
+
+def test_a_damaged_gigaword_training_file_is_one_line_naming_it(tmp_path):
+    release, _, _ = sumdata_release(tmp_path)
+    data = bytearray((release / "train/train.title.txt.gz").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2 + 1] ^= 0xFF
+    (release / "train/train.title.txt.gz").write_bytes(bytes(data))
+    with pytest.raises(PrepError, match=r"train\.title\.txt\.gz: corrupt or truncated gzip data"):
+        prep_in_process("gigaword", "--from", release, "--work", tmp_path / "w", "--dest", tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+# --------------------------------------------------------------- 3. blank test references
+
+def test_blank_test_references_are_refused_at_prep_time(tmp_path):
+    release, _, ttl = sumdata_release(tmp_path)
+    refs = ttl[500:600]
+    refs[2] = refs[40] = "  "
+    (release / "Giga/task1_ref0.txt").write_text("\n".join(refs) + "\n")
+    with pytest.raises(PrepError, match=rf"test: 2 of 100 references are blank \(first: .*Giga/task1_ref0\.txt "
+                                        r"line 3\); ROUGE cannot score a blank reference"):
+        prep_in_process("gigaword", "--from", release, "--work", tmp_path / "w", "--dest", tmp_path / "b")
+    assert not (tmp_path / "w" / ".learn_bpe.done").exists() and not (tmp_path / "b").exists()
+    # See et al.'s layouts: an abstract with no words between its tags
+    see = tmp_path / "see"
+    blank = ["<s> a summary . </s>", "<s> </s>", "<s> another . </s>"]
+    write_see_text(see, ("train", "val", "test"), abstracts={"test": blank})
+    with pytest.raises(PrepError, match=rf"test: 1 of 3 references are blank \(first: {see}/test\.abstract\.tagged"
+                                        r"\.txt line 2\)"):
+        prep_in_process("cnndm", "--from", see, "--work", tmp_path / "w2", "--dest", tmp_path / "b2")
+    chunked = tmp_path / "finished_files" / "chunked"
+    chunked.mkdir(parents=True)
+    for split in ("train", "val"):
+        write_bin(chunked / f"{split}_000.bin", [(f"article {i} .", f"<s> summary {i} . </s>") for i in range(5)])
+    write_bin(chunked / "test_000.bin", [("article .", "<s> summary . </s>"), ("article .", "<s> </s>")])
+    with pytest.raises(PrepError, match=rf"test: 1 of 2 references are blank \(first: {chunked}/test_000\.bin "
+                                        r"record 2\)"):
+        prep_in_process("cnndm", "--from", tmp_path / "finished_files", "--work", tmp_path / "w3",
+                        "--dest", tmp_path / "b3")
+
+
+def test_rouge_refuses_a_blank_reference_line_at_every_entry_point(tmp_path):
+    from man_fairseq import scoring
+
+    refs = [f"reference number {i} ." for i in range(20)]
+    refs[6] = ""
+    hyps = [r or "a hypothesis ." for r in refs]
+    for implementation in ("rouge155", "rouge-score"):
+        with pytest.raises(scoring.ScoreInputError, match=r"^references R\.txt: line 7 is blank \(1 of 20 lines "
+                                                          r"are\); ROUGE cannot score a blank reference"):
+            scoring.rouge(hyps, refs, implementation=implementation, names=("hypotheses H.txt", "references R.txt"))
+    # BLEU is a corpus score: a blank reference line is scored as such, as multi-bleu.perl does
+    assert scoring.tokenized_bleu(hyps, refs)["bleu"] > 0
+
+
+def test_evaluate_refuses_blank_rouge_references_before_decoding(toy_run, tmp_path, toy_data_bin, monkeypatch, capsys):
+    run, refs = toy_run
+    data = tmp_path / "data"
+    shutil.copytree(toy_data_bin, data)
+    raw = list(refs)
+    raw[3] = " "
+    (data / "test.raw.tgt").write_text("".join(line + "\n" for line in raw))
+    _with_metric(run, "rouge", data)
+    code, _, err = _evaluate(run, monkeypatch, capsys, None)  # None: decoding must not start
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"ERROR: references {data / 'test.raw.tgt'}: line 4 is blank (1 of 20 lines are)"), err
+
+
+# ------------------------------------------------------ 11. an empty chunk, before any step
+
+def test_a_zero_byte_bin_chunk_is_refused_before_any_step(tmp_path):
+    chunked = tmp_path / "finished_files" / "chunked"
+    chunked.mkdir(parents=True)
+    for split in ("train", "val"):
+        write_bin(chunked / f"{split}_000.bin", [(f"article {i} .", f"<s> summary {i} . </s>") for i in range(5)])
+    (chunked / "test_000.bin").write_bytes(b"")
+    work, dest = tmp_path / "w", tmp_path / "b"
+    with pytest.raises(PrepError, match=rf"^{chunked}/test_000\.bin: empty \(0 bytes\)"):
+        prep_in_process("cnndm", "--from", tmp_path / "finished_files", "--work", work, "--dest", dest)
+    assert not dest.exists() and not list(work.glob(".read_see.done"))
+
+
+# ------------------------------------------------------------------------ 4. and 5. files2rouge
+
+def _files2rouge(argv, capsys):
+    from man_fairseq.cli import files2rouge
+
+    try:
+        code = files2rouge.main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("eos", ["", " ", ". ."])
+def test_files2rouge_refuses_an_eos_that_is_not_one_token(eos, tmp_path, capsys, monkeypatch):
+    from man_fairseq import rouge155
+
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b . c d .\n")
+    monkeypatch.setattr(rouge155, "run", lambda *a, **k: pytest.fail("ROUGE ran"))
+    code, out, err = _files2rouge([ref, ref, "-e", eos], capsys)
+    assert (code, out) == (2, "") and err.startswith("usage: man-files2rouge")  # argparse: usage, then the error
+    assert err.splitlines()[-1] == (f"man-files2rouge: error: -e/--eos {eos!r}: the end-of-sentence token must be "
+                                    "one token without spaces, such as '.' (the default)")
+
+
+def test_files2rouge_replaces_an_existing_scores_file_only_with_overwrite(tmp_path, capsys):
+    ref, saved = tmp_path / "ref.txt", tmp_path / "scores.txt"
+    ref.write_text("the cat sat on the mat .\n")
+    saved.write_text("my notes\n")
+    code, out, err = _files2rouge([ref, ref, "-s", saved], capsys)
+    assert (code, out) == (2, "") and err == f"ERROR: -s {saved}: exists; pass --overwrite to replace it, or choose a new file\n"
+    assert saved.read_text() == "my notes\n"
+    code, out, err = _files2rouge([ref, ref, "-s", saved, "--overwrite"], capsys)
+    assert (code, err) == (0, "") and "ROUGE-1 Average_F: 1.00000" in saved.read_text()
