@@ -12,22 +12,21 @@ from conftest import TINY_MODEL, build_fairseq_model
 from torch._dynamo.exc import BackendCompilerFailed
 
 from man_fairseq.modules import attention_backend as backends
+from man_fairseq.modules import flex_backend as flex
 from man_fairseq.modules.attention_backend import (
     CUDNN,
     EFFICIENT,
     EXPLICIT,
+    EXTENDED,
     FLASH,
     FLEX,
     MATH,
     SDPA,
-    FlexMods,
-    bucket_length,
     choose_kernel,
-    is_future_mask,
-    pad_dim,
     prepare_sdpa_mask,
 )
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
+from man_fairseq.modules.flex_backend import FlexMods, bucket_length, is_future_mask, pad_dim
 from man_fairseq.modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from man_fairseq.modules.mask_bias import DynamicMaskBias, StaticWindowBias
 
@@ -193,7 +192,7 @@ def test_flex_runner_falls_back_to_static_compilation():
 
         return run
 
-    runner = backends.FlexRunner()
+    runner = flex.FlexRunner()
     runner.compile = fake_compile
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (5, 7, 7))
@@ -216,7 +215,7 @@ def test_flex_runner_does_not_mistake_other_errors_for_dynamic_shapes(error):
 
         return run
 
-    runner = backends.FlexRunner()
+    runner = flex.FlexRunner()
     runner.compile = failing_compile
     q = torch.zeros(1, 1, 4, 8)
     with pytest.raises(type(error)):
@@ -230,7 +229,7 @@ def test_flex_runner_fails_loudly_at_the_recompile_limit():
 
     from torch._dynamo.exc import FailOnRecompileLimitHit
 
-    runner = backends.FlexRunner()
+    runner = flex.FlexRunner()
     runner.compile = partial(torch.compile, backend="eager")  # graphs counted, no C++ codegen
     runner.dynamic, runner.recompile_limit = False, 2
     for n in (16, 32):
@@ -282,11 +281,11 @@ def assert_backends_agree(attn, x, pad=None, attn_mask=None, key=None, real_quer
     ref, choice = run(attn, "explicit", x, pad, attn_mask, key)
     assert choice.path == EXPLICIT
     for bucketing in bucketed:
-        backends.FLEX_RUNNER.bucketing = bucketing
+        flex.FLEX_RUNNER.bucketing = bucketing
         try:
             out, choice = run(attn, "flex", x, pad, attn_mask, key)
         finally:
-            backends.FLEX_RUNNER.bucketing = None
+            flex.FLEX_RUNNER.bucketing = None
         assert choice.path == FLEX, choice.reason
         if real_queries is not None:
             out, ref_ = out[real_queries], ref[real_queries]
@@ -294,7 +293,7 @@ def assert_backends_agree(attn, x, pad=None, attn_mask=None, key=None, real_quer
             ref_ = ref
         torch.testing.assert_close(out, ref_, rtol=1e-10, atol=1e-10)
     sdpa, choice = run(attn, "sdpa", x, pad, attn_mask, key)
-    assert choice.path == SDPA
+    assert choice.path == (EXTENDED if hasattr(attn.bias_module, "extended_query_key") else SDPA), choice.reason
     torch.testing.assert_close(sdpa, ref, rtol=1e-10, atol=1e-10)
 
 
@@ -469,7 +468,7 @@ def test_backend_option_reaches_every_attention_and_outputs_agree(family):
         assert mods and all(m.attention_backend == backend for m in mods)
         src = toks(task, lengths, left=True, seed=1)
         prev = toks(task, [6, 6, 6], left=False, seed=2)
-        calls = backends.FLEX_RUNNER.calls
+        calls = flex.FLEX_RUNNER.calls
         with torch.no_grad():
             outputs[backend] = model(src, torch.tensor(lengths), prev)[0]
         # fairseq's decoder asks the last layer's cross-attention for its weights (alignment),
@@ -477,7 +476,7 @@ def test_backend_option_reaches_every_attention_and_outputs_agree(family):
         paths[backend] = {m.last_kernel.path for m in mods if m.self_attention}
         encoder_paths[backend] = {m.last_kernel.path for m in attentions(model.encoder)}
         if backend == "flex" and family in FLEX_CAPABLE:
-            assert backends.FLEX_RUNNER.calls > calls
+            assert flex.FLEX_RUNNER.calls > calls
     assert paths["explicit"] == {EXPLICIT}
     if family == "diffwin":  # cumulative-sum windows have no flex form: flex falls back to auto
         assert paths["flex"] == paths["auto"] and SDPA in paths["flex"], paths

@@ -181,24 +181,24 @@ def test_flex_compilations_in_fairseq_generate_are_bounded_by_buckets(dman_check
                                                                        monkeypatch):
     """Compiled flex (forced on CPU) in a real generation: graphs grow with the (structure, batch
     size, length bucket) keys, not with the lengths; the hypotheses are the explicit path's."""
-    from man_fairseq.modules import attention_backend as backends
+    from man_fairseq.modules import flex_backend as flex
 
-    runner = backends.FlexRunner()
+    runner = flex.FlexRunner()
     runner.compiling = True  # CPU runs flex eagerly by default; compile it as on CUDA
-    monkeypatch.setattr(backends, "FLEX_RUNNER", runner)
+    monkeypatch.setattr(flex, "FLEX_RUNNER", runner)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # written under tmp_path only
     # the kernels' C++ at -O0: what is counted (graphs) and compared (hypotheses) does not depend on
     # it; measured 71 -> 58 CPU-s for this test
     monkeypatch.setenv("TORCHINDUCTOR_DEBUG_COMPILE", "1")
     calls = []
-    call = backends.flex_attention_call
+    call = flex.flex_attention_call
 
     def recording_call(q, k, v, mods, *args):  # the unpadded shapes and the mods' structure
         structure = tuple(m.__qualname__ for m in mods.score_mods + mods.mask_mods)
         calls.append((q.size(0), q.size(2), k.size(2), structure))
         return call(q, k, v, mods, *args)
 
-    monkeypatch.setattr(backends, "flex_attention_call", recording_call)
+    monkeypatch.setattr(flex, "flex_attention_call", recording_call)
     torch._dynamo.reset()
     before = runner.recompiles()
     (tmp_path / "flex").mkdir()

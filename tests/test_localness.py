@@ -5,7 +5,10 @@ import math
 import pytest
 import torch
 
+import torch.nn.functional as F
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
+from man_fairseq.modules import localness_extension
+from man_fairseq.modules.attention_backend import EXPLICIT, EXTENDED, SDPA
 from man_fairseq.modules.biased_attention import AttentionContext, BiasedMultiheadAttention
 from man_fairseq.modules.localness import WINDOW_STRATEGIES, LocalnessBias, gaussian_bias
 from man_fairseq.modules.relative_position import RelativePositionMultiheadAttention
@@ -41,6 +44,17 @@ def randomise(module, seed=0):
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def moderate_windows(module, scale=0.3):
+    """Localness parameters of ``module`` scaled down after :func:`randomise`: N(0, 1) vectors on
+    tanh features put sigmoid(z) near 1e-4, windows the extended path declines (its error
+    bound, localness_extension.RHO_MAX); 0.3 * N(0, 1) keeps them random but moderate."""
+    with torch.no_grad():
+        for bias in [m for m in module.modules() if isinstance(m, LocalnessBias)]:
+            for p in bias.parameters():
+                p.mul_(scale)
     return module
 
 
@@ -103,6 +117,8 @@ def naive_attention(q, k, v, bias, kpm, causal, query_start=0, rel=None):
                         val = val + a_v[r]
                     logits.append(e)
                     values.append(val)
+                if not logits:  # a left-padded causal pad query sees no key: its row is unused
+                    continue
                 p = torch.softmax(torch.stack(logits), 0)
                 out[bi, m, ti] = (p[:, None] * torch.stack(values)).sum(0)
     return out
@@ -187,18 +203,19 @@ def localness_attention(window, causal=False, rel=False, **kw):
     extra = {"max_relative_position": 2} if rel else {}
     bias = LocalnessBias(DIM, HEADS, window=window, causal=causal, **kw) if window else None
     attn = cls(DIM, HEADS, self_attention=True, bias_module=bias, **extra).double()
-    return randomise(attn).eval()
+    return moderate_windows(randomise(attn)).eval()
 
 
 @pytest.mark.parametrize("window", WINDOW_STRATEGIES)
 @pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
-@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["extended", "explicit"])
 def test_attention_with_localness_equals_naive(window, left, need_weights):
     torch.manual_seed(4)
     attn = localness_attention(window)
     x = torch.randn(5, 2, DIM, dtype=DT)
     kpm = padding_mask([5, 3], 5, left=left)
     out, _ = attn(x, x, x, key_padding_mask=kpm, need_weights=need_weights)
+    assert attn.last_kernel.path == (EXPLICIT if need_weights else EXTENDED), attn.last_kernel.reason
     q, k, v = heads_of(attn, x)
     bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal=False)
     heads_out = naive_attention(q, k, v, bias, kpm, causal=False)
@@ -209,7 +226,7 @@ def test_attention_with_localness_equals_naive(window, left, need_weights):
 
 @pytest.mark.parametrize("window", WINDOW_STRATEGIES)
 @pytest.mark.parametrize("left", [True, False], ids=["left_pad", "right_pad"])
-@pytest.mark.parametrize("need_weights", [False, True], ids=["sdpa", "explicit"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["extended", "explicit"])
 def test_cross_attention_localness_equals_naive(window, left, need_weights):
     """Encoder-decoder attention (--localness-attention-types cross): 4 target queries over 6
     source keys of another width; positions and the length D count real source tokens."""
@@ -218,11 +235,12 @@ def test_cross_attention_localness_equals_naive(window, left, need_weights):
     attn = BiasedMultiheadAttention(DIM, HEADS, kdim=kdim, vdim=kdim, encoder_decoder_attention=True,
                                     bias_module=LocalnessBias(DIM, HEADS, window=window, causal=False,
                                                               fixed_window=3.0, head_window_max=7.0))
-    attn = randomise(attn.double()).eval()
+    attn = moderate_windows(randomise(attn.double())).eval()
     query = torch.randn(4, 2, DIM, dtype=DT)
     src = torch.randn(6, 2, kdim, dtype=DT)
     kpm = padding_mask([6, 4], 6, left=left)
     out, _ = attn(query, src, src, key_padding_mask=kpm, need_weights=need_weights, static_kv=True)
+    assert attn.last_kernel.path == (EXPLICIT if need_weights else EXTENDED), attn.last_kernel.reason
     q = attn._shape(attn.q_proj(query), 2)
     k, v = attn._shape(attn.k_proj(src), 2), attn._shape(attn.v_proj(src), 2)
     bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal=False)
@@ -232,7 +250,7 @@ def test_cross_attention_localness_equals_naive(window, left, need_weights):
 
 @pytest.mark.parametrize("window", WINDOW_STRATEGIES)
 def test_fused_and_explicit_paths_give_the_same_gradients(window):
-    """The default (SDPA, float mask) path must back-propagate into the localness parameters."""
+    """The default (extended q/k) path must back-propagate into the localness parameters."""
     torch.manual_seed(11)
     attn = localness_attention(window).train()
     x = torch.randn(5, 2, DIM, dtype=DT)
@@ -279,6 +297,177 @@ def test_left_and_right_padding_agree(window, rel):
     left, _ = attn(x_left, x_left, x_left, key_padding_mask=padding_mask(lengths, total, True))
     for b, n in enumerate(lengths):
         torch.testing.assert_close(left[total - n:, b], right[:n, b])
+
+
+# ----------------------------------------------------------------------------- the bias as extra q/k dimensions
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+@pytest.mark.parametrize("causal,left", [(False, True), (True, False), (True, True)],
+                         ids=["left_pad", "causal_right_pad", "causal_left_pad"])
+def test_extended_path_equals_naive_and_explicit(window, causal, left):
+    """Self-attention, encoder and decoder (causal mask + padding), on the extended path: equal to
+    the naive formula and to --attention-backend explicit, values and gradients (float64)."""
+    torch.manual_seed(14)
+    attn = localness_attention(window, causal=causal, fixed_window=3.0, head_window_max=7.0).train()
+    t = 6
+    x = torch.randn(t, 2, DIM, dtype=DT)
+    kpm = padding_mask([6, 4], t, left=left)
+    attn_mask = torch.triu(torch.full((t, t), float("-inf"), dtype=DT), 1) if causal else None
+    real = ~kpm.t()
+    outputs, grads = {}, {}
+    for backend in ("auto", "explicit"):
+        attn.attention_backend = backend
+        attn.zero_grad()
+        out, _ = attn(x, x, x, key_padding_mask=kpm, attn_mask=attn_mask, need_weights=False)
+        assert attn.last_kernel.path == (EXTENDED if backend == "auto" else EXPLICIT), attn.last_kernel.reason
+        out[real].pow(2).sum().backward()
+        outputs[backend] = out[real]
+        grads[backend] = {n: p.grad.clone() for n, p in attn.named_parameters()}
+    q, k, v = heads_of(attn, x)
+    bias = naive_localness_bias(attn.bias_module, q, k, kpm, causal)
+    want = attn.out_proj(naive_attention(q, k, v, bias, kpm, causal).permute(2, 0, 1, 3).reshape(t, 2, DIM))
+    torch.testing.assert_close(outputs["auto"], want[real])
+    torch.testing.assert_close(outputs["auto"], outputs["explicit"])
+    if causal and left:
+        # a left-padded causal pad query sees only pad keys: the explicit softmax's row is NaN and
+        # so are its gradients (0 * NaN), the fused kernel's row is finite; fairseq right-pads
+        # the decoder's input, so only this test builds such a row
+        assert any(g.isnan().any() for g in grads["explicit"].values())
+        assert not any(g.isnan().any() for g in grads["auto"].values())
+        return
+    for name, grad in grads["explicit"].items():
+        torch.testing.assert_close(grads["auto"][name], grad, msg=name)
+
+
+@pytest.mark.parametrize("window", WINDOW_STRATEGIES)
+def test_extended_path_gradcheck(window):
+    """gradcheck of the extended path's output w.r.t. the input and every localness parameter."""
+    torch.manual_seed(15)
+    attn = BiasedMultiheadAttention(4, 2, self_attention=True,
+                                    bias_module=LocalnessBias(4, 2, window=window, causal=window == "layer"))
+    attn = moderate_windows(randomise(attn.double())).eval()
+    names = [n for n, _ in attn.named_parameters() if n.startswith("bias_module.")]
+    params = tuple(dict(attn.named_parameters())[n].detach().clone().requires_grad_() for n in names)
+    x = torch.randn(4, 2, 4, dtype=DT, requires_grad=True)
+    kpm = padding_mask([4, 3], 4, left=True)
+    real = ~kpm.t()
+
+    def f(x, *ps):
+        out, _ = torch.func.functional_call(attn, dict(zip(names, ps)), (x, x, x),
+                                            {"key_padding_mask": kpm, "need_weights": False})
+        return out[real]
+
+    f(x, *params)
+    assert attn.last_kernel.path == EXTENDED
+    assert torch.autograd.gradcheck(f, (x,) + params)
+
+
+def test_block_form_is_the_gaussian_bias():
+    """q_extra · k_extra = -(s - P)^2 / (2 sigma^2) for every block count (float64)."""
+    torch.manual_seed(16)
+    centre = torch.rand(2, 3, 7, 1, dtype=DT) * 9
+    sigma = torch.rand(2, 3, 7, 1, dtype=DT) + 0.2
+    positions = torch.arange(9, dtype=DT)[None]
+    want = -((positions[:, None, None, :] - centre) / sigma) ** 2 / 2
+    for blocks in (1, 2, 3, 9):
+        q_extra, k_extra = localness_extension.gaussian_dims(centre, sigma, positions, 9, blocks)
+        assert q_extra.shape[-1] == 2 * blocks + 1
+        torch.testing.assert_close(q_extra @ k_extra[:, None].transpose(-1, -2), want.expand(2, 3, 7, 9))
+
+
+def float32_output_errors(length, window_min, blocks=None, heads=2, dim=64, seed=0):
+    """Largest |output - float64 output| of one attention with the Gaussian bias (unit-variance q, k,
+    v; centres uniform over the sentence, windows uniform in [window_min, 0.9 L], float32 P and
+    sigma): the explicit float32 bias, the naive extension [a, b]·[s^2, s] and the block form."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, heads, length, dim, generator=g) for _ in range(3))
+    centre = torch.rand(1, heads, length, 1, generator=g) * length
+    sigma = (window_min + torch.rand(1, heads, length, 1, generator=g) * (0.9 * length - window_min)) / 2
+    positions = torch.arange(length, dtype=torch.float32)
+    exact = -((positions.double() - centre.double()) / sigma.double()) ** 2 / 2
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=exact)
+
+    def error(out):
+        return (out.double() - want).abs().max().item()
+
+    def extended(q_extra, k_extra):
+        extra = q_extra.size(-1)
+        return F.scaled_dot_product_attention(
+            torch.cat([q * dim ** -0.5, q_extra], -1), torch.cat([k, k_extra.expand(1, heads, length, extra)], -1),
+            torch.cat([v, v.new_zeros(1, heads, length, extra)], -1), scale=1.0)[..., :dim]
+
+    a = -0.5 / sigma ** 2
+    errors = {
+        "explicit": error(F.scaled_dot_product_attention(q, k, v, attn_mask=-((positions - centre) / sigma) ** 2 / 2)),
+        "naive": error(extended(torch.cat([a, -2 * a * centre], -1), torch.stack([positions ** 2, positions], -1))),
+    }
+    blocks = blocks or localness_extension.block_count(sigma, length)
+    if blocks is not None:
+        q_extra, k_extra = localness_extension.gaussian_dims(centre, sigma, positions[None], length, blocks)
+        errors["blocks"] = error(extended(q_extra, k_extra[:, None]))
+    return errors
+
+
+@pytest.mark.parametrize("length, window_min", [(400, 1.0), (1000, 2.0)])
+def test_float32_block_form_error_bound(length, window_min):
+    """docs/localness.md's bound: at the rule's block count the block form stays within 2e-5 of
+    float64 (measured there: <= 5.5e-6), where the naive extension is off by more than 1e-4."""
+    errors = float32_output_errors(length, window_min)
+    assert errors["explicit"] < 2e-6, errors
+    assert errors["naive"] > 1e-4, errors
+    assert errors["blocks"] < 2e-5, errors
+
+
+def test_float32_block_form_error_bound_at_the_rule_limit():
+    """Every query at the narrowest window the rule allows for its block width (w = 32 sigma)."""
+    length, sigma_min = 400, 1.0
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, length, 64, generator=g) for _ in range(3))
+    centre = torch.rand(1, 2, length, 1, generator=g) * length
+    sigma = torch.full_like(centre, sigma_min)
+    blocks = localness_extension.block_count(sigma, length)
+    assert blocks == math.ceil(length / localness_extension.RHO_MAX)
+    positions = torch.arange(length, dtype=torch.float32)
+    exact = -((positions.double() - centre.double()) / sigma.double()) ** 2 / 2
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=exact)
+    q_extra, k_extra = localness_extension.gaussian_dims(centre, sigma, positions[None], length, blocks)
+    e = q_extra.size(-1)
+    got = F.scaled_dot_product_attention(torch.cat([q / 8, q_extra], -1), torch.cat([k, k_extra[:, None].expand(1, 2, length, e)], -1),
+                                         torch.cat([v, v.new_zeros(1, 2, length, e)], -1), scale=1.0)[..., :64]
+    assert (got.double() - want).abs().max() < 4e-5
+
+
+def test_narrow_windows_on_long_sentences_fall_back_to_the_explicit_bias():
+    """The rule: more than MAX_BLOCKS blocks of width <= RHO_MAX * sigma_min -> the bias as a float mask."""
+    many = localness_extension.MAX_BLOCKS * localness_extension.RHO_MAX
+    assert localness_extension.block_count(torch.tensor([1.0]), int(many)) == localness_extension.MAX_BLOCKS
+    assert localness_extension.block_count(torch.tensor([1.0]), int(many) + 1) is None
+    assert localness_extension.block_count(torch.tensor([0.0]), 4) is None
+    # a pad query's window does not count
+    sigma, real = torch.tensor([[1e-6], [1.0]]), torch.tensor([[False], [True]])
+    assert localness_extension.block_count(sigma, 10, real) == 1
+    assert localness_extension.block_count(sigma, 10) is None
+    # through the core: a fixed window this narrow on 20 keys needs 20 / (32 * 0.001) blocks
+    torch.manual_seed(17)
+    attn = localness_attention("fixed", fixed_window=0.002)
+    x = torch.randn(20, 2, DIM, dtype=DT)
+    out, _ = attn(x, x, x, need_weights=False)
+    assert attn.last_kernel.path == SDPA and "declined" in attn.last_kernel.reason
+    attn.attention_backend = "explicit"
+    torch.testing.assert_close(out, attn(x, x, x, need_weights=False)[0])
+
+
+def test_float32_extended_path_of_a_layer_equals_explicit():
+    """A float32 localness attention at 400 tokens (default options): the two paths within the bound."""
+    torch.manual_seed(18)
+    attn = BiasedMultiheadAttention(64, 4, self_attention=True, bias_module=LocalnessBias(64, 4)).eval()
+    x = torch.randn(400, 1, 64)
+    with torch.no_grad():
+        got, _ = attn(x, x, x, need_weights=False)
+        assert attn.last_kernel.path == EXTENDED
+        attn.attention_backend = "explicit"
+        want, _ = attn(x, x, x, need_weights=False)
+    assert (got - want).abs().max() < 2e-5
 
 
 # ----------------------------------------------------------------------------- relative positions
@@ -449,17 +638,19 @@ def test_bad_option_values_fail_at_start_up(tmp_path, extra, message, capsys):
     assert message in text
 
 
-def test_incremental_decoding_equals_full_forward_with_beam_reorder(tmp_path):
-    """Localness on decoder self- and cross-attention (each strategy) + relative positions."""
+@pytest.mark.parametrize("rel", [True, False], ids=["relative_positions", "extended"])
+def test_incremental_decoding_equals_full_forward_with_beam_reorder(tmp_path, rel):
+    """Localness on decoder self- and cross-attention (each strategy), with relative positions
+    (self-attention explicit) or without (every localness attention on the extended path)."""
     data = tiny_dictionary_dir(tmp_path)
     torch.manual_seed(8)
     for window in WINDOW_STRATEGIES:
         model, task = build_model(
             data, "transformer_localness_small", *TINY_MODEL, "--localness-window", window,
             "--localness-layers", "all", "--localness-attention-types", "encoder_self,decoder_self,cross",
-            "--relative-positions", "--dropout", "0", "--attention-dropout", "0",
+            *(["--relative-positions"] if rel else []), "--dropout", "0", "--attention-dropout", "0",
         )
-        model = randomise(model.double(), seed=9).eval()  # random u, z: non-trivial windows
+        model = moderate_windows(randomise(model.double(), seed=9), 0.1).eval()  # random u, z: non-trivial windows
         pad = task.source_dictionary.pad()
         # 2 sentences x 2 beams; the second sentence left-padded, as fairseq builds sources
         src = torch.randint(4, 30, (2, 7))
@@ -486,6 +677,8 @@ def test_incremental_decoding_equals_full_forward_with_beam_reorder(tmp_path):
             out, _ = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
             steps.append(out)
         torch.testing.assert_close(torch.cat(steps, 1), full, msg=f"window={window}")
+        self_attention = model.decoder.layers[0].self_attn
+        assert self_attention.last_kernel.path == (EXPLICIT if rel else EXTENDED), self_attention.last_kernel.reason
 
 
 # ----------------------------------------------------------------------------- end to end

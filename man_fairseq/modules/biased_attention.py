@@ -31,6 +31,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
 from . import attention_backend as backends
+from . import flex_backend as flex
 
 logger = logging.getLogger(__name__)
 _REPORTED_FLEX_FALLBACKS = set()
@@ -276,7 +277,15 @@ class BiasedMultiheadAttention(MultiheadAttention):
             dropout=dropout_p > 0,
             requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
             head_dim=min(q.size(-1), v.size(-1)),
+            extendable=hasattr(self.bias_module, "extended_query_key"),
         )
+        if choice.path == backends.EXTENDED:
+            extended = self.bias_module.extended_query_key(ctx, self.scaling)
+            if extended is not None:
+                self.last_kernel = choice
+                return self._extended_attention(ctx, attn_mask, extended, v, choice, dropout_p), None
+            choice = backends.KernelChoice(backends.SDPA, choice.sdpa_backends,
+                                           choice.reason + "; declined by the bias module (its error bound)")
         self.last_kernel = choice
         if self.attention_backend == backends.FLEX and choice.path != backends.FLEX:
             report_flex_fallback(choice)
@@ -298,12 +307,27 @@ class BiasedMultiheadAttention(MultiheadAttention):
         out = self.attend_values(F.dropout(probs, p=dropout_p, training=self.training), v, ctx)
         return out, probs
 
+    def _extended_attention(self, ctx: AttentionContext, attn_mask: Optional[Tensor], extended, v: Tensor,
+                            choice: "backends.KernelChoice", dropout_p: float) -> Tensor:
+        """SDPA on the bias module's extended (B,H,T,D+E) q and k (scale folded into q, the bias
+        in the extra columns); the values padded with E zero columns (the fused CPU kernel wants
+        one head size), the causal mask and padding as the only float mask."""
+        q, k = extended
+        extra = q.size(-1) - v.size(-1)
+        v_padded = torch.cat([v.to(q.dtype), v.new_zeros(v.shape[:-1] + (extra,), dtype=q.dtype)], dim=-1)
+        mask = backends.prepare_sdpa_mask(self._combine_masks(ctx, None, attn_mask, q.dtype), q)
+        with backends.sdpa_context(choice):
+            out = F.scaled_dot_product_attention(q, k, v_padded, attn_mask=mask, dropout_p=dropout_p, scale=1.0)
+        return out[..., : v.size(-1)].to(v.dtype)
+
     def _additive_mask(self, ctx: AttentionContext, attn_mask: Optional[Tensor]) -> Optional[Tensor]:
         """Bias + causal mask + key padding as one float tensor broadcastable to (B,H,T,S)."""
-        dtype = ctx.q.dtype
-        mask: Optional[Tensor] = None
-        if self.bias_module is not None:
-            mask = self.bias_module(ctx).to(dtype)
+        bias = None if self.bias_module is None else self.bias_module(ctx).to(ctx.q.dtype)
+        return self._combine_masks(ctx, bias, attn_mask, ctx.q.dtype)
+
+    def _combine_masks(self, ctx: AttentionContext, mask: Optional[Tensor], attn_mask: Optional[Tensor],
+                       dtype: torch.dtype) -> Optional[Tensor]:
+        """``mask`` (a bias or None) + causal mask + key padding, in ``dtype``."""
         if attn_mask is not None:
             if attn_mask.dtype == torch.bool:
                 attn_mask = torch.zeros_like(attn_mask, dtype=dtype).masked_fill(
@@ -333,29 +357,29 @@ class BiasedMultiheadAttention(MultiheadAttention):
         positions, which nothing downstream reads.
         """
         bsz, t, s = q.size(0), q.size(2), k.size(2)
-        compiled = backends.FLEX_RUNNER.compiled_for(q.device.type)
-        bucketed = backends.FLEX_RUNNER.bucketed_for(q.device.type)
-        q_len, kv_len = (backends.bucket_length(t), backends.bucket_length(s)) if bucketed else (t, s)
-        mods = backends.FlexMods()
+        compiled = flex.FLEX_RUNNER.compiled_for(q.device.type)
+        bucketed = flex.FLEX_RUNNER.bucketed_for(q.device.type)
+        q_len, kv_len = (flex.bucket_length(t), flex.bucket_length(s)) if bucketed else (t, s)
+        mods = flex.FlexMods()
         if self.bias_module is not None:
             mods.extend(self.bias_module.flex_mods(ctx, q_len, kv_len))
         if attn_mask is not None:
             if self.self_attention and self.causal_attn_mask:
                 self._check_future_mask(attn_mask, ctx.query_start)
-                mods.mask_mods.append(backends.causal_mod(backends.device_scalar(ctx.query_start, q.device)))
+                mods.mask_mods.append(flex.causal_mod(flex.device_scalar(ctx.query_start, q.device)))
             else:
                 if attn_mask.dtype == torch.bool:
                     attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
-                table = attn_mask.to(backends.small_dtype(q))
-                table = backends.pad_dim(backends.pad_dim(table, 0, q_len), 1, kv_len)
-                mods.score_mods.append(backends.additive_table_mod(table))
+                table = attn_mask.to(flex.small_dtype(q))
+                table = flex.pad_dim(flex.pad_dim(table, 0, q_len), 1, kv_len)
+                mods.score_mods.append(flex.additive_table_mod(table))
         if ctx.key_padding_mask is not None or kv_len != s:
             if ctx.key_padding_mask is not None:
                 valid = ~ctx.key_padding_mask
             else:
                 valid = torch.ones(bsz, s, dtype=torch.bool, device=q.device)
-            mods.mask_mods.append(backends.key_valid_mod(backends.pad_dim(valid, 1, kv_len, False)))
-        return backends.flex_attention_call(q, k, v, mods, self.scaling, compiled, q_len, kv_len)
+            mods.mask_mods.append(flex.key_valid_mod(flex.pad_dim(valid, 1, kv_len, False)))
+        return flex.flex_attention_call(q, k, v, mods, self.scaling, compiled, q_len, kv_len)
 
     def _check_future_mask(self, attn_mask: Tensor, query_start: int) -> None:
         """A mask given to a causal self-attention must be the future mask the causal block mask
@@ -366,7 +390,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
         key = (tuple(attn_mask.shape), query_start, attn_mask.device, attn_mask.dtype)
         if key in self._future_masks_checked:
             return
-        if not backends.is_future_mask(attn_mask, query_start):
+        if not flex.is_future_mask(attn_mask, query_start):
             raise ValueError("causal self-attention (causal_attn_mask=True) was given an attn_mask that is not "
                              "the causal future mask; set causal_attn_mask=False to apply it as an additive mask")
         self._future_masks_checked.add(key)

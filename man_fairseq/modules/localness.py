@@ -32,7 +32,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import attention_backend as backends
+from . import flex_backend as flex
+from . import localness_extension as extension
 from .biased_attention import AttentionContext
 
 WINDOW_STRATEGIES = ("fixed", "layer", "query", "head")
@@ -184,29 +185,58 @@ class LocalnessBias(nn.Module):
             window = length * torch.sigmoid(z.transpose(1, 2).unsqueeze(-1))  # (B, H, T|1, 1)
         return centre, window, positions, length
 
+    def _record(self, ctx: AttentionContext, centre: Tensor, window: Tensor, length: Tensor) -> None:
+        self.last_windows = {
+            "centre": centre.detach(), "window": window.detach(), "length": length.detach(),
+            "query_start": ctx.query_start,
+            "key_padding_mask": None if ctx.key_padding_mask is None else ctx.key_padding_mask.detach(),
+        }
+
     def forward(self, ctx: AttentionContext) -> Tensor:
         centre, window, positions, length = self.centres_and_windows(ctx)
         if self.record:
-            self.last_windows = {
-                "centre": centre.detach(), "window": window.detach(), "length": length.detach(),
-                "query_start": ctx.query_start,
-                "key_padding_mask": None if ctx.key_padding_mask is None else ctx.key_padding_mask.detach(),
-            }
+            self._record(ctx, centre, window, length)
         bias = gaussian_bias(centre, window / 2, positions)
         if ctx.q.dtype == torch.float16:
             # -(s-P)^2/(2 sigma^2) can overflow half precision; a row of -inf would give NaN
             bias = bias.clamp(min=-3e4)
         return bias
 
-    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
+    def extended_query_key(self, ctx: AttentionContext, scaling: float) -> Optional[Tuple[Tensor, Tensor]]:
+        """``q`` and ``k`` with the bias as extra dimensions (:mod:`.localness_extension`), so
+        that ``softmax(q' k'^T) = softmax(q k^T * scaling + G)`` with no ``(B,H,T,S)`` tensor;
+        None where the float32 error bound cannot be met (the caller adds the bias instead)."""
+        centre, window, positions, length = self.centres_and_windows(ctx)
+        if self.record:
+            self._record(ctx, centre, window, length)
+        sigma = (window / 2).expand_as(centre)
+        dtype = extension.extension_dtype(ctx.q.dtype)
+        blocks = extension.block_count(sigma, ctx.num_keys, self._real_queries(ctx))
+        if blocks is None:
+            return None
+        q_extra, k_extra = extension.gaussian_dims(centre.to(dtype), sigma.to(dtype),
+                                                   positions[:, 0, 0, :].to(dtype), ctx.num_keys, blocks)
+        q = torch.cat([ctx.q.to(dtype) * scaling, q_extra], dim=-1)
+        k = torch.cat([ctx.k.to(dtype), k_extra.unsqueeze(1).expand(ctx.k.shape[:-1] + k_extra.shape[-1:])], dim=-1)
+        return q, k
+
+    @staticmethod
+    def _real_queries(ctx: AttentionContext) -> Optional[Tensor]:
+        """(B, 1, T, 1) True at the real queries of a self-attention (a pad query's window is
+        unused and must not decide the path); None where it is not known (cross-attention)."""
+        if ctx.key_padding_mask is None or not ctx.self_attention:
+            return None
+        return ~ctx.key_padding_mask[:, ctx.query_positions()][:, None, :, None]
+
+    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> flex.FlexMods:
         """The Gaussian bias as a flex score mod from P, sigma (B,H,T) and key positions (B,S)."""
         centre, window, positions, length = self.centres_and_windows(ctx)
         if self.record:
-            self.forward(ctx)  # keeps the localness-windows command's record identical
+            self._record(ctx, centre, window, length)
         bsz, heads, t = centre.shape[:3]
-        centre = backends.pad_dim(centre[..., 0], 2, q_len)  # (B, H, q_len)
-        sigma = backends.pad_dim((window / 2).expand(bsz, heads, t, 1)[..., 0], 2, q_len, 1.0)
-        positions = backends.pad_dim(positions[:, 0, 0, :].expand(bsz, -1), 1, kv_len)  # (B, kv_len)
+        centre = flex.pad_dim(centre[..., 0], 2, q_len)  # (B, H, q_len)
+        sigma = flex.pad_dim((window / 2).expand(bsz, heads, t, 1)[..., 0], 2, q_len, 1.0)
+        positions = flex.pad_dim(positions[:, 0, 0, :].expand(bsz, -1), 1, kv_len)  # (B, kv_len)
         clamp = ctx.q.dtype == torch.float16
 
         def localness(score, b, h, q_idx, kv_idx):
@@ -216,7 +246,7 @@ class LocalnessBias(nn.Module):
                 bias = bias.clamp(min=-3e4)
             return score + bias.to(score.dtype)
 
-        return backends.FlexMods(score_mods=[localness])
+        return flex.FlexMods(score_mods=[localness])
 
     def extra_repr(self) -> str:
         extra = {"fixed": f", D={self.fixed_window:g}", "head": f", N={self.head_window_max:g}"}.get(self.window, "")

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import attention_backend as backends
+from . import flex_backend as flex
 from .biased_attention import AttentionContext
 
 
@@ -89,20 +89,20 @@ class DynamicMaskBias(nn.Module):
     def forward(self, ctx: AttentionContext) -> Tensor:
         return _LogSigmoidOfSum.apply(*self.terms(ctx))
 
-    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
+    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> flex.FlexMods:
         """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""
-        dtype = backends.small_dtype(ctx.q)
+        dtype = flex.small_dtype(ctx.q)
         hw = torch.matmul(ctx.query, self.query_weight.t().to(ctx.query.dtype))  # (T, B, 1)
-        hw = backends.pad_dim(hw[..., 0].t().to(dtype), 1, q_len)  # (B, q_len)
+        hw = flex.pad_dim(hw[..., 0].t().to(dtype), 1, q_len)  # (B, q_len)
         distance_bias, head_bias = self.distance_bias.to(dtype), self.head_bias.to(dtype)
         k = self.max_relative_distance
-        query_start = backends.device_scalar(ctx.query_start, ctx.q.device)
+        query_start = flex.device_scalar(ctx.query_start, ctx.q.device)
 
         def dman(score, b, h, q_idx, kv_idx):
             rel = (q_idx + query_start - kv_idx).clamp(-k, k) + k
             return score + F.logsigmoid(hw[b, q_idx] + distance_bias[rel] + head_bias[h]).to(score.dtype)
 
-        return backends.FlexMods(score_mods=[dman])
+        return flex.FlexMods(score_mods=[dman])
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, max_relative_distance={self.max_relative_distance}, init={self.init}"
@@ -155,17 +155,17 @@ class StaticWindowBias(nn.Module):
         bias = bias.masked_fill(outside, float("-inf"))
         return bias.unsqueeze(1)  # (B|1, 1, T, S)
 
-    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> backends.FlexMods:
+    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> flex.FlexMods:
         """The window as a flex mask mod (a block mask: whole blocks outside it are skipped)."""
         device = ctx.q.device
-        query_start = backends.device_scalar(ctx.query_start, device)
+        query_start = flex.device_scalar(ctx.query_start, device)
         if self.window != "sqrt_half_length":
             b = self.window
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= b
 
-            return backends.FlexMods(mask_mods=[window])
+            return flex.FlexMods(mask_mods=[window])
         bsz = ctx.k.size(0)
         if ctx.key_padding_mask is not None:
             length = (~ctx.key_padding_mask).sum(-1)
@@ -176,7 +176,7 @@ class StaticWindowBias(nn.Module):
         if self.causal:
             t_pos = ctx.query_positions()
             prefix = (t_pos[None, :] - first[:, None] + 1).clamp(min=1)
-            half = backends.pad_dim(self.sqrt_half_length(prefix).long(), 1, q_len)  # (B, q_len)
+            half = flex.pad_dim(self.sqrt_half_length(prefix).long(), 1, q_len)  # (B, q_len)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi, q_idx]
@@ -186,7 +186,7 @@ class StaticWindowBias(nn.Module):
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi]
 
-        return backends.FlexMods(mask_mods=[window])
+        return flex.FlexMods(mask_mods=[window])
 
     def extra_repr(self) -> str:
         return f"window={self.window}, causal={self.causal}"

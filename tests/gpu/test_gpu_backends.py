@@ -22,6 +22,7 @@ from gpu_checks import (FAMILIES, HALF_TOLERANCE, LOSS_SCALE, StridedFp32Bias, a
                         tf32_off, tokens)
 
 from man_fairseq.modules import attention_backend as backends
+from man_fairseq.modules import flex_backend as flex
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -101,7 +102,7 @@ def test_flex_recompiles_are_bounded_by_buckets(dtype):
     reference = copy.deepcopy(model)
     set_backend(reference, "explicit")
     d = task.source_dictionary
-    runner = backends.FLEX_RUNNER
+    runner = flex.FLEX_RUNNER
     before = runner.recompiles()
     lengths_seen = set()
     with torch.no_grad():
@@ -116,7 +117,7 @@ def test_flex_recompiles_are_bounded_by_buckets(dtype):
             assert torch.isfinite(x).all()
             # same dtype, two kernels; CPU eager flex measured 1.2e-2 (bf16) and 1.0e-3 (fp16)
             assert max_rel_error(x, x_ref) <= STATE_TOLERANCE[dtype], (n, max_rel_error(x, x_ref))
-            lengths_seen.add(backends.bucket_length(n))
+            lengths_seen.add(flex.bucket_length(n))
     compiled = runner.recompiles() - before
     # 10 (length, batch size) pairs in 3 length buckets: the first shape compiles, a new size
     # recompiles once with that dimension dynamic, then everything is reused -- never one
