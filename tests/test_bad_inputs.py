@@ -267,3 +267,35 @@ def test_files2rouge_replaces_an_existing_scores_file_only_with_overwrite(tmp_pa
     assert saved.read_text() == "my notes\n"
     code, out, err = _files2rouge([ref, ref, "-s", saved, "--overwrite"], capsys)
     assert (code, err) == (0, "") and "ROUGE-1 Average_F: 1.00000" in saved.read_text()
+
+
+# ---------------------------------------------------------------------- 9. Ctrl-C in data-prep
+
+def test_ctrl_c_during_binarize_is_one_line_and_the_rerun_resumes(tmp_path):
+    archive = tmp_path / "de-en.tgz"
+    make_iwslt_archive(archive)
+    work, dest = tmp_path / "work", tmp_path / "bin"
+    args = ["--from", archive, "--work", work, "--dest", dest, "--bpe-merges", MERGES, "--allow-nonstandard-splits"]
+    hook, reached, _ = pause_env(tmp_path, "fairseq-preprocess", "] Dictionary: ", pythonpath="")
+    env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
+           "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args)], env={**env, **hook},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(reached, proc)  # fairseq-preprocess has written the dictionaries
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, (out, err)
+    assert err.endswith("\ninterrupted during step binarize; the finished steps are kept (an unfinished one leaves "
+                        "no stamp and is redone): run the same command again to resume\n"), err  # after BPE's progress
+    assert "Traceback" not in out + err and "KeyboardInterrupt" not in out + err and "start binarize" in out
+    assert not dest.exists() and not list(tmp_path.glob(".bin.*"))  # nothing half-written left behind
+    rerun = subprocess.run(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stdout
+    assert "skip  apply_bpe" in rerun.stdout and "start binarize" in rerun.stdout
+    assert (dest / "test.de-en.en.bin").is_file()

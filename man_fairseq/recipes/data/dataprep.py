@@ -29,6 +29,21 @@ class PrepError(RuntimeError):
     """A user-facing error: bad input archive, missing files, failed download."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the step ``step`` (:meth:`Steps.run`), for the one line the command prints."""
+
+    def __init__(self, step):
+        super().__init__(step)
+        self.step = step
+
+
+def interrupted_message(e):
+    """The line a data-prep command prints for Ctrl-C (exit status 130): what was interrupted and how to resume."""
+    step = f" during step {e.step}" if isinstance(e, Interrupted) else ""
+    return (f"interrupted{step}; the finished steps are kept (an unfinished one leaves no stamp and is redone): "
+            "run the same command again to resume")
+
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -133,7 +148,12 @@ class Steps:
             stamp.unlink()  # our own stamp: the step is not done until it finishes again
         log(f"start {name}")
         t0 = time.time()
-        out = fn(*args, **kwargs)
+        try:
+            out = fn(*args, **kwargs)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            raise Interrupted(name) from None
         record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
         tmp = stamp.with_name(stamp.name + ".tmp")
         tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
@@ -203,8 +223,17 @@ def write_lines(path, lines):
 _TOK = {}
 
 
-def _tok_init(lang, aggressive, escape, normalize, lowercase):
+def _ignore_ctrl_c():
+    """In a worker process: Ctrl-C is the parent's to handle (it ends the pool), not a traceback per worker."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _tok_init(lang, aggressive, escape, normalize, lowercase, worker=False):
     global _TOK
+    if worker:
+        _ignore_ctrl_c()
     _TOK = {"lang": lang, "aggressive": aggressive, "escape": escape, "normalize": normalize,
             "lowercase": lowercase}
 
@@ -232,14 +261,19 @@ def tokenize_lines(lines, lang, aggressive=False, escape=True, normalize=False, 
         it = map(_tok_line, lines)
         pool = None
     else:
-        pool = Pool(workers, initializer=_tok_init, initargs=args)
+        pool = Pool(workers, initializer=_tok_init, initargs=(*args, True))
         it = pool.imap(_tok_line, lines, chunksize=256)
     last = time.time()
-    for i, line in enumerate(it, 1):
-        out.append(line)
-        if time.time() - last > 10 or (i % (50 * chunk) == 0):
-            log(f"      tokenize {desc}: {i}/{total}")
-            last = time.time()
+    try:
+        for i, line in enumerate(it, 1):
+            out.append(line)
+            if time.time() - last > 10 or (i % (50 * chunk) == 0):
+                log(f"      tokenize {desc}: {i}/{total}")
+                last = time.time()
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+        raise
     if pool is not None:
         pool.close()
         pool.join()
@@ -295,10 +329,12 @@ def learn_bpe(train_files, codes_path, merges):
 _BPE = None
 
 
-def _bpe_init(codes_path):
+def _bpe_init(codes_path, worker=False):
     global _BPE
     from subword_nmt.apply_bpe import BPE
 
+    if worker:
+        _ignore_ctrl_c()
     with open(codes_path, encoding="utf-8") as f:
         _BPE = BPE(f)
 
@@ -311,7 +347,7 @@ def apply_bpe_lines(lines, codes_path, workers=1):
     if workers <= 1:
         _bpe_init(codes_path)
         return [_bpe_line(l) for l in lines]
-    with Pool(workers, initializer=_bpe_init, initargs=(str(codes_path),)) as pool:
+    with Pool(workers, initializer=_bpe_init, initargs=(str(codes_path), True)) as pool:
         return list(pool.imap(_bpe_line, lines, chunksize=512))
 
 

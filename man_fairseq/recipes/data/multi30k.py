@@ -24,7 +24,8 @@ from ..config import REPO
 from ..options import number
 from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import (
-    PrepError, Steps, check_paths, log, read_lines, report_counts, tokenize_lines, work_lock, write_lines,
+    PrepError, Steps, check_paths, interrupted_message, log, read_lines, report_counts, tokenize_lines, work_lock,
+    write_lines,
 )
 from .destination import check_dest, making_record
 from .downloads import fetch
@@ -222,6 +223,9 @@ def main(argv=None):
     except PrepError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(interrupted_message(e), file=sys.stderr)
+        return 130
     log(f"binarized data: {args.dest}")
     return 0
 

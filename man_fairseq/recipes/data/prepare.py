@@ -17,8 +17,8 @@ from ..options import number
 from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (
-    PrepError, Steps, check_counts, check_paths, clean_pairs, is_ours, log, read_lines, read_seg_lines,
-    refuse_blank_references, report_counts, split_counts, tokenize_lines, work_lock, write_lines,
+    PrepError, Steps, check_counts, check_paths, clean_pairs, interrupted_message, is_ours, log, read_lines,
+    read_seg_lines, refuse_blank_references, report_counts, split_counts, tokenize_lines, work_lock, write_lines,
 )
 from .destination import check_dest, making_record
 from .downloads import find_file, stage
@@ -323,6 +323,9 @@ def main(argv=None):
     except PrepError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(interrupted_message(e), file=sys.stderr)
+        return 130
     log(f"binarized data: {dest}")
     return 0
 
