@@ -150,7 +150,7 @@ def test_words_per_second_inputs():
     assert m == 2.0 and sd == 1.0
 
 
-def test_seeds_mean_what_they_mean_to_reproduce():
+def test_seeds_mean_what_they_mean_to_reproduce(capsys):
     """--seeds N is seeds 1..N and "a,b" that list, as scripts/reproduce.sh takes them; --seed S is S alone."""
     p = demo.build_parser()
 
@@ -162,6 +162,9 @@ def test_seeds_mean_what_they_mean_to_reproduce():
     assert seeds("--seeds", "3,4") == [3, 4]
     assert seeds("--seeds", "3,") == [3]
     assert seeds("--seed", "5") == [5]
-    for bad in (("--seed", "3", "--seeds", "2"), ("--seeds", "0"), ("--seeds", "2,2")):
-        with pytest.raises(SystemExit):
+    for bad, said in ((("--seed", "3", "--seeds", "2"), "--seed 3 and --seeds [1, 2]: give one"),
+                      (("--seeds", "0"), "argument --seeds: invalid value '0': must be >= 1"),
+                      (("--seeds", "2,2"), "argument --seeds: invalid value '2,2': a list of distinct seeds >= 1")):
+        with pytest.raises(SystemExit) as stopped:
             seeds(*bad)
+        assert stopped.value.code == 2 and f"error: {said}" in capsys.readouterr().err.splitlines()[-1], bad
