@@ -148,3 +148,28 @@ def test_import_refuses_a_fairseq_that_does_not_import(tmp_path):
         "raise ValueError('mutable default <class X> for field common is not allowed: use default_factory')\n")
     line = refusal("", env={"PYTHONPATH": str(tmp_path)})
     assert line.startswith("ImportError: fairseq does not import (ValueError: mutable default <class X> for field ")
+
+
+# ---- citing --------------------------------------------------------------------------------------
+
+def test_citation_file_and_readme_bibtex_agree():
+    import yaml
+
+    cff = yaml.safe_load((REPO / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["version"] == man_fairseq.__version__
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"^## Citing\n.*?```bibtex\n(.*?)```", readme, flags=re.M | re.S).group(1)
+    entries = {}
+    for body in re.split(r"^@inproceedings\{", block, flags=re.M)[1:]:
+        fields = dict(re.findall(r"^  (\w+) = \{(.*)\},$", body, flags=re.M))
+        entries[fields["title"]] = fields
+    papers = [r for r in cff["references"] if r["title"] in entries]
+    assert len(entries) == 4 and len(papers) == 4  # the four families' papers, in both
+    for paper in papers:
+        entry = entries[paper["title"]]
+        assert entry["doi"] == paper["doi"] and entry["year"] == str(paper["year"])
+        assert entry["pages"] == f"{paper['start']}--{paper['end']}"
+        assert entry["author"] == " and ".join(f"{a['family-names']}, {a['given-names']}" for a in paper["authors"])
+        # the README's family table names the same paper, first author and year
+        first = paper["authors"][0]["family-names"]
+        assert re.search(rf"\*{re.escape(paper['title'])}[^*]*\* \({first} et al\., \w+ {paper['year']}\)", readme)
