@@ -230,7 +230,8 @@ def pytest_configure(config):
 # The files that take longest, longest first (CPU seconds of each file, measured 2026-11-24 with
 # one thread: test_multi30k 84, test_workflow 82, test_data_prep 71, test_attention_backend 67,
 # test_localness 63, test_demo 60, test_analysis 55, test_recipes 50, ...; each file not listed < 16;
-# test_multi30k_real 32 needs ../shared/data; test_compile, added after, 179).
+# test_multi30k_real 32 needs ../shared/data; test_compile, added after, 179; test_python_api, 58, and
+# test_packaging, 18, on 2026-11-28).
 # `make test` hands whole files to its two workers in collection order (--dist loadfile
 # --no-loadscope-reorder; xdist's default order is by number of tests, which says little about
 # time), so starting the long ones first lets both workers finish together instead of one
@@ -238,7 +239,8 @@ def pytest_configure(config):
 # here or out of date only costs time, never a result.
 SLOW_FILES_FIRST = [
     "test_compile.py", "test_multi30k.py", "test_workflow.py", "test_data_prep.py", "test_attention_backend.py",
-    "test_localness.py", "test_demo.py", "test_analysis.py", "test_recipes.py", "test_benchmark_script.py",
+    "test_localness.py", "test_demo.py", "test_python_api.py", "test_analysis.py", "test_recipes.py",
+    "test_benchmark_script.py", "test_packaging.py",
     "test_cli_man.py", "test_half_precision.py", "test_diff_window.py", "test_calibration.py", "test_hydra.py",
     "test_multi30k_real.py", "test_averaging.py", "test_attention_locality.py", "test_rouge155.py",
 ]
