@@ -73,6 +73,19 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
          SDPA, (EFFICIENT, MATH)),
         (dict(backend="flex", device_type="cuda", dtype=F16, has_mask=True, flex_supported=True, head_dim=16), FLEX, ()),
         (dict(backend="flex", device_type="cpu", dtype=F64, has_mask=True, flex_supported=True, head_dim=8), FLEX, ()),
+        # a bias written as extra query/key dimensions (localness): the same SDPA kernels on the
+        # extended q/k, in fp32/fp64 only; explicit, probabilities and a running flex take precedence
+        (dict(backend="auto", device_type="cpu", dtype=F32, has_mask=True, requires_grad=True, extendable=True), EXTENDED, ()),
+        (dict(backend="sdpa", device_type="cpu", dtype=F64, has_mask=True, extendable=True), EXTENDED, ()),
+        (dict(backend="auto", device_type="cuda", dtype=F32, has_mask=True, extendable=True), EXTENDED, (EFFICIENT, MATH)),
+        (dict(backend="auto", device_type="cuda", dtype=BF16, has_mask=True, extendable=True), SDPA, (EFFICIENT, MATH)),
+        (dict(backend="sdpa", device_type="cuda", dtype=F16, has_mask=True, extendable=True), SDPA, (FLASH, EFFICIENT, MATH)),
+        (dict(backend="flex", device_type="cpu", dtype=F32, has_mask=True, flex_supported=True, requires_grad=True,
+              extendable=True), EXTENDED, ()),
+        (dict(backend="flex", device_type="cuda", dtype=F32, has_mask=True, flex_supported=True, extendable=True), FLEX, ()),
+        (dict(backend="explicit", device_type="cpu", dtype=F32, has_mask=True, extendable=True), EXPLICIT, ()),
+        (dict(backend="auto", device_type="cpu", dtype=F32, has_mask=True, needs_probabilities=True, extendable=True),
+         EXPLICIT, ()),
     ],
 )
 def test_kernel_policy(kwargs, path, kernels):
