@@ -1,8 +1,8 @@
 """The torch and fairseq this plugin runs with, checked when ``man_fairseq`` is imported.
 
 Neither is a declared dependency of the package (pyproject.toml says why), so a plain
-``pip install man-fairseq`` can leave one missing, too old, or a fairseq that does not import
-(fairseq 0.12.2 from PyPI on Python >= 3.11; a fork whose torchaudio does not load). Without this
+``pip install`` of the plugin can leave one missing, too old, or a fairseq that does not import
+(fairseq 0.12.2 on Python 3.11 raises a dataclass ValueError, fairseq issue 5012). Without this
 check that surfaces as a traceback deep inside fairseq; with it, as one line naming what was
 found, the supported versions and the install command. torch is checked before fairseq is
 imported: fairseq's own import errors are the fallout of a missing or old torch.

@@ -142,7 +142,7 @@ def test_import_refuses_an_old_torch():
 
 
 def test_import_refuses_a_fairseq_that_does_not_import(tmp_path):
-    # fairseq 0.12.2 from PyPI on Python 3.11 fails in its dataclasses like this
+    # fairseq 0.12.2 on Python 3.11 fails in its dataclasses like this (fairseq issue 5012)
     (tmp_path / "fairseq").mkdir()
     (tmp_path / "fairseq" / "__init__.py").write_text(
         "raise ValueError('mutable default <class X> for field common is not allowed: use default_factory')\n")
