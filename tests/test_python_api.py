@@ -93,11 +93,12 @@ def data_bin(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(data_bin, tmp_path_factory):
-    """One run folder per family, a few updates of fairseq-train each (TINY_TRAIN's criterion comes
-    first: the calibrated one given later wins)."""
+    """One run folder per family, its checkpoints in checkpoints/ as scripts/train.sh writes them, a
+    few updates of fairseq-train each (TINY_TRAIN's criterion comes first: the calibrated one given
+    later wins)."""
     root = tmp_path_factory.mktemp("python_api_runs")
     commands = [["fairseq-train", data_bin, "--user-dir", USER_DIR, "--share-all-embeddings", *TINY_MODEL,
-                 *TINY_TRAIN, *options, "--max-update", "6", "--disable-validation", "--save-dir", root / family]
+                 *TINY_TRAIN, *options, "--max-update", "6", "--disable-validation", "--save-dir", root / family / "checkpoints"]
                 for family, options in FAMILIES.items()]
     with ThreadPoolExecutor(len(commands)) as pool:  # their start-up dominates, not compute
         for future in [pool.submit(run_cli, c, env={"OMP_NUM_THREADS": "1"}) for c in commands]:
@@ -111,7 +112,7 @@ def load(run, data_bin):
     import man_fairseq  # noqa: F401  (registers the families; user_dir= works as well)
 
     return TransformerModel.from_pretrained(
-        str(run), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_bin),
+        str(run), checkpoint_file="checkpoints/checkpoint_last.pt", data_name_or_path=str(data_bin),
         bpe="subword_nmt", bpe_codes=str(data_bin / "code"), tokenizer="moses", moses_no_dash_splits=True,
         source_lang=SRC, target_lang=TGT)
 
@@ -140,7 +141,7 @@ def test_from_pretrained_translates_raw_text(family, runs, data_bin):
 def test_user_dir_instead_of_import(runs, data_bin):
     """from_pretrained(user_dir=...) loads a family in a process that never imported man_fairseq."""
     code = ("from fairseq.models.transformer import TransformerModel; import sys\n"
-            f"hub = TransformerModel.from_pretrained({str(runs['man'])!r}, checkpoint_file='checkpoint_last.pt', "
+            f"hub = TransformerModel.from_pretrained({str(runs['man'])!r}, checkpoint_file='checkpoints/checkpoint_last.pt', "
             f"data_name_or_path={str(data_bin)!r}, bpe='subword_nmt', bpe_codes={str(data_bin / 'code')!r}, "
             f"tokenizer='moses', moses_no_dash_splits=True, source_lang={SRC!r}, target_lang={TGT!r}, user_dir={USER_DIR!r})\n"
             f"print('MODEL', type(hub.models[0]).__name__, 'man_fairseq' in sys.modules)\n"
@@ -154,7 +155,7 @@ def test_user_dir_instead_of_import(runs, data_bin):
 def test_interactive_on_raw_text(runs, data_bin):
     """fairseq-interactive with --tokenizer moses --bpe subword_nmt --bpe-codes: raw text in,
     detokenized text out (its D- lines), the same as the Python hub's."""
-    cmd = ["fairseq-interactive", data_bin, "--user-dir", USER_DIR, "--path", runs["man"] / "checkpoint_last.pt",
+    cmd = ["fairseq-interactive", data_bin, "--user-dir", USER_DIR, "--path", runs["man"] / "checkpoints" / "checkpoint_last.pt",
            "--source-lang", SRC, "--target-lang", TGT, "--tokenizer", "moses", "--moses-no-dash-splits", "--bpe", "subword_nmt",
            "--bpe-codes", data_bin / "code", "--beam", "2", "--max-len-b", "12", "--cpu"]
     proc = run_bounded(cmd, 300, input=RAW + "\nA dog.\n", env=child_env(), stdout=subprocess.PIPE,
