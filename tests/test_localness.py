@@ -714,17 +714,24 @@ def test_cli_train_generate_each_strategy_and_dump_windows(tmp_path, toy_raw, to
         "--beam", "3", "--batch-size", "8", "--max-len-b", "12",
         "--cpu", "--gen-subset", "test",
     ] for w in CLI_CASES]
+    # the same checkpoints decoded on the reference path (the default runs the extended q/k path)
+    explicit = [cmd + ["--model-overrides", "{'attention_backend': 'explicit'}"] for cmd in generate]
     dump = [  # the window dump command on the layer-strategy model (encoder and decoder self)
         "python", "-m", "man_fairseq.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
         "--path", saves["layer"] / "checkpoint_last.pt", "--gen-subset", "valid", "--batch-size", "16",
         "--cpu", "--windows-output-dir", windows_dir,
     ]
-    *generated, dumped = run_parallel(generate + [dump])
+    *generated, dumped = run_parallel(generate + explicit + [dump])
+    generated, generated_explicit = generated[: len(CLI_CASES)], generated[len(CLI_CASES):]
 
     num_test = len((toy_raw / "test.src").read_text().splitlines())
-    for window, gen in zip(CLI_CASES, generated):
-        hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
+    for window, gen, ref in zip(CLI_CASES, generated, generated_explicit):
+        hyps = sorted(line.split("\t") for line in gen.stdout.splitlines() if line.startswith("H-"))
         assert len(hyps) == num_test, (window, gen.stdout[-2000:])
+        # identical hypotheses; scores (printed to 4 decimals) within float32 rounding
+        ref_hyps = sorted(line.split("\t") for line in ref.stdout.splitlines() if line.startswith("H-"))
+        assert [(h[0], h[2]) for h in hyps] == [(h[0], h[2]) for h in ref_hyps], window
+        assert max(abs(float(h[1]) - float(r[1])) for h, r in zip(hyps, ref_hyps)) <= 2e-4, window
 
     rows = [line.split("\t") for line in (windows_dir / "windows.tsv").read_text().splitlines()]
     assert rows[0] == ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
