@@ -397,11 +397,15 @@ def float32_output_errors(length, window_min, blocks=None, heads=2, dim=64, seed
             torch.cat([v, v.new_zeros(1, heads, length, extra)], -1), scale=1.0)[..., :dim]
 
     a = -0.5 / sigma ** 2
+    middle = (length - 1) / 2  # positions centred on the sentence
     errors = {
         "explicit": error(F.scaled_dot_product_attention(q, k, v, attn_mask=-((positions - centre) / sigma) ** 2 / 2)),
         "naive": error(extended(torch.cat([a, -2 * a * centre], -1), torch.stack([positions ** 2, positions], -1))),
+        "naive, centred": error(extended(torch.cat([a, -2 * a * (centre - middle)], -1),
+                                         torch.stack([(positions - middle) ** 2, positions - middle], -1))),
     }
     blocks = blocks or localness_extension.block_count(sigma, length)
+    errors["block count"] = blocks
     if blocks is not None:
         q_extra, k_extra = localness_extension.gaussian_dims(centre, sigma, positions[None], length, blocks)
         errors["blocks"] = error(extended(q_extra, k_extra[:, None]))
