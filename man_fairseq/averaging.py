@@ -60,13 +60,13 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) 
 
 
 def _load(path: str):
-    from man_fairseq.checkpoint_compat import register_safe_globals
+    from man_fairseq.checkpoint_compat import load_error, register_safe_globals
 
     register_safe_globals()
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # truncated / corrupt files: say which one
-        raise AverageError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from e
+    except Exception as e:  # truncated / corrupt files, or no checkpoint at all: say which one
+        raise AverageError(load_error(path, e)) from e
 
 
 def model_option_names(arch):

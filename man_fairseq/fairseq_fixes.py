@@ -41,6 +41,12 @@ torch operator that released the GIL, Python < 3.14 ends the thread with ``pthre
 takes the GIL back, and the unwinding through pybind11's GIL guard calls ``std::terminate``. At
 exit those threads are now told to stop after the batch in hand and are waited for (their queues
 drained so that none waits to put), before the interpreter shuts down.
+
+A seventh: ``--model-overrides`` (fairseq-generate, -interactive, -validate) sets any key it is
+given, and a key the checkpoint has no option of (another family's option, a misspelt name) was
+ignored without a word. Such a key, as given on the command line, is now refused in one line
+naming it (:func:`man_fairseq.plugin_options.check_model_overrides`); bad values of known keys
+were refused already, when the model is built.
 """
 
 import atexit
@@ -56,7 +62,7 @@ import weakref
 
 import numpy as np
 import torch
-from fairseq import options
+from fairseq import checkpoint_utils, options
 from fairseq.data import data_utils, iterators
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.tasks.translation import TranslationTask
@@ -179,6 +185,45 @@ def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_def
     return result
 
 
+def command_line_model_overrides():
+    """The keys of ``--model-overrides`` on this process's command line (the text fairseq's CLIs
+    read it from), or () when it is not there or not a literal dict (fairseq then stops on it)."""
+    import ast
+
+    argv, text = sys.argv[1:], None
+    for i, arg in enumerate(argv):
+        if arg == "--model-overrides" and i + 1 < len(argv):
+            text = argv[i + 1]
+        elif arg.startswith("--model-overrides="):
+            text = arg.split("=", 1)[1]
+    try:
+        value = ast.literal_eval(text) if text else {}
+    except (ValueError, SyntaxError):
+        return ()
+    return tuple(value) if isinstance(value, dict) else ()
+
+
+_fairseq_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
+
+
+def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+    """fairseq's ``load_checkpoint_to_cpu``, the overrides applied after a check that each key of the
+    command line's ``--model-overrides`` is an option of the checkpoint (the state read before it)."""
+    from fairseq.dataclass.utils import overwrite_args_by_name
+
+    from .plugin_options import check_model_overrides
+
+    state = _fairseq_load_checkpoint_to_cpu(path, None, load_on_all_ranks)
+    if arg_overrides:
+        check_model_overrides([k for k in command_line_model_overrides() if k in arg_overrides], state, path)
+        if state.get("args") is not None:  # as fairseq applies them
+            for name, value in arg_overrides.items():
+                setattr(state["args"], name, value)
+        if state.get("cfg") is not None:
+            overwrite_args_by_name(state["cfg"], arg_overrides)
+    return state
+
+
 def plugin_option_message(exc):
     """The message of a PluginOptionError ``exc``, or None when ``exc`` is not one.
 
@@ -252,6 +297,7 @@ def apply():
     data_utils.batch_by_size = batch_by_size
     TranslationTask.inference_step = inference_step
     options.parse_args_and_arch = parse_args_and_arch
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
     NGramRepeatBlock._no_repeat_ngram = _no_repeat_ngram
     if iterators.BackgroundConsumer.__init__ is not consumer_init:  # once per process
         iterators.BackgroundConsumer.__init__ = consumer_init

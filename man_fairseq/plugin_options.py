@@ -266,3 +266,66 @@ def fit_layers(option: str, value, default, num_layers: int, within, log):
     raise PluginOptionError(
         f"{option} {value}: layers out of range, the model has {num_layers} (0-based indices < {num_layers})"
     )
+
+
+# ---- --model-overrides ----------------------------------------------------------------------
+
+
+def checkpoint_option_names(state) -> set:
+    """Every option name a loaded checkpoint's configuration holds (its model's, task's, criterion's
+    ... groups, and the ``args`` of older checkpoints), before any override is applied."""
+    names = set()
+
+    def walk(node):
+        if isinstance(node, Namespace):
+            names.update(vars(node))
+        elif isinstance(node, dict) or hasattr(node, "keys"):  # a dict or an omegaconf DictConfig
+            for key in list(node.keys()):
+                names.add(str(key))
+                try:
+                    walk(node[key])
+                except Exception:  # a mandatory value never given ("???")
+                    pass
+
+    walk(state.get("cfg") or {})
+    walk(state.get("args") or Namespace())
+    return names
+
+
+def arch_option_names(arch) -> set:
+    """The options the model class registered for ``arch`` declares today (empty if unknown): an
+    option added after a checkpoint was saved is still read, with its default, when it is loaded."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    cls = ARCH_MODEL_REGISTRY.get(arch)
+    if cls is None:
+        return set()
+    config = getattr(cls, "__dataclass", None)
+    if config is not None:
+        return {f.name for f in dataclasses.fields(config)}
+    parser = argparse.ArgumentParser(add_help=False)
+    try:
+        cls.add_args(parser)
+    except Exception:  # a model whose add_args needs fairseq's full parser
+        return set()
+    return {action.dest for action in parser._actions}
+
+
+def check_model_overrides(keys, state, path) -> None:
+    """Refuse (:class:`PluginOptionError`) a ``--model-overrides`` key that the checkpoint ``path``
+    (loaded as ``state``) has no option of, and its arch does not declare: fairseq would set it
+    where nothing reads it (another family's option, a misspelt name) and decode as if it had not
+    been given."""
+    import difflib
+
+    cfg, args = state.get("cfg") or {}, state.get("args")
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    arch = getattr(model, "_name", None) or getattr(model, "arch", None) or getattr(args, "arch", None) or "?"
+    known = checkpoint_option_names(state) | arch_option_names(arch)
+    unknown = [key for key in keys if key not in known]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.8)  # a misspelling, not a look-alike
+    raise PluginOptionError(
+        f"--model-overrides {unknown[0]!r}: {path} (arch {arch}) has no option of that name, so it would be ignored"
+        + (f"; did you mean {close[0]!r}?" if close else "; `man-options ARCH` lists an arch's options"))

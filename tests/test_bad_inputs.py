@@ -12,19 +12,18 @@ import shutil
 import signal
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 from pausing import pause_env, wait_for
 from test_cnndm_layouts import example, record, write_bin, write_see_text
 from test_data_prep import MERGES, PREP, WORDS_EN, make_iwslt_archive, make_sumdata, prep_in_process, sentence
 from test_score_inputs import _evaluate, _with_metric, toy_run  # noqa: F401  (toy_run: a fixture)
 from man_fairseq import textfile
 from man_fairseq.recipes.data import destination, see_bin
-from man_fairseq.recipes.data.dataprep import MARKER, PrepError, read_lines
+from man_fairseq.recipes.data.dataprep import PrepError, read_lines
+from man_fairseq.recipes.data.steps import MARKER
 
 
 def listing(folder):
@@ -299,3 +298,79 @@ def test_ctrl_c_during_binarize_is_one_line_and_the_rerun_resumes(tmp_path):
     assert rerun.returncode == 0, rerun.stdout
     assert "skip  apply_bpe" in rerun.stdout and "start binarize" in rerun.stdout
     assert (dest / "test.de-en.en.bin").is_file()
+
+
+# ----------------------------------------------- 10. a file that is not a checkpoint, named so
+
+def test_a_file_that_is_not_a_checkpoint_is_named_so_by_our_commands(tmp_path, capsys):
+    from man_fairseq.analysis.utils import checkpoint_load_errors
+    from man_fairseq.cli import average_checkpoints
+
+    text = tmp_path / "notes.pt"
+    text.write_text("hello world\n")  # torch.load says `KeyError: 101`
+    with pytest.raises(SystemExit) as stopped:
+        average_checkpoints.cli_main(["--inputs", str(text), str(text), "--output", str(tmp_path / "avg.pt")])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (f"ERROR: cannot read checkpoint {text}: not a PyTorch checkpoint (neither the zip "
+                                       "archive torch.save writes nor a pickle); give a checkpoint*.pt written by "
+                                       "fairseq-train\n")
+    with pytest.raises(SystemExit, match=rf"^--path {text}: {text} is not a PyTorch checkpoint"):
+        with checkpoint_load_errors(str(text), str(tmp_path)):
+            pytest.fail("the checkpoint was read")
+    assert not (tmp_path / "avg.pt").exists()
+
+
+# ----------------------------------------- 7. a --model-overrides key the checkpoint never reads
+
+@pytest.fixture(scope="module")
+def man_checkpoint(tmp_path_factory):
+    """A transformer_man_small checkpoint as fairseq-train saves one (untrained), with its dictionaries."""
+    import torch
+    from fairseq import checkpoint_utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import OmegaConf
+
+    from conftest import build_fairseq_model
+
+    folder = tmp_path_factory.mktemp("man_ckpt")
+    model, _, args = build_fairseq_model("transformer_man_small", ["--encoder-layers", "1", "--decoder-layers", "1"],
+                                         dict_size=20, tmp_dir=folder)
+    cfg = OmegaConf.to_container(convert_namespace_to_omegaconf(args), resolve=True, enum_to_str=True)
+    state = {"cfg": cfg, "args": None, "model": model.state_dict(), "optimizer_history": [
+        {"criterion_name": "CrossEntropyCriterion", "optimizer_name": "Adam", "lr_scheduler_state": {},
+         "num_updates": 0}], "extra_state": {}, "last_optimizer_state": None}
+    checkpoint_utils.torch_persistent_save(state, str(folder / "checkpoint_last.pt"))
+    assert torch.load(folder / "checkpoint_last.pt", weights_only=False)["cfg"]["model"].arch == "transformer_man_small"
+    return folder
+
+
+@pytest.mark.parametrize("key, said", [
+    ("localness_window", "has no option of that name, so it would be ignored; `man-options ARCH` lists"),
+    ("dropuot", "has no option of that name, so it would be ignored; did you mean 'dropout'?")])
+def test_a_model_override_the_checkpoint_has_no_option_of_is_refused(key, said, man_checkpoint, monkeypatch):
+    from fairseq import checkpoint_utils
+
+    from man_fairseq.plugin_options import PluginOptionError
+
+    path = str(man_checkpoint / "checkpoint_last.pt")
+    overrides = {"data": str(man_checkpoint), key: "gaussian"}
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", "--model-overrides", repr({key: "gaussian"})])
+    with pytest.raises(PluginOptionError, match=rf"^--model-overrides '{key}': {path} \(arch transformer_man_small\) "
+                                                rf"{said}"):
+        checkpoint_utils.load_model_ensemble([path], arg_overrides=overrides)
+    # a key it has is applied, as fairseq applies it
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", "--model-overrides", "{'dropout': 0.25}"])
+    models, cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(man_checkpoint),
+                                                                              "dropout": 0.25})
+    assert cfg.model.dropout == 0.25 and cfg.task.data == str(man_checkpoint)
+
+
+def test_an_option_the_arch_declares_is_accepted_though_the_checkpoint_predates_it(man_checkpoint):
+    import torch
+
+    from man_fairseq.plugin_options import check_model_overrides
+
+    state = torch.load(man_checkpoint / "checkpoint_last.pt", weights_only=False)
+    assert hasattr(state["cfg"]["model"], "attention_backend")
+    delattr(state["cfg"]["model"], "attention_backend")  # as in a checkpoint saved before the option existed
+    check_model_overrides(["attention_backend"], state, "old.pt")

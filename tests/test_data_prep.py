@@ -27,7 +27,8 @@ import pytest
 from conftest import REPO
 from pausing import pause_env, wait_for
 from man_fairseq.recipes.data import moses
-from man_fairseq.recipes.data.dataprep import MARKER, PrepError
+from man_fairseq.recipes.data.dataprep import PrepError
+from man_fairseq.recipes.data.steps import MARKER
 
 PREP = REPO / "data-prep"
 MERGES = "60"  # tiny BPE so the fixtures are quick and still get split into subwords
@@ -297,7 +298,7 @@ def test_a_work_folder_in_use_is_refused_and_left_alone(iwslt_fixture, tmp_path)
     archive, _, _ = iwslt_fixture
     work, dest = tmp_path / "w", tmp_path / "b"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom man_fairseq.recipes.data.dataprep import work_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom man_fairseq.recipes.data.steps import work_lock\n"
          "with work_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(300)", str(work)],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:

@@ -25,6 +25,12 @@ def checkpoint_load_errors(path: str, data: str, files: Optional[List[str]] = No
     missing = [f for f in (files or [path]) if not os.path.isfile(f)]
     if missing:
         raise SystemExit(f"--path {path}: no such checkpoint file: {missing[0]}")
+    from ..checkpoint_compat import is_torch_file
+
+    foreign = [f for f in (files or [path]) if not is_torch_file(f)]
+    if foreign:
+        raise SystemExit(f"--path {path}: {foreign[0]} is not a PyTorch checkpoint (neither the zip archive "
+                         "torch.save writes nor a pickle); give a checkpoint*.pt written by fairseq-train")
     try:
         yield
     except FileNotFoundError as e:  # the task's dictionaries, named by the checkpoint's languages

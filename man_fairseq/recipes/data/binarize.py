@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .dataprep import MARKER, PrepError, apply_bpe_lines, claim_folder, is_ours, learn_bpe, log, read_lines, write_lines
+from .dataprep import PrepError, apply_bpe_lines, learn_bpe, log, read_lines, write_lines
 from .destination import differences, read_record, refuse_replacing, write_record
+from .steps import MARKER, claim_folder, is_ours
 from ..tools import tool_env
 
 

@@ -26,11 +26,12 @@ from pathlib import Path
 from . import see_bin
 from .binarize import bpe_and_binarize
 from .dataprep import (
-    PrepError, Steps, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
+    PrepError, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
     tokenize_lines, write_lines,
 )
 from .downloads import find_file, stage
 from .manifest import write_manifest
+from .steps import Steps
 
 # See et al.'s URL lists (all_train.txt, all_val.txt, all_test.txt), in pairs
 STANDARD_COUNTS = {"train": 287227, "valid": 13368, "test": 11490}

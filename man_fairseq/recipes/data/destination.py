@@ -1,6 +1,6 @@
 """Which dataset and options made a data folder (``--dest``), and whether a run may replace it.
 
-A finished data folder's marker (:data:`~.dataprep.MARKER`) holds its making record: the dataset
+A finished data folder's marker (:data:`~.steps.MARKER`) holds its making record: the dataset
 and the options that change its contents (``--from``, BPE merges, cleaning and cutting lengths,
 languages). :func:`check_dest` runs before any step, so that a ``--dest`` this run must not
 replace is refused in one line before minutes or hours of work: a file; a non-empty folder
@@ -11,7 +11,8 @@ data-prep did not make; a data folder made for another dataset or with other opt
 import json
 from pathlib import Path
 
-from .dataprep import MARKER, PrepError, is_ours
+from .dataprep import PrepError
+from .steps import MARKER, is_ours
 
 MADE_BY = "man-fairseq data-prep"
 

@@ -201,7 +201,7 @@ def find_file(roots, name, required=True, parent=None, gz=False):
 
 
 def stage(args, steps, urls, archive_names):
-    """The dataset recipes' first step (a :class:`dataprep.Steps` step): download ``urls`` into
+    """The dataset recipes' first step (a :class:`steps.Steps` step): download ``urls`` into
     ``<work>/downloads`` and extract them, or take ``--from``; returns the folders to search for the raw files."""
     orig = steps.work / "orig"
 

@@ -5,7 +5,7 @@
 downloaded (resumable, SHA-256 checked) or taken from a folder (plain or ``.gz``; any other
 ``test_*`` pair there becomes an extra test set), Moses-tokenized with the project's tokenizer,
 joint-BPE'd and binarized with fairseq-preprocess. The steps are the shared
-:class:`dataprep.Steps` (idempotent, resumable); the split sizes are checked against the standard
+:class:`steps.Steps` (idempotent, resumable); the split sizes are checked against the standard
 29,000 / 1,014 / 1,000 pairs.
 
 Outputs in ``--dest``: the binarized ``train`` / ``valid`` / ``test`` (= test_2016_flickr) and one
@@ -23,12 +23,10 @@ from pathlib import Path
 from ..config import REPO
 from ..options import number
 from .binarize import binarize, learn_and_apply_bpe
-from .dataprep import (
-    PrepError, Steps, check_paths, interrupted_message, log, read_lines, report_counts, tokenize_lines, work_lock,
-    write_lines,
-)
+from .dataprep import PrepError, log, read_lines, report_counts, tokenize_lines, write_lines
 from .destination import check_dest, making_record
 from .downloads import fetch
+from .steps import Steps, check_paths, interrupted_message, work_lock
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # (our split name, the release's file stem)

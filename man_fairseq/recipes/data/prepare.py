@@ -2,7 +2,7 @@
 
 ``python -m man_fairseq.recipes.data.prepare DATASET [--from PATH] [--work DIR] [--dest DIR]``;
 ``data-prep/prepare-*.sh`` are thin wrappers. Each dataset follows the standard recipe its
-papers used (see "Reproducing the papers" in README.md); all steps go through :class:`dataprep.Steps` (idempotent,
+papers used (see "Reproducing the papers" in README.md); all steps go through :class:`steps.Steps` (idempotent,
 resumable).
 """
 
@@ -17,12 +17,13 @@ from ..options import number
 from .moses import lowercase
 from .binarize import bpe_and_binarize
 from .dataprep import (
-    PrepError, Steps, check_counts, check_paths, clean_pairs, interrupted_message, is_ours, log, read_lines,
-    read_seg_lines, refuse_blank_references, report_counts, split_counts, tokenize_lines, work_lock, write_lines,
+    PrepError, check_counts, clean_pairs, log, read_lines, read_seg_lines, refuse_blank_references, report_counts,
+    split_counts, tokenize_lines, write_lines,
 )
 from .destination import check_dest, making_record
 from .downloads import find_file, stage
 from .manifest import write_manifest
+from .steps import Steps, check_paths, interrupted_message, is_ours, work_lock
 
 # Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
 # / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata

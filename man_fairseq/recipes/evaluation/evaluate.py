@@ -71,14 +71,13 @@ def training_progress(checkpoint):
     """(number of updates, completed epochs) recorded in a fairseq checkpoint; None where absent."""
     import torch
 
-    from man_fairseq.checkpoint_compat import register_safe_globals
+    from man_fairseq.checkpoint_compat import load_error, register_safe_globals
 
     register_safe_globals()
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # a file cut short or not a checkpoint at all: name it, before decoding
-        raise EvaluateError(f"cannot read checkpoint {checkpoint}: {type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}") from e
+        raise EvaluateError(load_error(checkpoint, e)) from e
     history = state.get("optimizer_history") or [{}]
     train_iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
     epoch = train_iterator.get("epoch")  # the epoch to run next or the one interrupted
