@@ -2,8 +2,9 @@
 # Prepare Multi30k (WMT16 multimodal task 1, text only) for fairseq; see "Real text in minutes:
 # Multi30k" in README.md. Usage:
 #   data-prep/prepare-multi30k.sh [--from FOLDER] [--src de --tgt en] [--bpe-merges 10000]
-#                                 [--workers N] [--dest DIR] [--work DIR] [--allow-nonstandard-splits]
-# Re-running skips finished steps; an interrupted step is redone.
+#                                 [--workers N] [--dest DIR] [--work DIR] [--allow-nonstandard-splits] [--force]
+# Re-running skips finished steps; an interrupted step is redone; a --dest made for another dataset or
+# with other options is replaced only with --force (docs/data-prep.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
 exec "$python" "$repo/data-prep/_prepare.py" multi30k "$@"
