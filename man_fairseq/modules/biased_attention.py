@@ -13,8 +13,10 @@ Unless something reads the probabilities (a post-softmax transform, returned wei
 with ``needs_probabilities`` such as relative positions) or ``--attention-backend explicit`` asks
 for the written-out softmax, the core runs a fused kernel:
 PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask, pinned to the kernels
-:func:`~man_fairseq.modules.attention_backend.choose_kernel` allows, or ``flex_attention`` with
-the bias as a score modification (``--attention-backend``, see ``attention_backend.py``).
+:func:`~man_fairseq.modules.attention_backend.choose_kernel` allows, or, for a bias module with
+``extended_query_key`` (localness), on queries and keys extended by the bias's columns with no
+bias tensor, or ``flex_attention`` with the bias as a score modification (``--attention-backend``,
+see ``attention_backend.py``).
 
 It subclasses fairseq's :class:`MultiheadAttention` so that parameter names, initialisation,
 incremental-state buffers and beam reordering are fairseq's own, and the layer classes of
