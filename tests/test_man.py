@@ -355,7 +355,7 @@ def test_pre_norm_option():
 
 
 @pytest.mark.parametrize("arch,extra,pre", [
-    # the authors' translation runs were pre-norm, their summarization runs post-norm (SPEC.md)
+    # the authors' translation runs were pre-norm, their summarization runs post-norm (docs/man.md)
     ("transformer_man_small", [], True), ("transformer_man_base", [], True), ("transformer_man", [], True),
     ("transformer_man_summarization", [], False),
     ("transformer_man_small", ["--man-norm", "post"], False),
