@@ -374,3 +374,20 @@ def test_an_option_the_arch_declares_is_accepted_though_the_checkpoint_predates_
     assert hasattr(state["cfg"]["model"], "attention_backend")
     delattr(state["cfg"]["model"], "attention_backend")  # as in a checkpoint saved before the option existed
     check_model_overrides(["attention_backend"], state, "old.pt")
+
+
+def test_multi30k_refuses_another_datasets_folder_before_any_step(tmp_path, capsys):
+    from man_fairseq.recipes.data import multi30k
+
+    dest = tmp_path / "data"
+    dest.mkdir()
+    destination.write_record(dest, destination.making_record("gigaword", bpe_merges=60))
+    (dest / "dict.article.txt").write_text("a 1\n")
+    argv = ["--from", str(tmp_path / "raw"), "--work", str(tmp_path / "w"), "--dest", str(dest)]
+    assert multi30k.main(argv) == 2
+    assert capsys.readouterr().err == (f"ERROR: --dest {dest} is a finished data folder and it holds gigaword data, this "
+                                       "run prepares multi30k; refusing to replace it. Choose another --dest, or pass "
+                                       "--force to replace it.\n")
+    assert not (tmp_path / "w").exists() and (dest / "dict.article.txt").is_file()
+    assert multi30k.main([*argv, "--force"]) == 2  # goes on, to the next check: --from is not there
+    assert "--from" in capsys.readouterr().err and (dest / "dict.article.txt").is_file()
