@@ -101,7 +101,7 @@ def test_study_table_refuses_a_record_whose_hypotheses_do_not_match_the_referenc
     for family in ("transformer", "man"):
         sr.write_record(tmp_path, _record(family, 1), {"test": HYPS})
     boot = study_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
-    assert set(boot) == {("man", 1, "test")} and boot[("man", 1, "test")]["system_bleu"] == 100.0
+    assert set(boot) == {("man", 1, "test")} and boot[("man", 1, "test")]["paired_bootstrap"]["system_bleu"] == 100.0
     # a record without a Transformer of its seed is bootstrapped against nothing, but its
     # hypotheses (the table shows its scores) must still be one per reference
     short = _record("sman2", 2)

@@ -123,19 +123,27 @@ def test_delta_to_the_transformer_is_over_matched_seeds():
     assert delta == {"transformer": 0.0, "man": pytest.approx(0.67, abs=0.005), "localness": 1.0, "sman2": None}
 
 
-def test_table_says_which_way_each_significant_seed_went():
+def test_table_says_which_way_each_significant_seed_went_under_randomization():
     from man_fairseq.recipes.studies import study_table
 
     records = [record("transformer", s, bleu=30.0) for s in (1, 2)] + [record("man", 1, bleu=31.0),
                                                                           record("man", 2, bleu=29.0)]
-    boot = {("man", 1, "test"): {"p_value": 0.01, "system_bleu": 31.0, "baseline_bleu": 30.0},
-            ("man", 2, "test"): {"p_value": 0.02, "system_bleu": 29.0, "baseline_bleu": 30.0}}
+    def tests(bootstrap_p, randomization_p, bleu):
+        return {"paired_bootstrap": {"p_value": bootstrap_p, "system_bleu": bleu, "baseline_bleu": 30.0},
+                "paired_randomization": {"p_value": randomization_p, "system_bleu": bleu, "baseline_bleu": 30.0}}
+
+    boot = {("man", 1, "test"): tests(0.01, 0.03, 31.0), ("man", 2, "test"): tests(0.02, 0.0001, 29.0)}
     summary = study_table.summarize(records, ["transformer", "man"], {}, boot)
     meta = {k: "x" for k in ("title", "date", "records", "configs", "command", "png", "sacrebleu_signature",
-                             "bootstrap_signature")}
+                             "bootstrap_signature", "randomization_signature")}
     meta.update(devices=["cpu"], commits=["c"], fairseq_args=[], test_sets={"test": "test_2016_flickr"})
     (row,) = [l for l in study_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
-    assert "| 0.010 (+), 0.020 (−) | 1 better, 1 worse of 2 |" in row
+    # the bootstrap's p beside the randomization's, on which the count of significant seeds rests
+    assert "| 0.010 (+), 0.020 (−) | 0.030 (+), 0.0001 (−) | 1 better, 1 worse of 2 |" in row
+    boot[("man", 1, "test")]["paired_randomization"]["p_value"] = 0.07
+    summary = study_table.summarize(records, ["transformer", "man"], {}, boot)
+    (row,) = [l for l in study_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
+    assert "| 0.010 (+), 0.020 (−) | 0.070 (+), 0.0001 (−) | 0 better, 1 worse of 2 |" in row
 
 
 def test_each_study_names_the_preparation_that_writes_the_data_it_reads(tmp_path):

@@ -43,6 +43,34 @@ EXPERIMENTS = {
 }
 
 
+# The to-convergence protocol of a study (issue 47): the same families and data, its configs those of
+# the study with `train: patience` and a higher `max-epoch` (configs/<study>-converge/), its records
+# in their own folder, and its table the study's: both protocols side by side (``converges``).
+for _study in ("multi30k-cpu", "gigaword-cpu"):
+    EXPERIMENTS[f"{_study}-converge"] = dict(EXPERIMENTS[_study], configs=CONFIG_DIR / f"{_study}-converge",
+                                             converges=_study,
+                                             title=EXPERIMENTS[_study]["title"].split(":")[0] + ": to convergence")
+FIXED_BUDGET, TO_CONVERGENCE = "fixed-budget", "to-convergence"
+
+
+def protocol(cfg):
+    """How a run of ``cfg`` is trained and scored: ``to-convergence`` when the config sets
+    ``train.patience`` (until the dev loss stops improving, capped by ``max-epoch``; scored on the best
+    checkpoint by dev loss), else ``fixed-budget`` (its epochs; scored on the average of its last
+    ``eval.avg_last`` checkpoints)."""
+    return TO_CONVERGENCE if (cfg.get("train") or {}).get("patience") else FIXED_BUDGET
+
+
+def table_experiment(experiment):
+    """The experiment whose table shows ``experiment``'s records: a to-convergence protocol's is its study's."""
+    return EXPERIMENTS[experiment].get("converges", experiment)
+
+
+def convergence_experiment(experiment):
+    """The to-convergence protocol of the study ``experiment``, or None."""
+    return next((name for name, exp in EXPERIMENTS.items() if exp.get("converges") == experiment), None)
+
+
 def prepare_line(experiment, data=None):
     """The command that writes the data folder ``data`` (default: the experiment's data-bin) the way
     ``experiment`` reads it: its preparation with ``--dest`` naming that folder (inside the checkout,

@@ -1,14 +1,15 @@
 """Multi30k studies of every family against the Transformer (``scripts/reproduce.sh EXPERIMENT``).
 
-Experiments: ``multi30k`` (the papers' small width, ``configs/multi30k/``) and ``multi30k-cpu``
-(a 2-core-CPU preset, ``configs/multi30k-cpu/``), both on the data-bin of
-data-prep/prepare-multi30k.sh. For each family and seed: train with the recipe launcher
-(:mod:`launch`, one process), average the last epoch checkpoints, decode every test set with
-fairseq-generate, score tokenized BLEU (case-insensitive) and detokenized sacreBLEU, and write
-the run's record (:mod:`study_records`) under ``RESULTS/<experiment>/``. The table
-(:mod:`study_table`: ``RESULTS/<experiment>.md``, ``.json``, ``-valid-loss.png``, with sacreBLEU's
-paired bootstrap against the same seed's Transformer) is rebuilt from the records alone, so a
-study can advance run by run across machines.
+Experiments (:mod:`experiments`): ``multi30k`` (the papers' small width, ``configs/multi30k/``),
+``multi30k-cpu`` (a 2-core-CPU preset, ``configs/multi30k-cpu/``), ``gigaword-cpu`` and ``cnndm-cpu``
+(ROUGE), and ``multi30k-cpu-converge`` / ``gigaword-cpu-converge``: the same studies trained to
+convergence (:mod:`convergence`). For each family and seed: train with the recipe launcher
+(:mod:`launch`, one process), average the last epoch checkpoints (to convergence: take the best
+one), decode every test set with fairseq-generate, score, and write the run's record
+(:mod:`study_records`) under ``RESULTS/<experiment>/``. The table (:mod:`table_build`:
+``RESULTS/<study>.md``, ``.json`` and a figure, with two paired tests against the same seed's
+Transformer, and the runs to convergence beside the fixed budget's) is rebuilt from the records
+alone, so a study can advance run by run across machines.
 
 A rerun does not retrain a run whose record matches today's config (its fingerprint); an
 interrupted training resumes from its ``checkpoint_last.pt`` (fairseq's own restore); a run folder
@@ -32,7 +33,7 @@ from ... import rouge155
 from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
 from ...scoring import ScoreInputError
-from ...textfile import NotUtf8Error, read_lines
+from ...textfile import NotUtf8Error
 from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
@@ -40,10 +41,10 @@ from ..evaluation.evaluate import EvaluateError
 from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from ..workdir import try_lock
-from .experiments import EXPERIMENTS, FAMILIES, FAMILY_LABELS, families_of, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
+from .experiments import EXPERIMENTS, FAMILIES, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
 from .study_eval import StudyEvalError, evaluate_run
-from .study_figure import figure_path, plot_study
-from .study_records import RecordError, legacy_training_fingerprint, option_flags, record_fingerprint
+from .study_records import RecordError, legacy_training_fingerprint, record_fingerprint
+from .table_build import TableError, build_table, experiment_configs, scoring_config  # noqa: F401  (reproduce.scoring_config)
 
 
 class ReproduceError(RuntimeError):
@@ -60,26 +61,6 @@ def device_name(device):
 
         return f"{torch.cuda.get_device_name(0)} (1 GPU)"
     return f"CPU: {cpu_model()}, {os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
-
-
-def scoring_config(cfg, experiment, args, manifest):
-    """``cfg`` with the scoring options of the command line that change a score resolved into its
-    ``eval`` (so they are part of the fingerprint): ROUGE's exception database, ``--test-sample``.
-    A sample of every pair of each test set (0, or more than the largest holds) is no sample: the
-    key goes, so scoring all of them is one fingerprint however it was asked for."""
-    evaluation = dict(cfg["eval"])
-    if args.test_sample is not None:
-        evaluation["test_sample"] = args.test_sample
-    sample = evaluation.get("test_sample")
-    if sample is not None:
-        counts = manifest.get("counts", {})  # a data folder's record older than its counts: unknown
-        largest = max((counts.get(subset, 0) for subset in manifest["test_sets"]), default=0)
-        if sample == 0 or 0 < largest <= sample:
-            del evaluation["test_sample"]
-    cfg = dict(cfg, eval=evaluation)
-    if experiment["metric"] != "rouge":
-        return cfg  # the BLEU studies' fingerprints stay as their committed records have them
-    return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
 
 
 def prepare_run_dir(run, fingerprint, force, legacy=None):
@@ -178,53 +159,6 @@ def time_families(families, cfgs, args, on_family=None):
 
 # ------------------------------------------------------------------------------------ main
 
-def build_table(experiment, cfgs, args, manifest, results_dir):
-    """Rebuild ``RESULTS/<experiment>.md``, ``.json`` and its figure (``study_figure.figure_path``) from the
-    records alone."""
-    from . import study_table
-    from .study_table import table_meta
-    from .study_records import partition, read_records
-
-    records_dir = results_dir / experiment
-    records = read_records(records_dir)
-    expected = {(r["family"], r["seed"]): record_fingerprint(cfgs[r["family"]], args, r["seed"])
-                for r in records if r["family"] in cfgs}
-    current, stale = partition(records, expected)
-    for r in stale:
-        log(f"stale record {r['family']}-seed{r['seed']} (fingerprint {r.get('fingerprint')}): not in the table")
-    flags = option_flags(args, EXPERIMENTS[experiment].get("device"))
-    if not current and (not stale or flags or args.fairseq_args):
-        raise ReproduceError(f"no current run record in {records_dir}: nothing to tabulate" + (
-            f" ({len(stale)} stale: pass the options they were made with)" if stale else ""))
-    png = figure_path(results_dir, experiment, EXPERIMENTS[experiment]["metric"])
-    if not current:  # with the default options: the configs changed under every record
-        return study_table.write_without_runs(results_dir, experiment, EXPERIMENTS[experiment]["title"], stale,
-                                              png, log)
-    if EXPERIMENTS[experiment]["metric"] == "rouge":
-        from . import summarization_table  # imported here: a long study picks up a table fixed meanwhile
-
-        return summarization_table.build(experiment, EXPERIMENTS[experiment], current, stale, records_dir, args,
-                                         manifest, results_dir, families_of(experiment), FAMILY_LABELS, log)
-    tgt = manifest["target_lang"]
-    ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
-    refs = {subset: read_lines(path) for subset, path in ref_files.items()}
-    log("paired bootstrap against the Transformer of the same seed")
-    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
-    summary = study_table.summarize(current, families_of(experiment), FAMILY_LABELS, boot)
-    panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
-              for subset, release in manifest["test_sets"].items()]
-    plot_study(current, families_of(experiment), FAMILY_LABELS, panels, png, EXPERIMENTS[experiment]["title"].split(":")[0])
-    first = next(iter(current[0]["test_sets"].values()))
-    meta = dict(table_meta(EXPERIMENTS[experiment], current, records_dir, args), **{
-            "command": f"scripts/reproduce.sh {experiment} --seeds 1 --families FAMILY"
-                       + flags
-                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
-            "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
-            "bootstrap_signature": next((b["signature"] for b in boot.values()), "–"), "png": png.name})
-    return study_table.write_table(results_dir, experiment, study_table.to_markdown(summary, meta, stale),
-                                   {"meta": meta, "summary": summary}, boot, current, stale, png, log)
-
-
 def build_parser():
     p = argparse.ArgumentParser(
         prog="scripts/reproduce.sh",
@@ -288,6 +222,8 @@ def parse_args(argv=None):
         args.rouge_exception_db = args.rouge_exception_db or rouge155.DEFAULT_EXCEPTION_DB
     elif args.rouge_exception_db is not None:
         p.error(f"--rouge-exception-db: {args.experiment} scores BLEU, not ROUGE")
+    if args.avg_last is not None and exp.get("converges"):
+        p.error(f"--avg-last: {args.experiment} scores each run's best checkpoint by dev loss, never an average")
     try:
         named, args.families = parse_families(args.experiment, args.families)
     except ValueError as e:
@@ -349,20 +285,17 @@ def main(argv=None):
     exp = EXPERIMENTS[args.experiment]
     try:
         manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
-        cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args, manifest)
-                for f in args.families}
+        cfgs = experiment_configs(args.experiment, args, manifest, args.families)
         args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:
             write_timing(args, cfgs, manifest)
             return 0
         if not args.table_only:
             run_study(args, cfgs, manifest)
-        all_cfgs = {f: scoring_config(load_config(exp["configs"] / f"{f}.yaml"), exp, args, manifest)
-                    for f in families_of(args.experiment)}
-        md = build_table(args.experiment, all_cfgs, args, manifest, args.results_dir)
+        md = build_table(args.experiment, args, manifest, args.results_dir, log)
         print(md.read_text())
     except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
-            RecordError, OSError) as e:
+            RecordError, TableError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0

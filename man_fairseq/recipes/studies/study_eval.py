@@ -1,4 +1,5 @@
-"""One study run's evaluation (``scripts/reproduce.sh``): average the last checkpoints, decode
+"""One study run's evaluation (``scripts/reproduce.sh``): average the last checkpoints (a run trained
+to convergence: take its best one, :mod:`convergence`), decode
 every test set of the data folder's record, score with the experiment's metric, and assemble the
 run's record (:mod:`study_records`).
 
@@ -20,6 +21,8 @@ from ..evaluation.metric import Names, score
 from ..evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
 from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, valid_curve
 from ...textfile import read_lines
+from .convergence import ConvergenceError, best_checkpoint, record_fields
+from .experiments import TO_CONVERGENCE, protocol
 
 
 class StudyEvalError(RuntimeError):
@@ -94,11 +97,25 @@ def average_checkpoints(cfg, run, avg_last):
     return checkpoint, averaged
 
 
+def scored_checkpoint(cfg, run, avg_last):
+    """(the checkpoint a run is scored on, the files it comes from): to convergence its best checkpoint
+    by dev loss, as it is; on a fixed budget the average of its last checkpoints."""
+    if protocol(cfg) == TO_CONVERGENCE:
+        try:
+            best = best_checkpoint(run)
+        except ConvergenceError as e:
+            raise StudyEvalError(str(e)) from e
+        (run / "eval").mkdir(exist_ok=True)  # the decoding's output, as beside an average
+        return best, [best]
+    return average_checkpoints(cfg, run, avg_last)
+
+
 def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, device_name, log):
-    """Average, decode every test set, score; returns (record, {subset: hypotheses})."""
+    """Average (or take the best checkpoint), decode every test set, score; returns (record, {subset:
+    hypotheses})."""
     from ..evaluation.decode import decode
 
-    checkpoint, averaged = average_checkpoints(cfg, run, args.avg_last)
+    checkpoint, averaged = scored_checkpoint(cfg, run, args.avg_last)
     device = "cpu" if args.device == "cpu" else "gpu"
     tgt = manifest["target_lang"]
     results, hypotheses = {}, {}
@@ -137,4 +154,8 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
               "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
               "epochs": epochs_ended(run / "train.log"), "averaged_checkpoints": [Path(c).name for c in averaged],
               "valid_curve": curve, "test_sets": results}
+    try:
+        record.update(record_fields(cfg, run, checkpoint))
+    except ConvergenceError as e:
+        raise StudyEvalError(str(e)) from e
     return record, hypotheses

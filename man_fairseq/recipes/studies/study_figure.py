@@ -1,7 +1,8 @@
 """A study's figure, taken in at a glance: each family's score with every seed as a dot, the
 Transformer's seeds as a grey band, beside every run's validation loss zoomed on the second half of
 training, where the curves separate (from the start they overlap: the first epochs' losses are
-several bits above the last ones)."""
+several bits above the last ones); where the study has runs to convergence, a last panel with every
+such run's whole curve to its stop and its best (scored) checkpoint marked."""
 
 import os
 from pathlib import Path
@@ -19,16 +20,20 @@ def _short(label):
     return label.split(" (")[0]
 
 
-def plot_study(records, families, labels, panels, path, title):
+def plot_study(records, families, labels, panels, path, title, converged=()):
     """``panels``: [(title, score of a record or None[, (label, value) of a baseline line or None])], one dot
-    panel each, then the loss panel."""
+    panel each, then the loss panel, then (``converged``: records of runs to convergence) their curves."""
     from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     fams = [f for f in families if any(r["family"] == f for r in records)]
     colors = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 6.5, 4.8), dpi=110,
-                             gridspec_kw={"width_ratios": [1] * len(panels) + [1.7]})
+    extra = [1.7] if converged else []
+    fig, axes = plt.subplots(1, len(panels) + 1 + len(extra), figsize=(4 * len(panels) + 6.5 + 6 * len(extra), 4.8),
+                             dpi=110, gridspec_kw={"width_ratios": [1] * len(panels) + [1.7] + extra})
+    if converged:
+        plot_converged(axes[-1], converged, families, labels, colors)
+        axes = axes[:-1]
     for ax, (name, score, *line) in zip(axes[:-1], panels):
         base = [v for v in (score(r) for r in records if r["family"] == BASELINE) if v is not None]
         if base:
@@ -74,3 +79,30 @@ def plot_study(records, families, labels, panels, path, title):
     fig.savefig(tmp)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def plot_converged(ax, records, families, labels, colors):
+    """Every run to convergence: its whole validation curve to the epoch it stopped at, a star at its best
+    (scored) checkpoint; the y axis leaves out the first epochs, which lie bits above the rest."""
+    fams = [f for f in families if any(r["family"] == f for r in records)]
+    tail = []
+    for i, fam in enumerate(fams):
+        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
+            if not r.get("valid_curve"):
+                continue
+            x, y = zip(*r["valid_curve"])
+            tail += list(y[len(y) // 4:])
+            ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10),
+                    marker=".", ms=3, label=f"{_short(labels.get(fam, fam))} s{r['seed']} (best {r.get('best_epoch')}"
+                                            f", stop {r.get('stopping_epoch')})")
+            if r.get("best_updates") is not None:
+                ax.plot([r["best_updates"]], [r["best_valid_loss"]], "*", color=colors(families.index(fam) % 10), ms=11)
+    if tail:
+        lo, hi = min(tail), max(tail)
+        pad = 0.08 * (hi - lo) or 0.05
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.set_title("to convergence: whole curves, * best checkpoint (scored)", fontsize=10)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed CE, base 2)", fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)

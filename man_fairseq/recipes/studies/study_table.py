@@ -1,9 +1,11 @@
 """A study's table, rebuilt from its committed run records (:mod:`study_records`) alone.
 
 Per family and test set: sacreBLEU and tokenized BLEU as mean ± sample standard deviation over
-seeds, the difference to the Transformer, and sacreBLEU's paired bootstrap of each seed against
-the Transformer of the same seed (computed here from the records' hypothesis files; seeded, so a
-rebuild gives the same p-values). Stale records (config changed since they ran) are listed below
+seeds, the difference to the Transformer, and two paired tests of each seed against the Transformer
+of the same seed, computed here from the records' hypothesis files (seeded, so a rebuild gives the
+same p-values): sacreBLEU's paired bootstrap (the p the field reports) and sacreBLEU's paired
+approximate randomization (the p the verdicts rest on: the bootstrap's statistic reads a near-zero
+difference as more significant than it is, issue 47). Stale records (config changed since they ran) are listed below
 the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 ``<prefix>-valid-loss.png``.
 """
@@ -17,41 +19,70 @@ from ..config import REPO
 from .study_records import hypothesis_path, read_hypotheses
 from .experiments import BASELINE
 from ...tables import mean_std
+from ..evaluation.rouge_significance import AR_TRIALS
 
 def _pm(values):
     mean, std = mean_std(values)
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} (1 seed)"
 
 
+def fmt_p(p):
+    """A p-value as the tables print it: 3 decimals, 4 below 0.001 (an AR's smallest, 1/10,001, is not 0)."""
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.4f}"
+
+
 def _params(n):
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000,
-                     names=("baseline hypotheses", "system hypotheses", "references")):
-    """sacreBLEU's paired bootstrap (Koehn 2004) of ``system`` against ``baseline``: p-value, signature.
-
-    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-bs`` (13a BLEU, 1000 resamples, seed
-    SACREBLEU_SEED, default 12345). ``names`` name the three inputs (their files) in errors.
-    """
+def _paired_test(baseline_hyps, system_hyps, refs, test_type, n_samples, names):
     from sacrebleu.metrics import BLEU
     from sacrebleu.significance import PairedTest
 
     baseline_hyps, system_hyps, refs = check_aligned(zip(names, (baseline_hyps, system_hyps, refs)),
                                                      references=names[2])
     test = PairedTest([("baseline", baseline_hyps), ("system", system_hyps)],
-                      {"BLEU": BLEU()}, references=[refs], test_type="bs", n_samples=n_samples)
+                      {"BLEU": BLEU()}, references=[refs], test_type=test_type, n_samples=n_samples)
     signatures, scores = test()
     (metric,) = [k for k in scores if k != "System"]
     base, system = scores[metric]
+    return base, system, str(signatures[metric])
+
+
+NAMES = ("baseline hypotheses", "system hypotheses", "references")
+# the two paired tests of every study table, as its JSON names them: sacreBLEU's p, the verdicts' p
+TESTS = ("paired_bootstrap", "paired_randomization")
+
+
+def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000, names=NAMES):
+    """sacreBLEU's paired bootstrap (Koehn 2004) of ``system`` against ``baseline``: p-value, signature.
+
+    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-bs`` (13a BLEU, 1000 resamples, seed
+    SACREBLEU_SEED, default 12345). ``names`` name the three inputs (their files) in errors.
+    """
+    base, system, signature = _paired_test(baseline_hyps, system_hyps, refs, "bs", n_samples, names)
     return {"p_value": float(system.p_value), "baseline_bleu": round(base.score, 2), "system_bleu": round(system.score, 2),
             "system_mean": round(float(system.mean), 2), "system_ci95": round(float(system.ci), 2),
-            "signature": str(signatures[metric])}
+            "signature": signature}
 
 
-def significance(records, records_dir, references, n_samples, reference_files=None):
-    """{(family, seed, subset): bootstrap} of every non-baseline record against the same seed's
-    Transformer; ``references`` maps a subset to its raw reference lines, ``reference_files`` to
+def paired_randomization(baseline_hyps, system_hyps, refs, n_trials=AR_TRIALS, names=NAMES):
+    """sacreBLEU's paired approximate randomization of ``system`` against ``baseline``: p-value, signature.
+
+    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-ar --paired-ar-n N`` (each trial swaps each
+    sentence's two hypotheses with probability 1/2, statistic |BLEU difference|, seed SACREBLEU_SEED),
+    but for identical hypotheses: sacreBLEU counts trials whose statistic is *above* the observed 0
+    and so calls a system against itself significant (1/(N+1)); that is p = 1 here.
+    """
+    base, system, signature = _paired_test(baseline_hyps, system_hyps, refs, "ar", n_trials, names)
+    same = list(baseline_hyps) == list(system_hyps)
+    return {"p_value": 1.0 if same else float(system.p_value), "baseline_bleu": round(base.score, 2),
+            "system_bleu": round(system.score, 2), "n_trials": n_trials, "signature": signature}
+
+
+def significance(records, records_dir, references, n_samples, reference_files=None, ar_trials=AR_TRIALS):
+    """{(family, seed, subset): {"paired_bootstrap": ..., "paired_randomization": ...}} of every
+    non-baseline record against the same seed's Transformer; ``references`` maps a subset to its raw reference lines, ``reference_files`` to
     the file they were read from (named in errors). Every record's hypotheses of a subset with
     references, paired or not, must have one line per reference: the table shows their scores."""
     ref_names = {subset: f"references {(reference_files or {}).get(subset, f'of {subset}')}" for subset in references}
@@ -71,8 +102,10 @@ def significance(records, records_dir, references, n_samples, reference_files=No
         for subset in r["test_sets"]:
             if subset in b["test_sets"] and subset in references:
                 pair = (BASELINE, b["seed"], subset), (r["family"], r["seed"], subset)
-                out[pair[1]] = paired_bootstrap(hypotheses[pair[0]], hypotheses[pair[1]], references[subset],
-                                                n_samples, (names[pair[0]], names[pair[1]], ref_names[subset]))
+                inputs = (hypotheses[pair[0]], hypotheses[pair[1]], references[subset])
+                files = (names[pair[0]], names[pair[1]], ref_names[subset])
+                out[pair[1]] = {"paired_bootstrap": paired_bootstrap(*inputs, n_samples, files),
+                                "paired_randomization": paired_randomization(*inputs, ar_trials, files)}
     return out
 
 
@@ -94,19 +127,21 @@ def summarize(records, families, labels, boot):
             diffs = [r["test_sets"][subset]["sacrebleu"] - bsac[r["seed"]] for r in fr if r["seed"] in bsac]
             s["delta_sacrebleu_vs_transformer"] = round(sum(diffs) / len(diffs), 2) if diffs else None
             if fam != BASELINE:
-                s["paired_bootstrap"] = [boot.get((fam, r["seed"], subset)) for r in fr]
+                for test in TESTS:
+                    s[test] = [(boot.get((fam, r["seed"], subset)) or {}).get(test) for r in fr]
             entry["test_sets"][subset] = s
         summary[fam] = entry
     return summary
 
 
-def to_markdown(summary, meta, stale):
+def to_markdown(summary, meta, stale, protocol_lines=()):
     lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
     for subset, release in meta["test_sets"].items():
         lines += [f"## {release}", "",
                   "| family | params | train min (mean) | sacreBLEU | Δ vs Transformer | tok. BLEU (ci) | "
-                  "paired bootstrap p (per seed, sign of Δ) | seeds p<0.05 |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "paired bootstrap p (per seed, sign of Δ) | approximate randomization p (per seed, sign of Δ) | "
+                  "seeds p<0.05 (randomization) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for fam, e in summary.items():
             s = e["test_sets"].get(subset)
             if s is None:
@@ -114,27 +149,35 @@ def to_markdown(summary, meta, stale):
             minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
             delta = "–" if s["delta_sacrebleu_vs_transformer"] is None else f"{s['delta_sacrebleu_vs_transformer']:+.2f}"
             if fam == BASELINE:
-                pcol, sig, delta = "baseline", "baseline", "0 (baseline)"
+                pcols, sig, delta = ["baseline", "baseline"], "baseline", "0 (baseline)"
             else:
-                # the bootstrap's p is two-sided: the sign says which way each seed went
-                boots = [(b["p_value"], b["system_bleu"] >= b["baseline_bleu"])
-                         for b in s.get("paired_bootstrap") or [] if b]
-                pcol = ", ".join(f"{p:.3f} ({'+' if up else '−'})" for p, up in boots) or "–"
-                better = sum(p < 0.05 and up for p, up in boots)
-                worse = sum(p < 0.05 and not up for p, up in boots)
-                sig = f"{better} better, {worse} worse of {len(boots)}" if boots else "–"
+                # both p's are two-sided: the sign says which way each seed went
+                tested = {test: [(b["p_value"], b["system_bleu"] >= b["baseline_bleu"]) for b in s.get(test) or [] if b]
+                          for test in TESTS}
+                pcols = [", ".join(f"{fmt_p(p)} ({'+' if up else '−'})" for p, up in tested[test]) or "–" for test in TESTS]
+                ar = tested["paired_randomization"]
+                better = sum(p < 0.05 and up for p, up in ar)
+                worse = sum(p < 0.05 and not up for p, up in ar)
+                sig = f"{better} better, {worse} worse of {len(ar)}" if ar else "–"
             lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
-                         f"{_pm(s['bleu_tok_ci'])} | {pcol} | {sig} |")
+                         f"{_pm(s['bleu_tok_ci'])} | {' | '.join(pcols)} | {sig} |")
         lines.append("")
     lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
               f"`{meta['sacrebleu_signature']}`. Tokenized BLEU: case-insensitive multi-bleu formula on the "
               "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Δ: mean over the "
-              "family's seeds of its difference to the Transformer of the same seed. Paired bootstrap: "
-              f"sacreBLEU's (`{meta['bootstrap_signature']}`), each run against the Transformer of the same "
-              "seed on the same test set; p is the probability of the observed difference under no difference. "
+              "family's seeds of its difference to the Transformer of the same seed. Both tests pair each "
+              "run with the Transformer of the same seed on the same test set and are two-sided. Paired bootstrap: "
+              f"sacreBLEU's (`{meta['bootstrap_signature']}`), the p the field reports; its statistic (the "
+              "resampled absolute difference centred on its own mean) reads a near-zero difference as more "
+              "significant than it is. Approximate randomization: sacreBLEU's paired AR "
+              f"(`{meta['randomization_signature']}`; each trial swaps each sentence's two hypotheses with "
+              "probability 1/2; p = (trials with |ΔBLEU| at least the observed + 1) / (trials + 1), 1 for "
+              "identical hypotheses): the probability of a difference this large if the two systems were "
+              "exchangeable; the verdicts and the last column rest on it. "
               "Train minutes: wall time of the training epochs from the log, with validation and checkpointing "
               "(start-up left out; an epoch cut short by a kill and redone counts once).", "",
               f"Validation loss of every run: `{meta['png']}`.", ""]
+    lines += list(protocol_lines)  # the runs to convergence beside these (convergence.side_by_side)
     lines += stale_lines(stale, STALE_WHY)
     return "\n".join(lines)
 
@@ -202,10 +245,10 @@ def stale_lines(stale, why):
 
 
 def write_table(results_dir, experiment, markdown, payload, boot, current, stale, png, log):
-    """Write ``<experiment>.md`` and ``.json`` (``payload``, then every run with its paired bootstrap
-    and the stale runs' names); returns the Markdown file."""
-    runs = [dict(r, paired_bootstrap={k[2]: v for k, v in boot.items() if k[:2] == (r["family"], r["seed"])})
-            for r in current]
+    """Write ``<experiment>.md`` and ``.json`` (``payload``, then every run with its two paired tests,
+    ``boot`` as :func:`significance` returns them, and the stale runs' names); returns the Markdown file."""
+    runs = [dict(r, **{test: {k[2]: v[test] for k, v in boot.items() if k[:2] == (r["family"], r["seed"])}
+                       for test in TESTS}) for r in current]
     (results_dir / f"{experiment}.md").write_text(markdown)
     (results_dir / f"{experiment}.json").write_text(json.dumps(
         dict(payload, runs=runs, stale=[f"{r['family']}-seed{r['seed']}" for r in stale]), indent=1) + "\n")

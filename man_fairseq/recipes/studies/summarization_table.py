@@ -1,6 +1,7 @@
 """A summarization study's table (``scripts/reproduce.sh gigaword-cpu``), rebuilt from its run
 records alone: ROUGE-1/2/L F1 per family (mean ± sample standard deviation over seeds), the
-difference to the Transformer of the same seed, a paired bootstrap over documents against it, how
+difference to the Transformer of the same seed, two paired tests over documents against it (the
+bootstrap the field reports, approximate randomization for the verdicts), how
 much of each family's summaries (and of the references) their articles contain, a lead baseline and
 the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
 ``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
@@ -12,13 +13,15 @@ from ...tables import mean_std
 from ..config import CONFIG_DIR, load_config
 from ..evaluation.copying import copying
 from ..evaluation.metric import score
-from ..evaluation.rouge_significance import BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap, per_document_f
+from ..evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
+                                             paired_randomization, per_document_f)
 from ..evaluation.test_sample import sample_ids
-from .experiments import BASELINE
+from .convergence import protocol_payload, side_by_side
+from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
 from .study_records import option_flags, read_hypotheses
-from .study_table import STALE_WHY, _params, _pm, family_entry, header_lines, stale_lines, table_meta, write_table
+from .study_table import STALE_WHY, TESTS, _params, _pm, fmt_p, family_entry, header_lines, stale_lines, table_meta, write_table
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -34,7 +37,8 @@ PUBLISHED_DATA = {"gigaword": "the full 3.8M-pair training set, the same 1,951-p
 
 
 def significance(records, records_dir, refs, n_samples):
-    """{(family, seed, subset): {metric: bootstrap}} of every run against the same seed's Transformer."""
+    """{(family, seed, subset): {"paired_bootstrap": {metric: test}, "paired_randomization": {metric: test}}}
+    of every run against the same seed's Transformer."""
     docs = {}
 
     def doc_scores(r, subset):
@@ -54,7 +58,9 @@ def significance(records, records_dir, refs, n_samples):
         for subset in r["test_sets"]:
             if subset in b["test_sets"] and subset in refs:
                 sd, bd = doc_scores(r, subset), doc_scores(b, subset)
-                out[(r["family"], r["seed"], subset)] = {k: paired_bootstrap(bd[k], sd[k], n_samples) for k in KEYS}
+                out[(r["family"], r["seed"], subset)] = {
+                    "paired_bootstrap": {k: paired_bootstrap(bd[k], sd[k], n_samples) for k in KEYS},
+                    "paired_randomization": {k: paired_randomization(bd[k], sd[k]) for k in KEYS}}
     return out
 
 
@@ -83,7 +89,8 @@ def summarize(records, families, labels, boot, copied):
                 s[f"delta_{k}"] = round(sum(diffs) / len(diffs), 2) if diffs else None
             s["copying"] = [copied.get((fam, r["seed"], subset)) for r in fr]
             if fam != BASELINE:
-                s["paired_bootstrap"] = [boot.get((fam, r["seed"], subset)) for r in fr]
+                for test in TESTS:
+                    s[test] = [(boot.get((fam, r["seed"], subset)) or {}).get(test) for r in fr]
             entry["test_sets"][subset] = s
         summary[fam] = entry
     return summary
@@ -127,6 +134,14 @@ def references_table(dataset, manifest, exception_db, order, articles, refs):
     return rows
 
 
+def p_column(seeds, tests):
+    """One test's p-values of a family, per seed: R-1 / R-2 / R-L with the sign of each difference."""
+    return "; ".join(
+        f"seed {seed}: " + " / ".join(f"{fmt_p(t[k]['p_value'])} ({'+' if t[k]['system'] >= t[k]['baseline'] else '−'})"
+                                      for k in KEYS)
+        for seed, t in zip(seeds, tests or []) if t) or "–"
+
+
 def _share(values, key):
     """The mean over seeds of one share of :func:`..evaluation.copying.copying`, as the table prints it."""
     values = [v for v in values if v]
@@ -140,28 +155,27 @@ def _copied(values):
     return f"{_share(values, 'words')} / {_share(values, 'bigrams')}"
 
 
-def to_markdown(summary, meta, stale, reference_rows, reference_copying):
+def to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines=()):
     lines = header_lines(meta, f"data: {meta['subset']}")
     for subset, release in meta["test_sets"].items():
         lines += [f"## {release}", "",
                   "| family | params | train min (mean) | R-1 | R-2 | R-L | from its article: words / bigrams | "
-                  "Δ R-1 / R-2 / R-L vs Transformer | paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "Δ R-1 / R-2 / R-L vs Transformer | paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) | "
+                  "approximate randomization p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for fam, e in summary.items():
             s = e["test_sets"].get(subset)
             if s is None:
                 continue
             minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
             if fam == BASELINE:
-                delta, pcol = "0 (baseline)", "baseline"
+                delta, pcols = "0 (baseline)", ["baseline", "baseline"]
             else:
                 delta = " / ".join("–" if s[f"delta_{k}"] is None else f"{s[f'delta_{k}']:+.2f}" for k in KEYS)
-                pcol = "; ".join(
-                    f"seed {seed}: " + " / ".join(f"{b[k]['p_value']:.3f} ({'+' if b[k]['system'] >= b[k]['baseline'] else '−'})"
-                                                  for k in KEYS)
-                    for seed, b in zip(e["seeds"], s.get("paired_bootstrap") or []) if b) or "–"
+                pcols = [p_column(e["seeds"], s.get(test)) for test in TESTS]
             lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | "
-                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {_copied(s.get('copying') or [])} | {delta} | {pcol} |")
+                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {_copied(s.get('copying') or [])} | {delta} | "
+                         + " | ".join(pcols) + " |")
         ref = reference_copying.get(subset)
         if ref:
             lines += ["", f"From its article: of all the summaries' words (bigrams), the share found in their own article, "
@@ -175,10 +189,14 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying):
     lines += [f"| {r['what']} | {r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['metric']} |"
               for r in reference_rows]
     lines += ["", f"ROUGE: {meta['rouge']}. Mean ± sample standard deviation over seeds. Δ: mean over the family's "
-              "seeds of its difference to the Transformer of the same seed. Paired bootstrap over documents: "
-              f"{meta['bootstrap']}; p is the probability of the observed difference under no difference. Train "
+              "seeds of its difference to the Transformer of the same seed. Both tests pair each run "
+              "with the Transformer of the same seed over the same documents and are two-sided. Paired bootstrap: "
+              f"{meta['bootstrap']}; the p the field reports, whose statistic reads a near-zero difference as more "
+              f"significant than it is. Approximate randomization: {meta['randomization']}; the probability of a "
+              "difference this large if the two systems were exchangeable, the p the verdicts rest on. Train "
               f"minutes: wall time of the training epochs from the log, with validation and checkpointing. {meta['scored']}", "",
               f"Each run's scores and validation loss: `{meta['png']}`.", ""]
+    lines += list(protocol_lines)  # the runs to convergence beside these (convergence.side_by_side)
     lines += stale_lines(stale, STALE_WHY)
     return "\n".join(lines)
 
@@ -191,11 +209,16 @@ def scored_checkpoints(records):
     return f"Each run is scored on the average of its last {' or '.join(map(str, counts))} checkpoints."
 
 
-def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log):
-    samples = record_samples(current, manifest)
+def build(experiment, exp, current, stale, records_dir, args, manifest, results_dir, families, labels, log,
+          converged=([], [], None)):
+    """The table of ``current`` (the fixed budget's records) and, from ``converged`` (current records,
+    stale ones and their folder), the runs to convergence beside them."""
+    conv, conv_stale, conv_dir = converged
+    samples = record_samples(current + conv, manifest)
     refs = {subset: read_references(args.data, manifest, subset, samples[subset])[1] for subset in manifest["test_sets"]}
-    log("paired bootstrap over documents against the Transformer of the same seed")
+    log("paired bootstrap and approximate randomization over documents against the Transformer of the same seed")
     boot = significance(current, records_dir, refs, args.bootstrap_samples)
+    conv_tests = significance(conv, conv_dir, refs, args.bootstrap_samples) if conv else {}
     articles = {subset: read_test_lines(args.data, manifest["sources"][subset], f"the articles of {subset}",
                                         samples[subset])[1] for subset in manifest["test_sets"]}
     summary = summarize(current, families, labels, boot, copying_of_runs(current, records_dir, articles))
@@ -210,7 +233,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
                (lead["what"].split(" (")[0], lead[k]) if lead else None) for k in KEYS]
     # the scored set on a line of its own: its name is longer than a panel is wide
     plot_study(current, families, labels, panels, png,
-               f"{exp['title'].split(':')[0]}\nscored on: {manifest['test_sets'][subset]}")
+               f"{exp['title'].split(':')[0]}\nscored on: {manifest['test_sets'][subset]}", conv)
     meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
                        + option_flags(args, exp.get("device"))
@@ -218,7 +241,19 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
             "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
             "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
                           "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),
+            "randomization": (f"{AR_TRIALS} trials (numpy default_rng seed {BOOTSTRAP_SEED}, sacreBLEU's draws), each "
+                              "swapping each document's two per-document F1 with probability 1/2; p = (trials with "
+                              "|mean difference| at least the observed + 1) / (trials + 1)"),
             "png": png.name, "scored": scored_checkpoints(current)})
-    return write_table(results_dir, experiment, to_markdown(summary, meta, stale, reference_rows, reference_copying),
-                       {"meta": meta, "summary": summary, "references": reference_rows,
-                        "references_copying": reference_copying}, boot, current, stale, png, log)
+    protocol_lines = side_by_side(
+        current, conv, conv_stale, families, labels,
+        lambda r: " / ".join(f"{r['test_sets'][subset][k]:.2f}" for k in KEYS) if subset in r["test_sets"] else "–",
+        lambda r, tests: "; ".join(" / ".join(fmt_p(tests[t][k]["p_value"]) for k in KEYS) for t in TESTS),
+        {**{(FIXED_BUDGET, *k): v for k, v in boot.items()}, **{(TO_CONVERGENCE, *k): v for k, v in conv_tests.items()}},
+        subset, "R-1 / R-2 / R-L; p per test R-1 / R-2 / R-L") if conv or conv_stale else []
+    payload = {"meta": meta, "summary": summary, "references": reference_rows, "references_copying": reference_copying}
+    if conv or conv_stale:
+        payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS)
+    return write_table(results_dir, experiment,
+                       to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines),
+                       payload, boot, current, stale, png, log)

@@ -57,6 +57,18 @@ def valid_curve(train_log):
     return sorted(points.items())
 
 
+VALID_EPOCH_RE = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
+EARLY_STOP = "early stop since valid performance hasn't improved"
+
+
+def valid_epochs(train_log):
+    """[(epoch, num_updates, valid loss)] of the end-of-epoch validations of a fairseq-train log (a
+    resumed run appends: last wins) and whether fairseq stopped it early (``--patience``)."""
+    text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
+    points = {int(m.group(1)): (int(m.group(3)), float(m.group(2))) for m in VALID_EPOCH_RE.finditer(text)}
+    return [(epoch, *points[epoch]) for epoch in sorted(points)], EARLY_STOP in text
+
+
 def model_params(train_log):
     m = PARAMS_RE.findall(Path(train_log).read_text(errors="replace")) if Path(train_log).is_file() else []
     if not m:

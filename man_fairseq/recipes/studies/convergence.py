@@ -1,0 +1,124 @@
+"""The to-convergence protocol of a study (issue 47): what a run's record says of how it was trained,
+and the part of a study table that sets the two protocols side by side.
+
+A study trains a fixed budget (``configs/<study>/``: its epochs, scored on the average of its last
+``eval.avg_last`` checkpoints) and, as a second experiment, to convergence (``configs/<study>-converge/``:
+the same config with ``train.patience``, fairseq's ``--patience`` counted in validations, and
+``max-epoch`` as the cap; scored on ``checkpoint_best.pt``, the best checkpoint by dev loss). The
+first answers "which learns faster", the second "which ends better". The two never share a row:
+each protocol's runs are compared with the Transformer of the same seed *and protocol*.
+"""
+
+import json
+from pathlib import Path
+
+from ..training.fairseq_log import valid_epochs
+from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE, protocol
+
+
+class ConvergenceError(RuntimeError):
+    pass
+
+
+def best_checkpoint(run):
+    """The checkpoint a to-convergence run is scored on: fairseq's ``checkpoint_best.pt``."""
+    best = Path(run) / "checkpoints" / "checkpoint_best.pt"
+    if not best.is_file():
+        raise ConvergenceError(f"{best}: missing; a run trained to convergence is scored on its best checkpoint "
+                               "by dev loss (did its training validate?)")
+    return best
+
+
+def checkpoint_updates(path):
+    """The update count at which fairseq saved ``path`` (its optimizer history)."""
+    import torch
+
+    state = torch.load(path, map_location="cpu", weights_only=True)  # the plugin allow-lists what it holds
+    return int(state["optimizer_history"][-1]["num_updates"])
+
+
+def record_fields(cfg, run, scored):
+    """The protocol part of a run's record: ``protocol`` and, to convergence, the patience and cap,
+    the epoch it stopped at (and why: ``patience`` or ``cap``), the epoch of the checkpoint scored
+    (``scored``, the best) and its dev loss."""
+    if protocol(cfg) == FIXED_BUDGET:
+        return {"protocol": FIXED_BUDGET}
+    epochs, early = valid_epochs(Path(run) / "train.log")
+    if not epochs:
+        raise ConvergenceError(f"{run}/train.log: no end-of-epoch validation; cannot say which epoch was best")
+    updates = checkpoint_updates(scored)
+    best = [e for e in epochs if e[1] == updates]
+    if not best:
+        raise ConvergenceError(f"{scored}: saved at update {updates}, which no validation of {run}/train.log has")
+    command = read_command(run)
+    return {"protocol": TO_CONVERGENCE, "patience": int(last_option(command, "--patience", cfg["train"]["patience"])),
+            "max_epoch": int(last_option(command, "--max-epoch", cfg["train"]["max-epoch"])),
+            "stopping_epoch": epochs[-1][0], "stopped_by": "patience" if early else "cap",
+            "best_epoch": best[-1][0], "best_updates": updates, "best_valid_loss": best[-1][2]}
+
+
+def read_command(run):
+    """The fairseq-train command the launcher recorded for ``run`` (``run.json``), or []."""
+    path = Path(run) / "run.json"
+    return json.loads(path.read_text()).get("command") or [] if path.is_file() else []
+
+
+def last_option(command, flag, default):
+    """The value fairseq-train took for ``flag``: its last occurrence in ``command`` (the options after
+    ``--`` of scripts/reproduce.sh come after the config's), else ``default``."""
+    values = [command[i + 1] for i, word in enumerate(command[:-1]) if word == flag]
+    return values[-1] if values else default
+
+
+def record_protocol(record):
+    """A record's protocol; records written before there were two are fixed-budget ones."""
+    return record.get("protocol", FIXED_BUDGET)
+
+
+def dev_loss(record):
+    """(epochs trained, the dev loss of the scored checkpoint): the best one to convergence, the last
+    one on a fixed budget (an average of checkpoints has no dev loss of its own: its last epoch's)."""
+    if record_protocol(record) == TO_CONVERGENCE:
+        return f"{record['stopping_epoch']} (best {record['best_epoch']})", record["best_valid_loss"]
+    curve = record.get("valid_curve") or []
+    return str(record.get("epochs", len(curve))), (curve[-1][1] if curve else None)
+
+
+def side_by_side(fixed, converged, converged_stale, families, labels, score_cells, p_cells, tests, subset, scores):
+    """Markdown lines: per family and seed, the fixed-budget run beside the run to convergence (epochs,
+    dev loss, ``scores`` on ``subset``, the two p's against the Transformer of the same seed and protocol).
+    ``score_cells(record)`` gives a record's score cell, ``p_cells(record, its tests)`` its p cell;
+    ``tests`` maps (protocol, family, seed, subset) to the tests of a run. A run one protocol lacks is a dash."""
+    runs = {(record_protocol(r), r["family"], r["seed"]): r for r in fixed + converged}
+    lines = ["## Fixed budget | to convergence", "",
+             "Each run beside the same family and seed trained to convergence (`scripts/reproduce.sh "
+             "EXPERIMENT-converge`: until the dev loss has not improved for `patience` validations, at most "
+             "`max-epoch` epochs, scored on its best checkpoint by dev loss; records in `results/EXPERIMENT-converge/`). "
+             f"Scores: {scores}. p: paired bootstrap / approximate randomization against the Transformer of the "
+             "same seed and protocol (the table's notes). Fixed-budget dev loss: its last epoch's.", "",
+             "| family | seed | fixed budget: epochs | dev loss | scores | p | to convergence: epochs (best) | "
+             "best dev loss | scores | p |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for fam in families:
+        for seed in sorted({seed for (_, f, seed) in runs if f == fam}):
+            cells = []
+            for proto in (FIXED_BUDGET, TO_CONVERGENCE):
+                r = runs.get((proto, fam, seed))
+                if r is None:
+                    cells += ["–"] * 4
+                    continue
+                epochs, loss = dev_loss(r)
+                run_tests = tests.get((proto, fam, seed, subset))
+                p = "baseline" if fam == BASELINE else (p_cells(r, run_tests) if run_tests else "–")
+                cells += [epochs, "–" if loss is None else f"{loss:.3f}", score_cells(r), p]
+            lines.append(f"| {labels.get(fam, fam)} | {seed} | " + " | ".join(cells) + " |")
+    if converged_stale:
+        lines += ["", "Stale to-convergence records (another config or options; not in the table): "
+                  + ", ".join(f"{r['family']}-seed{r['seed']} (`{r.get('fingerprint')}`)" for r in converged_stale) + "."]
+    return lines + [""]
+
+
+def protocol_payload(converged, converged_stale, tests, names):
+    """The JSON of a study table's to-convergence runs: each with its tests (``names``), and the stale ones."""
+    runs = [dict(r, **{name: {k[2]: v[name] for k, v in tests.items() if k[:2] == (r["family"], r["seed"])}
+                       for name in names}) for r in converged]
+    return {"runs": runs, "stale": [f"{r['family']}-seed{r['seed']}" for r in converged_stale]}

@@ -1,0 +1,112 @@
+"""The to-convergence protocol of the studies (issue 47): its configs, fairseq's --patience across a
+resume (patience_resume), and a tiny study trained to convergence beside its fixed budget.
+
+A tiny model's dev loss falls every epoch, so the tests stop it with
+``--maximize-best-checkpoint-metric``: the first epoch's (highest) loss is then the best, and every
+later one counts as a validation without improvement. The best checkpoint is epoch 1's and, with
+patience P, the run stops at epoch 1 + P, whatever the model learns."""
+
+import json
+import sys
+
+import pytest
+
+from conftest import REPO, TINY_MODEL, TINY_TRAIN
+from test_multi30k import prepare, run, synthetic_release
+
+from man_fairseq.recipes.config import CONFIG_DIR, load_config
+from man_fairseq.recipes.studies import reproduce
+from man_fairseq.recipes.studies import study_records as sr
+from man_fairseq.recipes.studies.experiments import EXPERIMENTS, protocol
+from man_fairseq.recipes.training.fairseq_log import valid_epochs
+
+NO_IMPROVEMENT = ["--maximize-best-checkpoint-metric"]
+
+
+@pytest.mark.parametrize("study", ["multi30k-cpu", "gigaword-cpu"])
+def test_each_family_converges_from_its_fixed_budget_config(study):
+    """A convergence config is its fixed-budget config with patience, the cap and the best checkpoint
+    scored; nothing else changes, and its fingerprint is another (the two never mix)."""
+    args = reproduce.parse_args([study])
+    for family in EXPERIMENTS[study].get("families", reproduce.FAMILIES):
+        fixed = load_config(CONFIG_DIR / study / f"{family}.yaml")
+        converge = load_config(CONFIG_DIR / f"{study}-converge" / f"{family}.yaml")
+        assert (protocol(fixed), protocol(converge)) == ("fixed-budget", "to-convergence")
+        assert converge["train"] == dict(fixed["train"], patience=3, **{"max-epoch": 40})
+        assert converge["eval"] == dict(fixed["eval"], avg_last=1)  # no average: run_options agree
+        assert {k: v for k, v in converge.items() if k not in ("train", "eval", "name", "_path")} == \
+               {k: v for k, v in fixed.items() if k not in ("train", "eval", "name", "_path")}
+        assert sr.record_fingerprint(fixed, args, 1) != sr.record_fingerprint(converge, args, 1)
+        assert sr.record_fingerprint(fixed, args, 1, True) != sr.record_fingerprint(converge, args, 1, True)
+
+
+def test_a_convergence_study_scores_no_average(capsys):
+    with pytest.raises(SystemExit):
+        reproduce.parse_args(["gigaword-cpu-converge", "--avg-last", "5"])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "--avg-last: gigaword-cpu-converge scores each run's best checkpoint by dev loss, never an average")
+
+
+def _train(data, save_dir, *extra):
+    cmd = ["fairseq-train", data, "--user-dir", REPO / "man_fairseq", "--arch", "transformer_man_small",
+           "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--save-dir", save_dir, "--patience", "3",
+           *NO_IMPROVEMENT, *extra]
+    return run(cmd).stdout
+
+
+def test_patience_counts_on_across_a_resume(toy_data_bin, tmp_path):
+    """fairseq keeps its count of validations without improvement in memory only: resumed after
+    epoch 2, it restarted from 0 and stopped at epoch 6 instead of 4."""
+    whole = _train(toy_data_bin, tmp_path / "whole", "--max-epoch", "10")
+    first = _train(toy_data_bin, tmp_path / "split", "--max-epoch", "2")  # "interrupted" after epoch 2
+    resumed = _train(toy_data_bin, tmp_path / "split", "--max-epoch", "10")
+    for log in (whole, first + resumed):
+        assert "early stop since valid performance hasn't improved for last 3 runs" in log
+        assert "end of epoch 4 " in log and "end of epoch 5 " not in log
+    assert "patience: restored best" in resumed and "1 validation(s) without improvement since" in resumed
+
+
+def test_a_study_trained_to_convergence_beside_its_fixed_budget(tmp_path):
+    data, _ = prepare(synthetic_release(tmp_path / "raw"), tmp_path)
+    # the same fairseq options for both protocols (they are part of every fingerprint): 6 epochs cap
+    # the fixed budget (its config averages the last 5) and the run to convergence
+    tiny = [*TINY_MODEL, "--max-tokens", "1500", "--warmup-updates", "4", "--lr", "0.003", "--max-epoch", "6",
+            *NO_IMPROVEMENT]
+
+    def study(experiment, *ours):
+        return [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", experiment, "--seeds", "1,",
+                "--families", "man", "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs" / experiment,
+                "--results-dir", tmp_path / "results", "--bootstrap-samples", "100", *ours, "--", *tiny]
+
+    run(study("multi30k-cpu"))
+    out = run(study("multi30k-cpu-converge")).stdout
+    results = tmp_path / "results"
+    fixed = json.loads((results / "multi30k-cpu" / "man-seed1.json").read_text())
+    converged = json.loads((results / "multi30k-cpu-converge" / "man-seed1.json").read_text())
+    assert fixed["protocol"] == "fixed-budget" and fixed["epochs"] == 6
+    # patience 3 from the config, the cap from the command line: stopped by patience at epoch 1 + 3
+    assert {k: converged[k] for k in ("protocol", "patience", "max_epoch", "stopping_epoch", "stopped_by",
+                                      "best_epoch")} == {
+        "protocol": "to-convergence", "patience": 3, "max_epoch": 6, "stopping_epoch": 4, "stopped_by": "patience",
+        "best_epoch": 1}
+    # the best checkpoint, as it is, is what was decoded: epoch 1's (the first validation)
+    assert converged["averaged_checkpoints"] == ["checkpoint_best.pt"]
+    assert str(tmp_path / "runs" / "multi30k-cpu-converge" / "man-seed1" / "checkpoints" / "checkpoint_best.pt") in \
+        converged["test_sets"]["test"]["generate_command"]
+    assert [converged["best_updates"], converged["best_valid_loss"]] == converged["valid_curve"][0]
+    assert len(converged["valid_curve"]) == 4 and fixed["fingerprint"] != converged["fingerprint"]
+    epochs, early = valid_epochs(tmp_path / "runs" / "multi30k-cpu-converge" / "man-seed1" / "train.log")
+    assert [e for e, _, _ in epochs] == [1, 2, 3, 4] and early
+    # one table: the fixed budget's rows as before, and the two protocols side by side
+    md = (results / "multi30k-cpu.md").read_text()
+    table = json.loads((results / "multi30k-cpu.json").read_text())
+    assert [r["family"] for r in table["runs"]] == ["man", "transformer"]
+    assert [(r["family"], r["protocol"]) for r in table["to_convergence"]["runs"]] == [
+        ("man", "to-convergence"), ("transformer", "to-convergence")]
+    assert set(table["to_convergence"]["runs"][0]["paired_randomization"]) == {"test", "test_2017_flickr"}
+    assert "## Fixed budget | to convergence" in md
+    (row,) = [line for line in md.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "6" and cells[6] == "4 (best 1)" and cells[7] == f"{converged['best_valid_loss']:.3f}"
+    assert cells[8] == f"{converged['test_sets']['test']['sacrebleu']:.2f}" and cells[9].count("/") == 1
+    assert "multi30k-cpu.md" in out or "Fixed budget | to convergence" in out
