@@ -168,7 +168,7 @@ def test_blank_test_references_are_refused_at_prep_time(tmp_path):
     refs = ttl[500:600]
     refs[2] = refs[40] = "  "
     (release / "Giga/task1_ref0.txt").write_text("\n".join(refs) + "\n")
-    with pytest.raises(PrepError, match=rf"test: 2 of 100 references are blank \(first: .*Giga/task1_ref0\.txt "
+    with pytest.raises(PrepError, match=r"test: 2 of 100 references are blank \(first: .*Giga/task1_ref0\.txt "
                                         r"line 3\); ROUGE cannot score a blank reference"):
         prep_in_process("gigaword", "--from", release, "--work", tmp_path / "w", "--dest", tmp_path / "b")
     assert not (tmp_path / "w" / ".learn_bpe.done").exists() and not (tmp_path / "b").exists()
@@ -262,7 +262,8 @@ def test_files2rouge_replaces_an_existing_scores_file_only_with_overwrite(tmp_pa
     ref.write_text("the cat sat on the mat .\n")
     saved.write_text("my notes\n")
     code, out, err = _files2rouge([ref, ref, "-s", saved], capsys)
-    assert (code, out) == (2, "") and err == f"ERROR: -s {saved}: exists; pass --overwrite to replace it, or choose a new file\n"
+    assert (code, out) == (2, "")
+    assert err == f"ERROR: -s {saved}: exists; pass --overwrite to replace it, or choose a new file\n"
     assert saved.read_text() == "my notes\n"
     code, out, err = _files2rouge([ref, ref, "-s", saved, "--overwrite"], capsys)
     assert (code, err) == (0, "") and "ROUGE-1 Average_F: 1.00000" in saved.read_text()
@@ -311,9 +312,9 @@ def test_a_file_that_is_not_a_checkpoint_is_named_so_by_our_commands(tmp_path, c
     with pytest.raises(SystemExit) as stopped:
         average_checkpoints.cli_main(["--inputs", str(text), str(text), "--output", str(tmp_path / "avg.pt")])
     assert stopped.value.code == 2
-    assert capsys.readouterr().err == (f"ERROR: cannot read checkpoint {text}: not a PyTorch checkpoint (neither the zip "
-                                       "archive torch.save writes nor a pickle); give a checkpoint*.pt written by "
-                                       "fairseq-train\n")
+    assert capsys.readouterr().err == (f"ERROR: cannot read checkpoint {text}: not a PyTorch checkpoint (neither the "
+                                       "zip archive torch.save writes nor a pickle); give a checkpoint*.pt written "
+                                       "by fairseq-train\n")
     with pytest.raises(SystemExit, match=rf"^--path {text}: {text} is not a PyTorch checkpoint"):
         with checkpoint_load_errors(str(text), str(tmp_path)):
             pytest.fail("the checkpoint was read")
@@ -385,9 +386,23 @@ def test_multi30k_refuses_another_datasets_folder_before_any_step(tmp_path, caps
     (dest / "dict.article.txt").write_text("a 1\n")
     argv = ["--from", str(tmp_path / "raw"), "--work", str(tmp_path / "w"), "--dest", str(dest)]
     assert multi30k.main(argv) == 2
-    assert capsys.readouterr().err == (f"ERROR: --dest {dest} is a finished data folder and it holds gigaword data, this "
-                                       "run prepares multi30k; refusing to replace it. Choose another --dest, or pass "
-                                       "--force to replace it.\n")
+    assert capsys.readouterr().err == (f"ERROR: --dest {dest} is a finished data folder and it holds gigaword data, "
+                                       "this run prepares multi30k; refusing to replace it. Choose another --dest, or "
+                                       "pass --force to replace it.\n")
     assert not (tmp_path / "w").exists() and (dest / "dict.article.txt").is_file()
     assert multi30k.main([*argv, "--force"]) == 2  # goes on, to the next check: --from is not there
     assert "--from" in capsys.readouterr().err and (dest / "dict.article.txt").is_file()
+
+
+def test_iwslt14_reads_max_len(tmp_path):
+    """--max-len was read by the WMT14 and Gigaword recipes only: IWSLT14 cleaned at 175 tokens
+    whatever it said, with exit status 0."""
+    archive = tmp_path / "de-en.tgz"
+    make_iwslt_archive(archive)
+    work = tmp_path / "work"
+    prep_in_process("iwslt14", "--from", archive, "--work", work, "--dest", tmp_path / "bin", "--bpe-merges", MERGES,
+                    "--max-len", "6")
+    kept = [line.split() for split in ("train", "valid") for lang in ("de", "en")
+            for line in (work / "tok" / f"{split}.{lang}").read_text().splitlines()]
+    assert kept and max(map(len, kept)) == 6
+    assert json.loads((tmp_path / "bin" / MARKER).read_text())["options"]["max_len"] == 6

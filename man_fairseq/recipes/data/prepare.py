@@ -78,7 +78,7 @@ def prepare_iwslt14(args):
                             "(after dropping the <url>/<talkid>/<keywords> lines); the pair does not align")
         sides = {lang: tokenize_lines(raw[lang], lang, workers=args.workers, desc=f"train.{lang}")
                  for lang in (src, tgt)}
-        s, t = clean_pairs(sides[src], sides[tgt], 1, 175, 1.5)
+        s, t = clean_pairs(sides[src], sides[tgt], 1, args.max_len or 175, 1.5)
         s, t = [lowercase(x) for x in s], [lowercase(x) for x in t]  # lowercase.perl after cleaning
         log(f"      train.tags: {len(sides[src])} pairs, {len(s)} after cleaning")
         (tr_s, tr_t), (va_s, va_t) = split_every_nth(s, t, 23)
@@ -87,6 +87,7 @@ def prepare_iwslt14(args):
         write_lines(tok / f"valid.{src}", va_s)
         write_lines(tok / f"valid.{tgt}", va_t)
     steps.run("tokenize_train", tokenize_train,
+              options={"max_len": args.max_len} if args.max_len else None,  # only when given: old stamps stay
               outputs=[tok / f"{s}.{l}" for s in ("train", "valid") for l in (src, tgt)])
 
     def tokenize_test():
@@ -254,7 +255,7 @@ def parse_args(argv=None):
     p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
                    help="BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
     p.add_argument("--max-len", type=number("--max-len", low=1), default=None,
-                   help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword)")
+                   help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword; default 175, 250, 200)")
     p.add_argument("--max-source-tokens", type=int, default=None,
                    help="CNN/DM: truncate articles to this many tokens (default 400, See et al.; 0 = keep all)")
     p.add_argument("--max-target-tokens", type=int, default=None,
@@ -291,7 +292,7 @@ def parse_args(argv=None):
 # Defaults of the options a recipe reads where not given (its own `or` fallbacks), so that the data
 # folder's record says the same whether a default was given or left out.
 DEFAULT_BPE_MERGES = {"iwslt14": 10000, "wmt14": 40000, "cnndm": 32000, "gigaword": 32000}
-DEFAULT_MAX_LEN = {"wmt14": 250, "gigaword": 200}
+DEFAULT_MAX_LEN = {"iwslt14": 175, "wmt14": 250, "gigaword": 200}
 
 
 def making_options(args):
