@@ -4,11 +4,12 @@ file and the first line that is not.
 Nothing is replaced: a Latin-1 file read with ``errors="replace"`` turned every accented word
 into U+FFFD, in the data-bin and in the references BLEU is computed on, and the command still
 exited 0. Lines are split at "\\n" only (a "\\r" before it is dropped), the way data-prep writes
-them, so that a line number here is the line number in the file.
+them, so that a line number here is the line number in the file. A damaged or truncated ``.gz``
+is :class:`CorruptFileError` naming the file, also where its garbage would fail as text first.
 
 :func:`check_aligned` is the one check that parallel texts (hypotheses, references) have one line
 per sentence each, which every scorer (:mod:`man_fairseq.scoring`, :mod:`man_fairseq.rouge155`)
-runs first.
+runs first; for ROUGE it also refuses a blank reference line.
 """
 
 import gzip
