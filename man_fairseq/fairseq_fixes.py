@@ -46,7 +46,8 @@ A seventh: ``--model-overrides`` (fairseq-generate, -interactive, -validate) set
 given, and a key the checkpoint has no option of (another family's option, a misspelt name) was
 ignored without a word. Such a key, as given on the command line, is now refused in one line
 naming it (:func:`man_fairseq.plugin_options.check_model_overrides`); bad values of known keys
-were refused already, when the model is built.
+were refused already, when the model is built. A ``--path`` that is not a checkpoint at all (a text
+file) is one line saying so too.
 """
 
 import atexit
@@ -208,12 +209,19 @@ _fairseq_load_checkpoint_to_cpu = checkpoint_utils.load_checkpoint_to_cpu
 
 def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
     """fairseq's ``load_checkpoint_to_cpu``, the overrides applied after a check that each key of the
-    command line's ``--model-overrides`` is an option of the checkpoint (the state read before it)."""
+    command line's ``--model-overrides`` is an option of the checkpoint (the state read before it).
+    A ``--path`` that is no checkpoint at all is one line saying so, not torch's ``KeyError: 101``."""
     from fairseq.dataclass.utils import overwrite_args_by_name
 
-    from .plugin_options import check_model_overrides
+    from .checkpoint_compat import is_torch_file, load_error
+    from .plugin_options import PluginOptionError, check_model_overrides
 
-    state = _fairseq_load_checkpoint_to_cpu(path, None, load_on_all_ranks)
+    try:
+        state = _fairseq_load_checkpoint_to_cpu(path, None, load_on_all_ranks)
+    except Exception as e:
+        if os.path.isfile(path) and not is_torch_file(path):
+            raise PluginOptionError(load_error(path, e)) from None
+        raise
     if arg_overrides:
         check_model_overrides([k for k in command_line_model_overrides() if k in arg_overrides], state, path)
         if state.get("args") is not None:  # as fairseq applies them

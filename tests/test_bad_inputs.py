@@ -406,3 +406,14 @@ def test_iwslt14_reads_max_len(tmp_path):
             for line in (work / "tok" / f"{split}.{lang}").read_text().splitlines()]
     assert kept and max(map(len, kept)) == 6
     assert json.loads((tmp_path / "bin" / MARKER).read_text())["options"]["max_len"] == 6
+
+
+def test_fairseqs_loader_names_a_file_that_is_not_a_checkpoint(tmp_path):
+    from fairseq import checkpoint_utils
+
+    from man_fairseq.plugin_options import PluginOptionError
+
+    text = tmp_path / "notes.pt"
+    text.write_text("hello world\n")
+    with pytest.raises(PluginOptionError, match=rf"^cannot read checkpoint {text}: not a PyTorch checkpoint"):
+        checkpoint_utils.load_model_ensemble([str(text)])
