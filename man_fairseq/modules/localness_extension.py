@@ -21,10 +21,11 @@ the logit is ``G`` itself, not ``G`` minus a row constant. For the keys that car
 grows with ``rho = w / sigma``, not with the sentence length. The columns are in float32 (float64
 for a float64 model) whatever the model's precision: ``s^2`` needs it.
 
-The rule (:func:`block_count`): the fewest blocks with ``w <= RHO_MAX * sigma_min`` (the smallest
-sigma of the call's real queries; in float64 too, so that the error stays the same small multiple
-of the unit roundoff), at most ``MAX_BLOCKS``; beyond that (very narrow windows on long sentences) the caller adds the explicit
-bias instead. The measured errors at ``RHO_MAX`` are in docs/localness.md and tested.
+The rule (:func:`block_count`): the fewest blocks with ``S / n <= RHO_MAX * sigma_min`` (the
+smallest sigma of the call's real queries; in float64 too, so that the error stays the same small
+multiple of the unit roundoff), at most ``MAX_BLOCKS``; beyond that (very narrow windows on long
+sentences) the caller adds the explicit bias instead. The measured errors at ``RHO_MAX`` are in
+docs/localness.md and tested.
 """
 
 import math
