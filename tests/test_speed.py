@@ -1,5 +1,5 @@
 """``scripts/speed.sh``: each family against the Transformer on a study's real batches. The numbers
-and tables from hand-made records, the interleaving, the refusals, the README's table against the
+and tables from hand-made records, the interleaving, the refusals, docs/speed.md's table against the
 committed records, and one real short measurement of a tiny model on toy data (nothing timed is
 asserted)."""
 
@@ -86,23 +86,23 @@ def test_readme_block_lists_every_record_and_is_replaced_in_place(tmp_path):
     (records / "gigaword-cpu-threads2.json").write_text(json.dumps(dict(two_repeats(), threads=2)))
     (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
     (records / "cnndm-cpu-threads1.json").write_text(json.dumps(dict(two_repeats(), experiment="cnndm-cpu")))
-    block = speed_table.readme_block(records, FAMILY_LABELS)
+    block = speed_table.page_block(records, FAMILY_LABELS)
     rows = [line for line in block.splitlines() if line.startswith("| ") and "MAN" in line]
     assert [r.split(" | ")[:2] for r in rows] == [["| cnndm-cpu", "1"], ["| gigaword-cpu", "1"], ["| gigaword-cpu", "2"]]
-    text = f"intro\n{speed_table.README_BEGIN}\nold table\n{speed_table.README_END}\nafter\n"
-    new = speed_table.replace_readme_block(text, block)
-    assert new == f"intro\n{block}\nafter\n" and speed_table.readme_section(new) == block
-    with pytest.raises(speed_table.SpeedRecordError, match="README.md: no speed-table block"):
-        speed_table.replace_readme_block("no markers\n", block)
+    text = f"intro\n{speed_table.BLOCK_BEGIN}\nold table\n{speed_table.BLOCK_END}\nafter\n"
+    new = speed_table.replace_page_block(text, block)
+    assert new == f"intro\n{block}\nafter\n" and speed_table.page_section(new) == block
+    with pytest.raises(speed_table.SpeedRecordError, match="docs/speed.md: no speed-table block"):
+        speed_table.replace_page_block("no markers\n", block)
 
 
 def test_readme_speed_table_is_what_the_committed_records_give():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert speed_table.readme_section(readme) == speed_table.readme_block(REPO / "results" / "speed", FAMILY_LABELS), (
-        "README's real-batch speed table differs from results/speed/: run "
-        "scripts/speed.sh EXPERIMENT --table-only --update-readme")
-    speed_section = readme[readme.index("## Speed"):readme.index("**Synthetic batches**")]
-    assert speed_table.README_BEGIN in speed_section  # the real-batch table comes first, the synthetic one after
+    readme = (REPO / speed_table.PAGE).read_text(encoding="utf-8")
+    assert speed_table.page_section(readme) == speed_table.page_block(REPO / "results" / "speed", FAMILY_LABELS), (
+        "docs/speed.md's real-batch speed table differs from results/speed/: run "
+        "scripts/speed.sh EXPERIMENT --table-only --update-docs")
+    speed_section = readme[readme.index("# Speed"):readme.index("**Synthetic batches**")]
+    assert speed_table.BLOCK_BEGIN in speed_section  # the real-batch table comes first, the synthetic one after
 
 
 def test_train_intervals_reads_fairseq_progress_lines(tmp_path):
@@ -213,13 +213,20 @@ def test_update_readme_rebuilds_only_its_block(tmp_path, monkeypatch):
     records = tmp_path / "results" / "speed"
     records.mkdir(parents=True)
     (records / "gigaword-cpu-threads1.json").write_text(json.dumps(two_repeats()))
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# Title\n\n{speed_table.README_BEGIN}\nold\n{speed_table.README_END}\n\nthe rest\n")
+    readme = tmp_path / speed_table.PAGE
+    readme.parent.mkdir()
+    readme.write_text(f"# Title\n\n{speed_table.BLOCK_BEGIN}\nold\n{speed_table.BLOCK_END}\n\nthe rest\n")
     monkeypatch.setattr(speed, "REPO", tmp_path)
-    md = speed.write_table("gigaword-cpu", records, update_readme=True)
-    block = speed_table.readme_block(records, FAMILY_LABELS)
+    md = speed.write_table("gigaword-cpu", records, update_docs=True)
+    block = speed_table.page_block(records, FAMILY_LABELS)
     assert readme.read_text() == f"# Title\n\n{block}\n\nthe rest\n" and "| gigaword-cpu | 1 | MAN" in block
     assert md == records / "gigaword-cpu.md" and "| 1 | MAN (small, DMAN enc.) |" in md.read_text()
+
+
+def test_update_docs_keeps_its_old_spelling():
+    assert speed.parser().parse_args(["gigaword-cpu", "--update-readme"]).update_docs
+    assert speed.parser().parse_args(["gigaword-cpu", "--update-docs"]).update_docs
+    assert not speed.parser().parse_args(["gigaword-cpu"]).update_docs
 
 
 def test_a_file_as_results_dir_is_refused(tmp_path, capsys):
@@ -311,7 +318,7 @@ def test_gpu_records_sit_beside_the_cpu_ones_with_cuda_memory_and_no_decoding(tm
     assert "no decoding" in md and "(H200 fp16)" not in md  # no output lengths without decoding
     assert "compare implementations as well as methods" in md
     assert "implementations" not in speed_table.to_markdown("gigaword-cpu", recs[:1], FAMILY_LABELS)
-    block = speed_table.readme_block(records, FAMILY_LABELS)
+    block = speed_table.page_block(records, FAMILY_LABELS)
     assert "gigaword-cpu H200 fp16: NVIDIA H200, Test CPU, 2026-11-25" in block
 
 

@@ -18,7 +18,7 @@ of the machine's load hits them alike (ratios are taken within a repeat):
 
 ``OMP_NUM_THREADS`` (and MKL's) is the thread count measured, for every fairseq process. Each thread
 count's record, ``RESULTS/speed/<experiment>-threads<T>.json``, holds every raw number; the table
-``RESULTS/speed/<experiment>.md`` (and with ``--update-readme`` the README's block) is rebuilt from
+``RESULTS/speed/<experiment>.md`` (and with ``--update-docs`` the block of ``docs/speed.md``) is rebuilt from
 the records alone (:mod:`speed_table`).
 """
 
@@ -236,7 +236,7 @@ def write_json(path, content):
     partial.replace(path)
 
 
-def write_table(experiment, records_dir, update_readme):
+def write_table(experiment, records_dir, update_docs):
     records = speed_table.read_records(records_dir, experiment)
     if not records:
         raise SpeedError(f"no speed record of {experiment} in {records_dir}: measure first "
@@ -244,12 +244,12 @@ def write_table(experiment, records_dir, update_readme):
     md = records_dir / f"{experiment}.md"
     md.write_text(speed_table.to_markdown(experiment, records, FAMILY_LABELS, EXPERIMENTS[experiment]["title"]))
     log(f"wrote {md}")
-    if update_readme:
-        readme = REPO / "README.md"
-        text = readme.read_text(encoding="utf-8")
-        readme.write_text(speed_table.replace_readme_block(
-            text, speed_table.readme_block(records_dir, FAMILY_LABELS), readme), encoding="utf-8")
-        log(f"rebuilt the speed table of {readme} from {records_dir}")
+    if update_docs:
+        page = REPO / speed_table.PAGE
+        text = page.read_text(encoding="utf-8")
+        page.write_text(speed_table.replace_page_block(
+            text, speed_table.page_block(records_dir, FAMILY_LABELS), page), encoding="utf-8")
+        log(f"rebuilt the speed table of {page} from {records_dir}")
     return md
 
 
@@ -287,8 +287,9 @@ def parser():
     p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
     p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
-    p.add_argument("--update-readme", action="store_true",
-                   help="also rebuild the README's real-batch speed table from every record in RESULTS/speed/")
+    p.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
+                   help=f"also rebuild the real-batch speed table of {speed_table.PAGE} from every record in "
+                        "RESULTS/speed/ (--update-readme: the old spelling, from when the table was in the README)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     return p
 
@@ -341,7 +342,7 @@ def main(argv=None):
     try:
         if not args.table_only:
             run_study(args, families, records_dir)
-        md = write_table(args.experiment, records_dir, args.update_readme)
+        md = write_table(args.experiment, records_dir, args.update_docs)
         print(md.read_text())
     except (SpeedError, LogError, PrepError, ConfigError, EvaluateError, speed_table.SpeedRecordError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)

@@ -10,7 +10,7 @@ families ran one after the other, so a load drift hits a repeat's runs alike), m
 of those ratios.
 
 Written here: ``results/speed/<experiment>.md`` (every thread count of one study) and the block of
-the README's "Speed" section between :data:`README_BEGIN` and :data:`README_END` (every study).
+``docs/speed.md`` (:data:`PAGE`) between :data:`BLOCK_BEGIN` and :data:`BLOCK_END` (every study).
 """
 
 import json
@@ -19,9 +19,10 @@ from pathlib import Path
 
 RECORD_KIND = "man-fairseq real-batch speed"
 RECORD_VERSION = 1
-README_BEGIN = ("<!-- speed-table begin: generated from results/speed/*.json by "
-                "`scripts/speed.sh EXPERIMENT --table-only --update-readme`; tests/test_speed.py checks it -->")
-README_END = "<!-- speed-table end -->"
+PAGE = "docs/speed.md"  # the page that holds the generated block, relative to the repository
+BLOCK_BEGIN = ("<!-- speed-table begin: generated from results/speed/*.json by "
+               "`scripts/speed.sh EXPERIMENT --table-only --update-docs`; tests/test_speed.py checks it -->")
+BLOCK_END = "<!-- speed-table end -->"
 QUANTITIES = (("train", "training words/s"), ("memory", "peak training memory"), ("decode", "decoding sentences/s"))
 
 
@@ -252,17 +253,17 @@ def to_markdown(experiment, records, labels, title=None):
     return "\n".join(lines)
 
 
-def readme_block(records_dir, labels):
-    """The README's generated block: every study's records in one table (a line saying so when none)."""
+def page_block(records_dir, labels):
+    """:data:`PAGE`'s generated block: every study's records in one table (a line saying so when none)."""
     records = read_records(records_dir)
-    lines = [README_BEGIN]
+    lines = [BLOCK_BEGIN]
     if not records:
         lines += ["No real-batch measurement is recorded yet (`results/speed/` holds no record): the numbers "
-                  "must come from an idle machine, see [docs/benchmarks.md](docs/benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)."]
+                  "must come from an idle machine, see [benchmarks.md](benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)."]
     else:
         summaries = [summarize(r) for r in records]
         lines += ["Made by `scripts/speed.sh EXPERIMENT` on each study's own data-bin and configs (method in "
-                  "[docs/benchmarks.md](docs/benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
+                  "[benchmarks.md](benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
                   "repeats (min–max), ratios to the Transformer of the same repeat.", ""]
         lines += header(["study", lead_name(records)])
         for record, rows in zip(records, summaries):
@@ -271,20 +272,20 @@ def readme_block(records_dir, labels):
             "Machines: " + "; ".join(f"{r['experiment']} {short_setting(r)}: {r['gpu'] + ', ' if on_gpu(r) else ''}"
                                      f"{r['cpu']}, {r['date'][:10]}, commit {r['commit']}" for r in records)
             + ". Details: `results/speed/EXPERIMENT.md`."]
-    return "\n".join(lines + [README_END])
+    return "\n".join(lines + [BLOCK_END])
 
 
-def replace_readme_block(text, block, where="README.md"):
+def replace_page_block(text, block, where=PAGE):
     """``text`` with its generated block replaced by ``block``."""
-    start, end = text.find(README_BEGIN), text.find(README_END)
+    start, end = text.find(BLOCK_BEGIN), text.find(BLOCK_END)
     if start < 0 or end < start:
-        raise SpeedRecordError(f"{where}: no speed-table block (the lines {README_BEGIN!r} ... {README_END!r})")
-    return text[:start] + block + text[end + len(README_END):]
+        raise SpeedRecordError(f"{where}: no speed-table block (the lines {BLOCK_BEGIN!r} ... {BLOCK_END!r})")
+    return text[:start] + block + text[end + len(BLOCK_END):]
 
 
-def readme_section(text, where="README.md"):
+def page_section(text, where=PAGE):
     """The generated block as ``text`` has it."""
-    start, end = text.find(README_BEGIN), text.find(README_END)
+    start, end = text.find(BLOCK_BEGIN), text.find(BLOCK_END)
     if start < 0 or end < start:
-        raise SpeedRecordError(f"{where}: no speed-table block (the lines {README_BEGIN!r} ... {README_END!r})")
-    return text[start:end + len(README_END)]
+        raise SpeedRecordError(f"{where}: no speed-table block (the lines {BLOCK_BEGIN!r} ... {BLOCK_END!r})")
+    return text[start:end + len(BLOCK_END)]
