@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare cnndm for fairseq (download or --from PATH; see "Reproducing the papers" in README.md). Usage:
+# Prepare cnndm for fairseq (download or --from PATH; see docs/reproducing.md). Usage:
 #   data-prep/prepare-cnndm.sh [--from ARCHIVE_OR_DIR] [--workers N] [--dest DIR] [--work DIR] [--allow-nonstandard-splits] [--force]
 #                              [--max-source-tokens N (400)] [--max-target-tokens N (keep all)] [--bpe-merges N (32000)]
 # --from: story archives + URL lists, See et al.'s {split}.article.txt / {split}.abstract.tagged.txt[.gz]

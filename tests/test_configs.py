@@ -1,7 +1,7 @@
 """Every recipe config against the papers: the training and decoding commands it builds carry the
 paper's values (or the documented source of a value the paper does not give), and every results
 row of the papers' tables (as the maintainers transcribed them in ``../shared/paper-tables.md``,
-checked where that file is present) has a config, an analysis or a README "not reproduced" line."""
+checked where that file is present) has a config, an analysis or a docs/reproducing.md "not reproduced" line."""
 
 import math
 
@@ -156,15 +156,15 @@ def test_every_paper_row_has_a_config_an_analysis_or_a_reason(paper_rows):
 
 
 def test_readme_lists_every_row_with_command_and_paper_number(paper_rows):
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "reproducing.md").read_text()
     section = readme_rows_section(CONFIGS, paper_rows, REPO)
     missing = [line for line in section.splitlines() if line.startswith("|") and line not in readme]
-    assert not missing, "README '### 4. Every table row' is out of date:\n" + "\n".join(missing[:5])
+    assert not missing, "docs/reproducing.md '## 4. Every table row' is out of date:\n" + "\n".join(missing[:5])
 
 
 def test_readme_rows_without_paper_tables_still_match_configs():
-    """Without ../shared the config lines of the README section are still checked."""
-    readme = (REPO / "README.md").read_text()
+    """Without ../shared the config lines of docs/reproducing.md's section are still checked."""
+    readme = (REPO / "docs" / "reproducing.md").read_text()
     section = readme_rows_section(CONFIGS, {}, REPO)
     lines = [l for l in section.splitlines() if "scripts/train.sh" in l]
     assert len(lines) >= len(CONFIGS)

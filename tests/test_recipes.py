@@ -391,11 +391,11 @@ def test_decode_from_sources_alone_ignores_targets_longer_than_the_model(toy_dat
 
 
 def test_docs_list_every_row_with_its_command_and_paper_number():
-    docs = (REPO / "README.md").read_text()
+    docs = (REPO / "docs" / "reproducing.md").read_text()
     for cfg in CONFIGS:
         rel = Path(cfg["_path"]).relative_to(REPO)
         line = next((l for l in docs.splitlines() if l.startswith("|") and f"scripts/train.sh {rel} " in l), None)
-        assert line is not None, f"README.md lacks the command for {rel}"
+        assert line is not None, f"docs/reproducing.md lacks the command for {rel}"
         assert f"scripts/evaluate.sh runs/{cfg['name']}`" in line
         bleu = (cfg.get("paper_results") or {}).get("bleu")
         if bleu is not None:

@@ -196,7 +196,7 @@ def find_file(roots, name, required=True, parent=None, gz=False):
     if required:
         where = f"{parent}/{name}" if parent else name
         raise PrepError(f"cannot find {where}{' (or .gz)' if gz else ''} under {', '.join(map(str, roots))}: "
-                        "wrong archive or folder? (see 'Reproducing the papers' in README.md for the expected layout)")
+                        "wrong archive or folder? (see docs/reproducing.md, '1. Data', for the expected layout)")
     return None
 
 

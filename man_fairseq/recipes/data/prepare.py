@@ -2,7 +2,7 @@
 
 ``python -m man_fairseq.recipes.data.prepare DATASET [--from PATH] [--work DIR] [--dest DIR]``;
 ``data-prep/prepare-*.sh`` are thin wrappers. Each dataset follows the standard recipe its
-papers used (see "Reproducing the papers" in README.md); all steps go through :class:`steps.Steps` (idempotent,
+papers used (see docs/reproducing.md); all steps go through :class:`steps.Steps` (idempotent,
 resumable).
 """
 

@@ -13,7 +13,7 @@ Each row is one of
   paper cites.
 
 ``tests/test_configs.py`` checks this table (every row present, the configs' paper numbers printed
-in the row) and the README's "Every table row" section against the maintainers' transcription of
+in the row) and docs/reproducing.md's "Every table row" section against the maintainers' transcription of
 the papers' tables, ``paper-tables.md`` beside the repository (``../shared/``, not part of it), and
 skips that check where the file is absent.
 """
@@ -165,14 +165,14 @@ def numbers_in(text):
 
 
 def readme_rows_section(configs, paper_rows, repo):
-    """Markdown of README "### 4. Every table row": per paper table, one line per config (row,
+    """Markdown of docs/reproducing.md's "## 4. Every table row": per paper table, one line per config (row,
     data, paper number, ours, command), then the rows that are analyses or not reproduced."""
     from .results_table import DATASET_NAMES  # one naming of the corpora
 
     by_name = {c["name"]: c for c in configs}
     out = []
     for paper_id, paper in PAPER_KEYS.items():
-        out.append(f"#### {PAPER_TITLES[paper]}\n")
+        out.append(f"### {PAPER_TITLES[paper]}\n")
         out.append("| table | row | data | paper | ours | command |")
         out.append("|---|---|---|---|---|---|")
         for (pid, table, row), status in ROWS.items():

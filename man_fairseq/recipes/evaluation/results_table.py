@@ -18,7 +18,7 @@ PAPER_TITLES = {
 FAIRSEQ_BASELINES = {"transformer", "transformer_iwslt_de_en", "transformer_wmt_en_de",
                      "transformer_vaswani_wmt_en_de_big"}
 DATASET_NAMES = {"iwslt14": "IWSLT14 De-En", "wmt14": "WMT14 En-De", "cnndm": "CNN/DM", "gigaword": "Gigaword"}
-# Test-set sizes the data-prep scripts produce (README, "1. Data"; the papers' standard splits).
+# Test-set sizes the data-prep scripts produce (docs/reproducing.md, "1. Data"; the papers' standard splits).
 STANDARD_TEST_SENTENCES = {"iwslt14": 6750, "wmt14": 3003, "cnndm": 11490, "gigaword": 1951}
 
 
