@@ -302,7 +302,7 @@ def test_prepare_refuses_what_would_end_in_a_traceback_or_another_tools_words(tm
     assert not (tmp_path / "d").exists()
 
 
-@pytest.mark.parametrize("option", ["--time-updates", "--bootstrap-samples", "--avg-last", "--batch-size"])
+@pytest.mark.parametrize("option", ["--bootstrap-samples", "--avg-last", "--batch-size"])
 def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path, option, capsys):
     # --time-updates 0 was taken as "not given": the full trainings started instead of a timing
     with pytest.raises(SystemExit) as e:

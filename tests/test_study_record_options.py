@@ -136,8 +136,12 @@ def test_committed_records_still_make_their_table_and_another_avg_last_does_not(
 def _record(family, seed, fp, n=3):
     return {"family": family, "seed": seed, "fingerprint": fp, "arch": "a", "params": 1000, "train_seconds": 60.0,
             "updates": 10, "valid_curve": [[5, 7.0], [10, 6.0]], "device": "CPU", "commit": "abc",
-            "test_sets": {"test": {"name": "test_2016_flickr", "n_sentences": n, "sacrebleu": 30.0,
+            "test_sets": {"test": {"name": "test_2016_flickr", "n_sentences": n, "sacrebleu": 100.0,  # its hypotheses: the references
                                    "bleu_tok_ci": 31.0, "sacrebleu_signature": "nrefs:1|case:mixed"}}}
+
+
+# the hypotheses of both records, and the references: sacreBLEU 100 (each has 4-grams)
+HYPOTHESES = ["a b c d e", "f g h i j", "k l m n o"]
 
 
 @pytest.fixture
@@ -147,11 +151,11 @@ def study(tmp_path):
     data.mkdir()
     (data / "multi30k.json").write_text(json.dumps({"test_sets": {"test": "test_2016_flickr"}, "target_lang": "en"}))
     (data / "dict.de.txt").write_text("a 1\n")
-    (data / "test.raw.en").write_text("a b c\nd e\nf\n")
+    (data / "test.raw.en").write_text("".join(line + "\n" for line in HYPOTHESES))
     records = tmp_path / "results" / "multi30k-cpu"
     for family in ("transformer", "man"):
         fp = sr.record_fingerprint(load_config(CPU_CONFIGS / f"{family}.yaml"), _args(data), 1)
-        sr.write_record(records, _record(family, 1, fp), {"test": ["a b c", "d e", "f"]})
+        sr.write_record(records, _record(family, 1, fp), {"test": HYPOTHESES})
     return data, tmp_path / "results"
 
 
@@ -232,3 +236,71 @@ def test_hypotheses_cut_short_are_named(study, capsys):
     hyp.write_text("a b c\nd e\n")
     line = _refused(*_table(data, results, capsys))
     assert f"{hyp}: 2 hypotheses, but its record" in line and "scored 3 sentences" in line
+
+
+def test_a_record_whose_hypotheses_do_not_give_its_score_is_refused(study, capsys):
+    """A score edited by hand (hypotheses unchanged) never reaches the table (issue 48, item 6)."""
+    data, results = study
+    path = results / "multi30k-cpu" / "man-seed1.json"
+    record = json.loads(path.read_text())
+    record["test_sets"]["test"]["sacrebleu"] = 45.0
+    path.write_text(json.dumps(record))
+    line = _refused(*_table(data, results, capsys))
+    assert line == (f"ERROR: {path}: its sacrebleu on test is 45.00, but its hypotheses (man-seed1.test.hyp) score "
+                    "100.00; restore both (git checkout) or rerun that run (--force)")
+    assert not (results / "multi30k-cpu.md").exists()
+
+
+def test_table_only_without_records_does_not_ask_for_data(tmp_path, capsys):
+    rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(tmp_path / "none"), "--results-dir",
+                         str(tmp_path / "results")])
+    line = _refused(rc, capsys.readouterr().err.strip())
+    assert "no run record in" in line and "nothing to tabulate" in line and "prepare" not in line
+
+
+def test_table_only_says_what_it_reads_of_a_missing_data_folder(study, tmp_path, capsys):
+    _, results = study
+    rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(tmp_path / "none"), "--results-dir", str(results)])
+    line = _refused(rc, capsys.readouterr().err.strip())
+    assert line.startswith(f"ERROR: --table-only reads the data folder {tmp_path / 'none'} (its dictionaries")
+    assert "prepare-multi30k.sh" in line
+
+
+def test_time_updates_below_two_is_refused_before_any_training(tmp_path, capsys):
+    """One update gives one progress line, and seconds per update need two: it failed after training."""
+    with pytest.raises(SystemExit) as e:
+        reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--time-updates", "1"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "scripts/reproduce.sh: error: argument --time-updates: invalid value '1': must be >= 2")
+
+
+def test_a_table_of_runs_with_fairseq_overrides_says_so_in_its_headings(study, capsys):
+    """"d=256, 3+3 layers" in the title is the configs'; options after -- may override it."""
+    data, results = study
+    records = results / "multi30k-cpu"
+    args = _args(data, fairseq_args=["--encoder-layers", "2"])
+    for family in ("transformer", "man"):
+        path = records / f"{family}-seed1.json"
+        fp = sr.record_fingerprint(load_config(CPU_CONFIGS / f"{family}.yaml"), args, 1)
+        path.write_text(json.dumps(dict(json.loads(path.read_text()), fingerprint=fp)))
+    rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(data), "--results-dir", str(results),
+                         "--bootstrap-samples", "10", "--", "--encoder-layers", "2"])
+    assert rc == 0, capsys.readouterr().err
+    title = (results / "multi30k-cpu.md").read_text().splitlines()[0]
+    assert "d=256, 3+3 layers" in title and title.endswith(
+        "[with fairseq options `--encoder-layers 2`, which override the configs' values above]")
+
+
+def test_an_interrupted_study_says_what_and_how_to_resume(study, monkeypatch, capsys):
+    data, results = study
+
+    def interrupted(args, cfgs, manifest):
+        args.doing = ("training man-seed1", "it resumes from its last epoch checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reproduce, "run_study", interrupted)
+    rc = reproduce.main(["multi30k-cpu", "--data", str(data), "--results-dir", str(results)])
+    assert rc == 130 and capsys.readouterr().err.strip().splitlines() == [
+        "scripts/reproduce.sh: interrupted while training man-seed1; run the same command again to resume: "
+        "finished runs are skipped and it resumes from its last epoch checkpoint"]

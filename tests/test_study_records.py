@@ -91,9 +91,13 @@ def test_cpu_preset_has_every_family_at_one_width_and_budget():
 
 def test_parse_seeds():
     assert parse_seeds("3") == [1, 2, 3] and parse_seeds("2,3") == [2, 3] and parse_seeds("3,") == [3]
+    assert parse_seeds("2,3,") == [2, 3]
     for bad in ("0", "2,2", ","):
         with pytest.raises(ValueError):
             parse_seeds(bad)
+    for typo in ("1,,2", ",1", "1,,"):  # "1,,2" was read as 1,2
+        with pytest.raises(ValueError, match="an empty item"):
+            parse_seeds(typo)
 
 
 def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_parameters():

@@ -128,6 +128,15 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     copied = table["summary"]["man"]["test_sets"]["test"]["copying"][0]
     assert 0 <= copied["words"] <= 1 and "| from its article: words / bigrams |" in md
     assert "ROUGE-1/2/L" in out and (results / "gigaword-cpu.png").stat().st_size > 10_000
+    # a score edited by hand is not what its hypotheses give: refused in one line, never tabulated
+    record_path = results / "gigaword-cpu" / "man-seed1.json"
+    kept = record_path.read_text()
+    edited = json.loads(kept)
+    edited["test_sets"]["test"]["rouge1"] = 45.0
+    record_path.write_text(json.dumps(edited))
+    refused = run(cmd[:cmd.index("--")] + ["--table-only"] + cmd[cmd.index("--"):], check=False)
+    assert refused.returncode == 2 and f"{record_path}: its rouge1 on test is 45.00, but its hypotheses" in refused.stdout
+    record_path.write_text(kept)
     # another exception database is another scoring: today's records do not match it
     again = run(cmd[:cmd.index("--")] + ["--rouge-exception-db", "wordnet", "--table-only"] + cmd[cmd.index("--"):],
                 check=False)

@@ -18,14 +18,19 @@ SEEDS_HELP = ("N (seeds 1..N) or a comma-separated list such as 2,3; one seed al
 
 
 def parse_seeds(spec):
-    """``"3"`` -> [1, 2, 3]; ``"2,3"`` -> [2, 3]; ``"3,"`` -> [3]. ValueError says what is wrong."""
+    """``"3"`` -> [1, 2, 3]; ``"2,3"`` -> [2, 3]; ``"3,"`` -> [3]. ValueError says what is wrong: an
+    empty item other than the one trailing comma (``"1,,2"`` is a typo, never read as ``1,2``)."""
     spec = str(spec).strip()
     if "," not in spec:
         n = int(spec)
         if n < 1:
             raise ValueError("must be >= 1")
         return list(range(1, n + 1))
-    seeds = [int(x) for x in spec.split(",") if x.strip()]
+    items = spec.split(",")
+    items = items[:-1] if not items[-1].strip() else items  # "3," is seed 3 alone
+    if any(not x.strip() for x in items):
+        raise ValueError(f"an empty item in {spec!r} (a comma too many?)")
+    seeds = [int(x) for x in items]
     if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
         raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
     return seeds

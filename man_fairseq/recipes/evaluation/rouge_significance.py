@@ -21,11 +21,12 @@ import numpy as np
 BOOTSTRAP_SEED = 12345  # sacreBLEU's default seed (SACREBLEU_SEED)
 
 
-def per_document_f(hyps, refs, order, exception_db):
-    """{"rouge1": [F1 of each document], ...} (0-1) of ROUGE-1.5.5 as files2rouge runs it."""
+def scored_documents(hyps, refs, order, exception_db):
+    """ROUGE-1.5.5's scores as files2rouge runs it (``rouge1`` ... : its Average_F x100, a run's score,
+    which its bootstrap makes other than the documents' mean) and ``documents``: each document's F1."""
     from ... import scoring
 
-    return scoring.rouge(hyps, refs, order=order, exception_db=exception_db, per_document=True)["documents"]
+    return scoring.rouge(hyps, refs, order=order, exception_db=exception_db, per_document=True)
 
 
 def paired_bootstrap(baseline, system, n_samples=1000, seed=BOOTSTRAP_SEED):

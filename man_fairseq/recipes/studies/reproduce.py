@@ -41,7 +41,8 @@ from ..evaluation.evaluate import EvaluateError
 from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from ..workdir import try_lock
-from .experiments import EXPERIMENTS, FAMILIES, parse_families, prepare_line  # noqa: F401  (reproduce.FAMILIES)
+from .experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, parse_families,  # noqa: F401  (reproduce.FAMILIES)
+                          prepare_line, table_experiment)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_records import RecordError, legacy_training_fingerprint, record_fingerprint
 from .table_build import TableError, build_table, experiment_configs, scoring_config  # noqa: F401  (reproduce.scoring_config)
@@ -191,8 +192,9 @@ def build_parser():
                    help="retrain and rescore the runs of the --families named (the Transformer only when "
                         "named) even when their record matches today's config")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
-    p.add_argument("--time-updates", type=number("--time-updates", low=1), default=None,
-                   help="only measure seconds per update over N updates per family (extrapolated to an epoch)")
+    # at least 2: seconds per update are measured between two progress lines (fairseq_log.seconds_per_update)
+    p.add_argument("--time-updates", type=number("--time-updates", low=2), default=None,
+                   help="only measure seconds per update over N >= 2 updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     return p
 
@@ -273,9 +275,12 @@ def run_study(args, cfgs, manifest):
                     log(f"skip  {fam}-seed{seed} (its record matches today's config: {fp})")
                     continue
                 run = args.runs_dir / f"{fam}-seed{seed}"
+                args.doing = (f"training {run.name}", "it resumes from its last epoch checkpoint")
                 train_run(cfgs[fam], run, seed, args, record_fingerprint(cfgs[fam], args, seed, True), force)
+                args.doing = (f"scoring {run.name}", "its training is kept and it is scored again")
                 record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
                                             device_name(args.device), log)
+                args.doing = None
                 log(f"wrote record {write_record(records_dir, record, hyps)}")
 
 
@@ -283,8 +288,18 @@ def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     args = parse_args(argv)
     exp = EXPERIMENTS[args.experiment]
+    args.doing = None
     try:
-        manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
+        if args.table_only:
+            check_records_exist(args)
+        try:
+            manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
+        except PrepError as e:
+            if not args.table_only:
+                raise
+            raise ReproduceError(f"--table-only reads the data folder {args.data} (its dictionaries are part of "
+                                 "every record's fingerprint, its references are scored and tested): "
+                                 f"{e}") from e
         cfgs = experiment_configs(args.experiment, args, manifest, args.families)
         args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:
@@ -298,7 +313,22 @@ def main(argv=None):
             RecordError, TableError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        what, then = args.doing or ("building the table" if args.table_only else "starting", "nothing is lost")
+        print(f"scripts/reproduce.sh: interrupted while {what}; run the same command again to resume: finished "
+              f"runs are skipped and {then}", file=sys.stderr)
+        return 130
     return 0
+
+
+def check_records_exist(args):
+    """``--table-only`` with no record of the study (or of its to-convergence protocol) has nothing to
+    tabulate: said before the data folder is asked for."""
+    study = table_experiment(args.experiment)
+    folders = [args.results_dir / name for name in (study, convergence_experiment(study)) if name]
+    if not any(any(folder.glob("*-seed*.json")) for folder in folders if folder.is_dir()):
+        raise ReproduceError(f"--table-only: no run record in {' or '.join(map(str, folders))}: nothing to tabulate "
+                             f"(train one first: scripts/reproduce.sh {args.experiment} --seeds 1,)")
 
 
 if __name__ == "__main__":

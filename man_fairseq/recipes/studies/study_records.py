@@ -206,6 +206,21 @@ def read_hypotheses(records_dir, record, subset):
     return lines
 
 
+# how far a record's score may be from the score its hypotheses give again (both rounded to 2 decimals)
+SCORE_TOLERANCE = 0.011
+
+
+def check_score(records_dir, record, subset, key, rescored):
+    """RecordError unless ``record``'s ``key`` score on ``subset`` is ``rescored``, what its stored
+    hypotheses score again: a record edited by hand (or a hypothesis file swapped) never reaches a table."""
+    stored = record["test_sets"][subset][key]
+    if abs(stored - rescored) > SCORE_TOLERANCE:
+        raise RecordError(
+            f"{record_path(records_dir, record['family'], record['seed'])}: its {key} on {subset} is {stored:.2f}, but its "
+            f"hypotheses ({hypothesis_path(records_dir, record['family'], record['seed'], subset).name}) score "
+            f"{rescored:.2f}; restore both (git checkout) or rerun that run (--force)")
+
+
 def matching_record(records_dir, family, seed, fingerprint):
     """The record of (family, seed) if it exists and has ``fingerprint``; else None."""
     path = record_path(records_dir, family, seed)

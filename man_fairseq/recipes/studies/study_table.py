@@ -14,9 +14,9 @@ import datetime
 import json
 import os
 
-from ...scoring import check_aligned
+from ...scoring import check_aligned, sacrebleu_detok
 from ..config import REPO
-from .study_records import hypothesis_path, read_hypotheses
+from .study_records import check_score, hypothesis_path, read_hypotheses
 from .experiments import BASELINE
 from ...tables import mean_std
 from ..evaluation.rouge_significance import AR_TRIALS
@@ -84,7 +84,8 @@ def significance(records, records_dir, references, n_samples, reference_files=No
     """{(family, seed, subset): {"paired_bootstrap": ..., "paired_randomization": ...}} of every
     non-baseline record against the same seed's Transformer; ``references`` maps a subset to its raw reference lines, ``reference_files`` to
     the file they were read from (named in errors). Every record's hypotheses of a subset with
-    references, paired or not, must have one line per reference: the table shows their scores."""
+    references, paired or not, must have one line per reference and score the sacreBLEU its record
+    says (:func:`study_records.check_score`): the table shows their scores."""
     ref_names = {subset: f"references {(reference_files or {}).get(subset, f'of {subset}')}" for subset in references}
     hypotheses, names = {}, {}
     for r in records:
@@ -93,6 +94,7 @@ def significance(records, records_dir, references, n_samples, reference_files=No
             names[key] = f"hypotheses {hypothesis_path(records_dir, r['family'], r['seed'], subset)}"
             hypotheses[key], _ = check_aligned([(names[key], read_hypotheses(records_dir, r, subset)),
                                                 (ref_names[subset], references[subset])], references=ref_names[subset])
+            check_score(records_dir, r, subset, "sacrebleu", sacrebleu_detok(hypotheses[key], references[subset])["bleu"])
     base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     out = {}
     for r in records:
@@ -196,11 +198,19 @@ def family_entry(family, records, labels):
 def table_meta(exp, records, records_dir, args):
     """The head of a study table's ``meta``: title, build date, where the records are, their devices
     and commits, the configs and the extra fairseq options."""
-    return {"title": exp["title"], "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    return {"title": exp["title"] + overrides_note(args), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
             "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in records}),
             "commits": sorted({r["commit"] for r in records}),
             "configs": os.path.relpath(exp["configs"], REPO), "fairseq_args": args.fairseq_args}
+
+
+def overrides_note(args):
+    """What a study's headings add when its runs had fairseq options after ``--``: the experiment's title
+    says the configs' sizes and budget ("d=256, 3+3 layers"), which those options may override."""
+    if not getattr(args, "fairseq_args", None):
+        return ""
+    return f" [with fairseq options `{' '.join(args.fairseq_args)}`, which override the configs' values above]"
 
 
 def header_lines(meta, sources):

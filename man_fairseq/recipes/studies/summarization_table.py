@@ -14,14 +14,15 @@ from ..config import CONFIG_DIR, load_config
 from ..evaluation.copying import copying
 from ..evaluation.metric import score
 from ..evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
-                                             paired_randomization, per_document_f)
+                                             paired_randomization, scored_documents)
 from ..evaluation.test_sample import sample_ids
 from .convergence import protocol_payload, side_by_side
 from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
-from .study_records import option_flags, read_hypotheses
-from .study_table import STALE_WHY, TESTS, _params, _pm, fmt_p, family_entry, header_lines, stale_lines, table_meta, write_table
+from .study_records import check_score, option_flags, read_hypotheses
+from .study_table import (STALE_WHY, TESTS, _params, _pm, family_entry, fmt_p, header_lines, overrides_note, stale_lines,
+                          table_meta, write_table)
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -36,18 +37,28 @@ PUBLISHED_DATA = {"gigaword": "the full 3.8M-pair training set, the same 1,951-p
                            "validation split scored here)"}
 
 
+def document_scores(records, records_dir, refs):
+    """{(family, seed, subset): {metric: per-document F1}} of every record on every subset with
+    references, each checked against the scores its record says (:func:`study_records.check_score`)."""
+    docs = {}
+    for r in records:
+        for subset in [s for s in r["test_sets"] if s in refs]:
+            t = r["test_sets"][subset]
+            scored = scored_documents(read_hypotheses(records_dir, r, subset), refs[subset], t["rouge_order"],
+                                      t["exception_db"])
+            for k in KEYS:
+                check_score(records_dir, r, subset, k, scored[k])
+            docs[(r["family"], r["seed"], subset)] = scored["documents"]
+    return docs
+
+
 def significance(records, records_dir, refs, n_samples):
     """{(family, seed, subset): {"paired_bootstrap": {metric: test}, "paired_randomization": {metric: test}}}
     of every run against the same seed's Transformer."""
-    docs = {}
+    docs = document_scores(records, records_dir, refs)
 
     def doc_scores(r, subset):
-        key = (r["family"], r["seed"], subset)
-        if key not in docs:
-            t = r["test_sets"][subset]
-            docs[key] = per_document_f(read_hypotheses(records_dir, r, subset), refs[subset],
-                                       t["rouge_order"], t["exception_db"])
-        return docs[key]
+        return docs[(r["family"], r["seed"], subset)]
 
     base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     out = {}
@@ -233,7 +244,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
                (lead["what"].split(" (")[0], lead[k]) if lead else None) for k in KEYS]
     # the scored set on a line of its own: its name is longer than a panel is wide
     plot_study(current, families, labels, panels, png,
-               f"{exp['title'].split(':')[0]}\nscored on: {manifest['test_sets'][subset]}", conv)
+               f"{exp['title'].split(':')[0]}{overrides_note(args)}\nscored on: {manifest['test_sets'][subset]}", conv)
     meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
             "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
                        + option_flags(args, exp.get("device"))

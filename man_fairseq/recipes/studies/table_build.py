@@ -98,7 +98,8 @@ def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_
     summary = study_table.summarize(current, families_of(study), FAMILY_LABELS, boot)
     panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
               for subset, release in manifest["test_sets"].items()]
-    plot_study(current, families_of(study), FAMILY_LABELS, panels, png, exp["title"].split(":")[0], conv)
+    plot_study(current, families_of(study), FAMILY_LABELS, panels, png,
+               exp["title"].split(":")[0] + study_table.overrides_note(args), conv)
     first = next(iter(current[0]["test_sets"].values()))
     meta = dict(study_table.table_meta(exp, current, records_dir, args), **{
             "command": f"scripts/reproduce.sh {study} --seeds 1 --families FAMILY"
