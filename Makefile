@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml requirements.txt Makefile
 	@perl -MXML::Parser -MDB_File -e 1 2>/dev/null || echo "note: ROUGE-1.5.5 (CNN/DM and Gigaword scores) needs Perl's XML::Parser: apt-get install libxml-parser-perl"
 	touch $(STAMP)
 
-# Offline install, for a GPU node with its own torch and no package registry (README, "Offline
-# install"; docs/offline-install.md). `make wheelhouse` (where pip reaches PyPI) puts into
+# Offline install, for a GPU node with its own torch and no package registry (docs/install.md,
+# "Offline install"; docs/offline-install.md). `make wheelhouse` (where pip reaches PyPI) puts into
 # WHEELHOUSE every requirement beside torch as wheels for WHEELHOUSE_PYTHON (and within the caps of
 # torch WHEELHOUSE_TORCH, the node's), the fairseq fork's
 # sdist (built on the node, against the node's torch) and this checkout's source;

@@ -20,7 +20,7 @@ FAIRSEQ_PKG = "fairseq-fixed==0.12.3.1"
 SUPPORTED = (f"man-fairseq needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]} (tested: {TESTED_TORCH}) and fairseq "
              f"0.12 ({FAIRSEQ_PKG}, or ve-fairseq==0.12.3)")
 INSTALL = (f"`make install` in the checkout; into your own environment, after its torch: pip install -e CHECKOUT, "
-           f"then pip install --no-deps --no-build-isolation {FAIRSEQ_PKG} (README, Install)")
+           f"then pip install --no-deps --no-build-isolation {FAIRSEQ_PKG} (docs/install.md)")
 
 
 def release(version):

@@ -2,7 +2,7 @@
 
 Used by ``make demo`` and the end-to-end tests, so nothing has to be downloaded.
 
-The rule (documented in the README):
+The rule (documented in docs/install.md, "The two commands"):
 
 * the source is a sequence of words ``w0 .. w{V-1}``, length 4..``max_len``;
 * the target translates each word by a fixed dictionary into one of two target words,
