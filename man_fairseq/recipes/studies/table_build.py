@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..config import load_config
 from ...textfile import read_lines
-from .experiments import EXPERIMENTS, FAMILY_LABELS, convergence_experiment, families_of, table_experiment
+from .experiments import (EXPERIMENTS, FAMILY_LABELS, FIXED_BUDGET, TO_CONVERGENCE, convergence_experiment, families_of,
+                          table_experiment)
 from .study_figure import figure_path, plot_study
 from .study_records import option_flags, partition, read_records, record_fingerprint
 
@@ -114,7 +115,7 @@ def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_
         current, conv, conv_stale, families_of(study), FAMILY_LABELS,
         lambda r: f"{r['test_sets'][subset]['sacrebleu']:.2f}" if subset in r["test_sets"] else "–",
         lambda r, tests: " / ".join(study_table.fmt_p(tests[t]["p_value"]) for t in study_table.TESTS),
-        {**{("fixed-budget", *k): v for k, v in boot.items()}, **{("to-convergence", *k): v for k, v in conv_tests.items()}},
+        {**{(FIXED_BUDGET, *k): v for k, v in boot.items()}, **{(TO_CONVERGENCE, *k): v for k, v in conv_tests.items()}},
         subset, f"sacreBLEU, {manifest['test_sets'][subset]}") if conv or conv_stale else []
     payload = {"meta": meta, "summary": summary}
     if conv or conv_stale:
