@@ -25,6 +25,7 @@ from man_fairseq.modules.calibration import PERTURBED, calibration_mode
 BACKENDS = ("explicit", "auto")
 # same kernels with and without dynamo's eager backend: measured difference 0
 TOL = dict(rtol=1e-6, atol=1e-6)
+LOCALNESS_BOUND = dict(rtol=0, atol=2e-5)  # docs/localness.md#the-bias-as-extra-querykey-dimensions
 DIM = 32  # TINY_MODEL's embedding width
 
 
@@ -99,8 +100,11 @@ def test_training_forward_compiles_without_graph_break(family_model):
             ref = layers(x, src_pad, y, future, tgt_pad)
             out = compiled(x, src_pad, y, future, tgt_pad)
         assert len(GRAPHS) - before == 1, (backend, mode)  # traced, in one piece
+        # eager localness writes its bias as extra query/key columns, which a compiled graph leaves
+        # for the float mask (their block count reads the data): equal within the float32 bound
+        tol = LOCALNESS_BOUND if family.startswith("localness") and backend == "auto" else TOL
         for o, r in zip(out, ref):
-            torch.testing.assert_close(o, r, **TOL, msg=lambda m: f"{backend} {mode}: {m}")
+            torch.testing.assert_close(o, r, **tol, msg=lambda m: f"{backend} {mode}: {m}")
 
 
 def test_decoding_step_compiles_without_graph_break(family_model):

@@ -287,7 +287,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
                 self.last_kernel = choice
                 return self._extended_attention(ctx, attn_mask, extended, v, choice, dropout_p), None
             choice = backends.KernelChoice(backends.SDPA, choice.sdpa_backends,
-                                           choice.reason + "; declined by the bias module (its error bound)")
+                                           choice.reason + "; declined by the bias module (its error bound, or torch.compile)")
         self.last_kernel = choice
         if self.attention_backend == backends.FLEX and choice.path != backends.FLEX:
             report_flex_fallback(choice)

@@ -205,7 +205,11 @@ class LocalnessBias(nn.Module):
     def extended_query_key(self, ctx: AttentionContext, scaling: float) -> Optional[Tuple[Tensor, Tensor]]:
         """``q`` and ``k`` with the bias as extra dimensions (:mod:`.localness_extension`), so
         that ``softmax(q' k'^T) = softmax(q k^T * scaling + G)`` with no ``(B,H,T,S)`` tensor;
-        None where the float32 error bound cannot be met (the caller adds the bias instead)."""
+        None where the float32 error bound cannot be met, and under ``torch.compile`` (the block
+        count reads the smallest window from the data: a host sync, a graph break); the caller
+        adds the bias instead."""
+        if torch.compiler.is_compiling():
+            return None
         centre, window, positions, length = self.centres_and_windows(ctx)
         if self.record:
             self._record(ctx, centre, window, length)
