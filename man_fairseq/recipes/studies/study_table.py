@@ -5,8 +5,8 @@ seeds, the difference to the Transformer, and two paired tests of each seed agai
 of the same seed, computed here from the records' hypothesis files (seeded, so a rebuild gives the
 same p-values): sacreBLEU's paired bootstrap (the p the field reports) and sacreBLEU's paired
 approximate randomization (the p the verdicts rest on: the bootstrap's statistic reads a near-zero
-difference as more significant than it is, issue 47). Stale records (config changed since they ran) are listed below
-the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
+difference as more significant than it is, issue 47). Stale records (config changed since they ran)
+are listed below the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 ``<prefix>-valid-loss.png``.
 """
 
@@ -82,8 +82,8 @@ def paired_randomization(baseline_hyps, system_hyps, refs, n_trials=AR_TRIALS, n
 
 def significance(records, records_dir, references, n_samples, reference_files=None, ar_trials=AR_TRIALS):
     """{(family, seed, subset): {"paired_bootstrap": ..., "paired_randomization": ...}} of every
-    non-baseline record against the same seed's Transformer; ``references`` maps a subset to its raw reference lines, ``reference_files`` to
-    the file they were read from (named in errors). Every record's hypotheses of a subset with
+    non-baseline record against the same seed's Transformer; ``references`` maps a subset to its raw
+    reference lines, ``reference_files`` to the file they were read from (named in errors). Every record's hypotheses of a subset with
     references, paired or not, must have one line per reference and score the sacreBLEU its record
     says (:func:`study_records.check_score`): the table shows their scores."""
     ref_names = {subset: f"references {(reference_files or {}).get(subset, f'of {subset}')}" for subset in references}
