@@ -45,7 +45,8 @@ class AttentionBackendConfig(FairseqDataclass):
     attention_backend: ChoiceEnum(ATTENTION_BACKENDS) = field(
         default="auto",
         metadata={"help": "attention kernel: auto (fused SDPA with a fixed kernel policy: memory-efficient "
-                  "whenever a mask is present), sdpa (PyTorch's dispatcher, no cuDNN with a float mask), "
+                  "whenever a mask is present; localness in float32/64 takes its Gaussian bias as extra "
+                  "query/key columns, docs/localness.md), sdpa (PyTorch's dispatcher, no cuDNN with a float mask), "
                   "flex (FlexAttention for DMAN / localness / static windows / causal / padding; auto for "
                   "other biases; relative positions, calibrated cross-attention and returned weights always "
                   "take the explicit path) or explicit (the written-out softmax); see "
