@@ -120,7 +120,7 @@ def check_results(tmp_path, test_names):
     assert len(rows) == 2 * len(test_names)
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert len(cells) == 8 and all(cells) and "–" not in cells, row
+        assert len(cells) == 9 and all(cells) and "–" not in cells, row  # both p-values
     records = {r["family"]: r for r in read_records(results / "multi30k")}
     assert set(records) == {"man", "transformer"}
     for subset, res in man["test_sets"].items():
@@ -129,6 +129,8 @@ def check_results(tmp_path, test_names):
         # computed on the records' hypothesis files: the bootstrap's BLEUs are the two runs' sacreBLEU
         assert bs["system_bleu"] == res["sacrebleu"]
         assert bs["baseline_bleu"] == transformer["test_sets"][subset]["sacrebleu"]
+        ar = man["paired_randomization"][subset]
+        assert 0.0 < ar["p_value"] <= 1.0 and "ar:" in ar["signature"] and ar["system_bleu"] == res["sacrebleu"]
         hyp = (results / "multi30k" / f"man-seed1.{subset}.hyp").read_text().splitlines()
         assert len(hyp) == res["n_sentences"] > 0
         assert res["sacrebleu_signature"].startswith("nrefs:1|case:mixed")
