@@ -1,7 +1,7 @@
 """Binarizing a prepared corpus: fairseq-preprocess into a temporary sibling folder, renamed to
 ``--dest`` only when complete (an interrupted run leaves no half-written destination, and its
 leftovers are removed by the next run); :func:`bpe_and_binarize` is the dataset recipes' last
-three steps (learn BPE, apply it, binarize)."""
+three steps (learn BPE or sentencepiece, apply it, binarize)."""
 
 import os
 import shutil
@@ -12,6 +12,7 @@ from pathlib import Path
 from .dataprep import PrepError, apply_bpe_lines, learn_bpe, log, read_lines, write_lines
 from .destination import differences, read_record, refuse_replacing, write_record
 from .steps import MARKER, claim_folder, is_ours
+from .subword import learn_and_apply_sentencepiece
 from ..tools import tool_env
 
 
@@ -139,15 +140,20 @@ def learn_and_apply_bpe(steps, tok_dir, src, tgt, merges, splits, workers):
 
 
 def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train", "valid", "test")):
-    """Learn joint BPE on the tokenized train split, apply it to every split, binarize into ``--dest``."""
+    """Learn the subword model ``args.subword`` names on the tokenized train split (joint BPE with
+    ``merges``, or sentencepiece: :mod:`.subword`), apply it to every split, binarize into ``--dest``."""
     tok_dir = Path(prep_src_dir)
-    prep, codes = learn_and_apply_bpe(steps, tok_dir, src, tgt, merges, splits, args.workers)
+    if getattr(args, "subword", "bpe") == "sentencepiece":
+        prep, model = learn_and_apply_sentencepiece(steps, tok_dir, src, tgt, args.spm_model_type,
+                                                    args.spm_vocab_size, splits, args.workers)
+    else:
+        prep, model = learn_and_apply_bpe(steps, tok_dir, src, tgt, merges, splits, args.workers)
     dest = Path(args.dest).absolute()
 
     def binarize_step():
-        extras = [codes] + sorted(tok_dir.glob("*.raw.*"))  # untokenized references for sacreBLEU
+        extras = [model] + sorted(tok_dir.glob("*.raw.*"))  # untokenized references for sacreBLEU
         binarize(prep, dest, src, tgt, workers=args.workers, splits=splits, extra_files=extras,
                  record=args.record, force=args.force)
     steps.run("binarize", binarize_step, options={"dest": str(dest)},
-              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code"])
+              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / model.name])
     return prep

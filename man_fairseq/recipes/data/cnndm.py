@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import see_bin
+from . import see_bin, subword
 from .binarize import bpe_and_binarize
 from .dataprep import (
     PrepError, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
@@ -358,12 +358,15 @@ def prepare_cnndm(args):
                 "summary_sentences": "highlights joined by spaces, ' .' after those without final punctuation "
                                      "(See et al.'s fix_missing_period)" if layout.kind == "stories" else "as given"}
     merges = args.bpe_merges or 32000
+    if layout.kind in ("see-text", "see-bin"):  # tokenized already: the record names no tokenizer
+        args.record["tokenizer"] = {}
     split_counts(tok, src, tgt)  # an empty split (a zero-byte test file) is named here, before BPE and binarize
     bpe_and_binarize(args, steps, tok, src, tgt, merges)
     counts = report_counts(tok, src, tgt)
     write_manifest(args.dest, "cnndm", src, tgt, counts, release, STANDARD_COUNTS, {"test": layout.test_name},
                    source=str(args.from_path or CNNDM_URLS[0]), layout=layout.describe,
-                   files={s: [str(p) for p in ps] for s, ps in layout.files.items()}, bpe_merges=merges,
+                   files={s: [str(p) for p in ps] for s, ps in layout.files.items()},
+                   subword=args.record["subword"], **subword.manifest_options(args, merges),
                    max_source_tokens=args.max_source_tokens or None, max_target_tokens=args.max_target_tokens or None,
                    **text)
     return counts

@@ -2,8 +2,8 @@
 
 Written by data-prep next to the binarized data: the dataset, its test sets (binarized split name
 -> the release's name), the pair counts after preparation and as read from the release, the
-standard counts and whether these differ (a sample or subset, named when it is a known one), and
-the preparation options. ``scripts/reproduce.sh`` reads it to know what to decode and score.
+standard counts and whether these differ (a sample or subset, named when it is a known one), the
+subword model and the preparation options. ``scripts/reproduce.sh`` reads it to know what to decode and score.
 """
 
 import json
@@ -28,8 +28,10 @@ def manifest_path(dest, dataset):
     return Path(dest) / f"{dataset}.json"
 
 
-def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_counts, test_sets, **options):
-    """Write ``<dest>/<dataset>.json``; returns its path."""
+def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_counts, test_sets, subword=None,
+                   **options):
+    """Write ``<dest>/<dataset>.json``; returns its path. ``subword``: the folder's subword model
+    (:func:`.subword.subword_record`)."""
     key = (dataset, tuple(release_counts.get(s) for s in ("train", "valid", "test")))
     nonstandard = any(release_counts.get(k) != v for k, v in standard_counts.items() if v is not None)
     manifest = {
@@ -41,6 +43,8 @@ def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_cou
         "sources": {split: f"{split}.raw.{src}" for split in test_sets},
         "options": options,
     }
+    if subword is not None:
+        manifest["subword"] = subword
     path = manifest_path(dest, dataset)
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return path

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..config import REPO
 from ..options import number
+from . import subword
 from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import PrepError, log, read_lines, report_counts, tokenize_lines, write_lines
 from .destination import check_dest, making_record
@@ -107,7 +108,11 @@ def prepare_multi30k(args):
     check_paths(args)
     args.record = making_record("multi30k", **{"from": str(Path(args.from_path).expanduser().resolve())
                                                if args.from_path else None},
-                                src=args.src, tgt=args.tgt, bpe_merges=args.bpe_merges)
+                                src=args.src, tgt=args.tgt,
+                                **({"bpe_merges": args.bpe_merges} if args.subword == "bpe"
+                                   else subword.making_options(args)))
+    args.record.update(subword=subword.subword_record(args),
+                       tokenizer={"tokenizer": "moses", "moses_no_dash_splits": True})  # docs/python-api.md
     check_dest(args.dest, args.record, args.force, work=args.work)
     with work_lock(args.work):
         return build_multi30k(args)
@@ -163,7 +168,11 @@ def build_multi30k(args):
                     write_lines(tok / f"{split}.raw.{lang}", lines)  # references for sacreBLEU
     steps.run("tokenize", tokenize, outputs=[tok / f"{split}.{lang}" for split in files for lang in (src, tgt)])
 
-    prep, codes = learn_and_apply_bpe(steps, tok, src, tgt, args.bpe_merges, list(files), args.workers)
+    if args.subword == "sentencepiece":
+        prep, codes = subword.learn_and_apply_sentencepiece(steps, tok, src, tgt, args.spm_model_type,
+                                                            args.spm_vocab_size, list(files), args.workers)
+    else:
+        prep, codes = learn_and_apply_bpe(steps, tok, src, tgt, args.bpe_merges, list(files), args.workers)
 
     dest = Path(args.dest).absolute()
 
@@ -173,7 +182,7 @@ def build_multi30k(args):
         binarize(prep, dest, src, tgt, workers=args.workers, extra_files=[codes, *references],
                  extra_test_sets=test_sets[1:], record=args.record, force=args.force)
     steps.run("binarize", binarize_step, options={"dest": str(dest)},
-              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / "code",
+              outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / codes.name,
                        *[dest / f"{split}.{src}-{tgt}.{src}.bin" for split in test_sets[1:]]])
 
     counts = report_counts(prep, src, tgt, EXPECTED, splits=tuple(files))
@@ -184,7 +193,7 @@ def build_multi30k(args):
         "test_sets": {split: "test_2016_flickr" if split == "test" else split for split in test_sets},
         "counts": counts, "standard_counts": EXPECTED,
         "nonstandard": any(counts.get(k) != v for k, v in EXPECTED.items()),
-        "bpe_merges": args.bpe_merges,
+        **subword.manifest_options(args, args.bpe_merges), "subword": args.record["subword"],
         "tokenizer": "man_fairseq.recipes.data.dataprep.tokenize_lines (Moses tokenizer.perl -l LANG, cased)",
         "sources": {split: {lang: str(p) for lang, p in by_lang.items()} for split, by_lang in files.items()},
     }
@@ -205,14 +214,18 @@ def main(argv=None):
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/multi30k.SRC-TGT)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/multi30k.SRC-TGT)")
     p.add_argument("--workers", type=number("--workers", low=1), default=1)
-    p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=DEFAULT_BPE_MERGES,
+    p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
                    help=f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
+    subword.add_options(p)
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")
     p.add_argument("--force", action="store_true",
                    help="replace a --dest that data-prep made for another dataset or with other options "
                         "(default: refused before any step)")
     args = p.parse_args(argv)
+    subword.check_options(p, args)
+    if args.subword == "bpe":
+        args.bpe_merges = args.bpe_merges or DEFAULT_BPE_MERGES
     pair = f"{args.src}-{args.tgt}"
     args.work = args.work or str(REPO / "data-bin" / "_work" / f"multi30k.{pair}")
     args.dest = args.dest or str(REPO / "data-bin" / f"multi30k.{pair}")

@@ -15,6 +15,7 @@ from . import cnndm
 from ..config import REPO
 from ..options import number
 from .moses import lowercase
+from . import subword
 from .binarize import bpe_and_binarize
 from .dataprep import (
     PrepError, check_counts, clean_pairs, log, read_lines, read_seg_lines, refuse_blank_references, report_counts,
@@ -228,7 +229,8 @@ def prepare_gigaword(args):
     counts = report_counts(tok, src, tgt)
     write_manifest(args.dest, "gigaword", src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
                    EXPECTED["gigaword"], {"test": GIGAWORD_TEST_NAME}, source=str(args.from_path or GIGAWORD_URLS[0][0]),
-                   bpe_merges=merges, max_len=args.max_len or 200,
+                   subword=args.record["subword"], **subword.manifest_options(args, merges),
+                   max_len=args.max_len or 200,
                    tokenizer="none: the release is tokenized, lowercased, digits as '#', rare words as 'UNK' "
                              "(Rush et al. 2015); whitespace and case normalized only")
     return counts
@@ -254,6 +256,7 @@ def parse_args(argv=None):
     p.add_argument("--workers", type=number("--workers", low=1), default=1)
     p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
                    help="BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
+    subword.add_options(p)
     p.add_argument("--max-len", type=number("--max-len", low=1), default=None,
                    help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword; default 175, 250, 200)")
     p.add_argument("--max-source-tokens", type=int, default=None,
@@ -267,6 +270,7 @@ def parse_args(argv=None):
                    help="replace a --dest that data-prep made for another dataset or with other options "
                         "(default: refused before any step)")
     args = p.parse_args(argv)
+    subword.check_options(p, args)
     # an option the dataset's recipe does not read is refused: it would change nothing, with exit status 0
     unread = [flag for flag, dest in (("--max-source-tokens", "max_source_tokens"),
                                       ("--max-target-tokens", "max_target_tokens")) if getattr(args, dest) is not None]
@@ -286,6 +290,8 @@ def parse_args(argv=None):
     args.work = args.work or str(REPO / "data-bin" / "_work" / args.dataset)
     args.dest = args.dest or str(REPO / "data-bin" / default_name)
     args.record = making_record(args.dataset, **making_options(args))
+    # what a user of the folder needs (docs/python-api.md): its subword model and the tokenizer of its text
+    args.record.update(subword=subword.subword_record(args), tokenizer=dict(TOKENIZER[args.dataset]))
     return args
 
 
@@ -293,12 +299,20 @@ def parse_args(argv=None):
 # folder's record says the same whether a default was given or left out.
 DEFAULT_BPE_MERGES = {"iwslt14": 10000, "wmt14": 40000, "cnndm": 32000, "gigaword": 32000}
 DEFAULT_MAX_LEN = {"iwslt14": 175, "wmt14": 250, "gigaword": 200}
+# The text each recipe's subword model was trained on, as fairseq's tokenizer options (``from_pretrained``
+# keywords; docs/python-api.md has the table). Gigaword's release is tokenized already; CNN/DM from See
+# et al.'s tokenized text has none either (:func:`.cnndm.prepare_cnndm` sets it).
+MOSES_NO_DASH_SPLITS = {"tokenizer": "moses", "moses_no_dash_splits": True}
+TOKENIZER = {"iwslt14": MOSES_NO_DASH_SPLITS, "wmt14": {"tokenizer": "moses"},
+             "cnndm": {**MOSES_NO_DASH_SPLITS, "moses_no_escape": True}, "gigaword": {}}
 
 
 def making_options(args):
     """The options that change what ``--dest`` holds (its making record, :mod:`.destination`)."""
-    options = {"from": str(Path(args.from_path).expanduser().resolve()) if args.from_path else None,
-               "bpe_merges": args.bpe_merges or DEFAULT_BPE_MERGES[args.dataset]}
+    options = {"from": str(Path(args.from_path).expanduser().resolve()) if args.from_path else None}
+    if args.subword == "bpe":
+        options["bpe_merges"] = args.bpe_merges or DEFAULT_BPE_MERGES[args.dataset]
+    options.update(subword.making_options(args))
     if args.dataset in DEFAULT_MAX_LEN:
         options["max_len"] = args.max_len or DEFAULT_MAX_LEN[args.dataset]
     if args.dataset == "cnndm":

@@ -10,6 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..data.subword import post_process_args, read_subword
 from ..tools import run_tool
 from ..training.launch import precision_args
 from ...paths import USER_DIR
@@ -56,7 +57,10 @@ def sources_view(data, subset, src, tgt, dest):
     return dest
 
 
-def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
+def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size, subword=None):
+    """fairseq-generate's options. ``subword``: the data folder's subword model (its record's, read
+    from ``data`` when not given): its pieces are joined back with the same model (BPE: the config's
+    ``eval.remove_bpe``, ``@@ `` by default; sentencepiece: ``--post-process sentencepiece``)."""
     ev = cfg["eval"]
     argv = [str(data), "--user-dir", USER_DIR, "--task", cfg.get("task", "translation"),
             "--path", str(checkpoint), "--gen-subset", subset,
@@ -76,8 +80,7 @@ def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size):
         argv += ["--min-len", str(ev["min_len"])]
     if ev.get("no_repeat_ngram_size"):
         argv += ["--no-repeat-ngram-size", str(ev["no_repeat_ngram_size"])]
-    if ev.get("remove_bpe", "@@ "):
-        argv += ["--remove-bpe", ev.get("remove_bpe", "@@ ")]
+    argv += post_process_args(subword or read_subword(data), ev.get("remove_bpe", "@@ "))
     return argv + precision_args(device, precision)
 
 
@@ -108,14 +111,18 @@ def run_generate(cmd, log_path, total=None, every_s=10.0):
     return "".join(lines)
 
 
-def decode(cfg, data, checkpoint, subset, device, precision, batch_size, log_path, total=None, sources_only=False):
+def decode(cfg, data, checkpoint, subset, device, precision, batch_size, log_path, total=None, sources_only=False,
+           subword=None):
     """Decode ``subset`` of ``data`` with ``checkpoint`` as ``cfg['eval']`` says; returns (the
     command, sentence ids, hypotheses, targets). ``sources_only``: decode the sources alone
     (:func:`sources_view`, beside ``log_path``), for a metric that reads the release's references
-    (ROUGE); the targets are then None."""
+    (ROUGE); the targets are then None. ``subword``: the subword model of the data folder ``data`` was
+    made from (:func:`..data.subword.read_subword`; by default ``data``'s own record)."""
+    subword = subword or read_subword(data)  # before a sources view, which holds no record
     if sources_only:
         data = sources_view(data, subset, cfg["source_lang"], cfg["target_lang"],
                             Path(log_path).parent / f"{subset}-sources")
-    cmd = ["fairseq-generate"] + generate_args(cfg, data, checkpoint, subset, device, precision, batch_size)
+    cmd = ["fairseq-generate"] + generate_args(cfg, data, checkpoint, subset, device, precision, batch_size,
+                                                 subword)
     ids, hyps, refs = read_generate_output(run_generate(cmd, log_path, total), with_targets=not sources_only)
     return cmd, ids, hyps, refs

@@ -113,6 +113,7 @@ def scored_checkpoint(cfg, run, avg_last):
 def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, device_name, log):
     """Average (or take the best checkpoint), decode every test set, score; returns (record, {subset:
     hypotheses})."""
+    from ..data.subword import read_subword
     from ..evaluation.decode import decode
 
     checkpoint, averaged = scored_checkpoint(cfg, run, args.avg_last)
@@ -127,7 +128,8 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
             release_name += "; " + describe(len(sample), manifest["counts"][subset])
         # ROUGE reads the release's references only: decoded from the sources alone (no target length check)
         cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
-                                      run / "eval" / f"generate-{subset}.txt", sources_only=metric == "rouge")
+                                      run / "eval" / f"generate-{subset}.txt", sources_only=metric == "rouge",
+                                      subword=read_subword(args.data))  # a test sample's folder has no record
         ref_path, raw_refs = read_references(args.data, manifest, subset, sample)
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):
             raise StudyEvalError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(raw_refs)} references "
