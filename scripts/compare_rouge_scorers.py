@@ -41,8 +41,9 @@ def whole_line_rouge_l(hyps, refs):
 
 def table(shared, max_docs=None):
     from man_fairseq import scoring
+    from man_fairseq.tables import markdown_table
 
-    lines = ["| data | scorer | R-1 | R-2 | R-L |", "|---|---|---|---|---|"]
+    cells = []
     for name, hyps, refs in baselines(shared, max_docs):
         fallback = scoring.rouge(hyps, refs, implementation="rouge-score")
         rows = [("ROUGE-1.5.5 as files2rouge, hyp-ref (the recipes' default)", scoring.rouge(hyps, refs, order="hyp-ref")),
@@ -51,8 +52,8 @@ def table(shared, max_docs=None):
                  scoring.rouge(hyps, refs, order="hyp-ref", exception_db="wordnet")),
                 ("rouge-score fall-back, hyp-ref (R-L = rougeLsum on split sentences)", fallback),
                 ("rouge-score, plain rougeL over the whole line", dict(fallback, rougeL=whole_line_rouge_l(hyps, refs)))]
-        lines += [f"| {name} | {label} | {s['rouge1']:.2f} | {s['rouge2']:.2f} | {s['rougeL']:.2f} |" for label, s in rows]
-    return "\n".join(lines) + "\n"
+        cells += [[name, label, f"{s['rouge1']:.2f}", f"{s['rouge2']:.2f}", f"{s['rougeL']:.2f}"] for label, s in rows]
+    return "\n".join(markdown_table(["data", "scorer", "R-1", "R-2", "R-L"], cells)) + "\n"
 
 
 def main(argv=None):

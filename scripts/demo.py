@@ -30,7 +30,7 @@ from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
 from man_fairseq.recipes.options import SEEDS_HELP, number, seeds  # noqa: E402
 from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
-from man_fairseq.tables import mean_std, slug  # noqa: E402,F401
+from man_fairseq.tables import markdown_table, mean_std, slug  # noqa: E402,F401
 
 # Same width, heads and depth, both pre-norm (as the MAN authors trained, and every study here);
 # MAN halves the FFN to keep the parameter count (docs/man.md#sizes-the-halved-ffn).
@@ -195,9 +195,9 @@ def results_table(rows, seeds, args, seconds):
         m, sd = mean_std(values)
         return f"{format(m, fmt)} ± {format(sd, fmt)}"
 
-    table = ["| model | arch | parameters | test BLEU | training words/s |", "|---|---|---:|---:|---:|"]
-    for name, arch, params, bleus, speeds, _ in rows:
-        table.append(f"| {name} | `{arch}` | {params:,} | {cell(bleus, '.2f')} | {cell(speeds, ',.0f')} |")
+    table = markdown_table(["model", "arch", "parameters", "test BLEU", "training words/s"],
+                           [[name, f"`{arch}`", f"{params:,}", cell(bleus, ".2f"), cell(speeds, ",.0f")]
+                            for name, arch, params, bleus, speeds, _ in rows], "llrrr")
     if args.data:
         corpus = f"Corpus: your parallel text in `{args.data}` ({args.src} -> {args.tgt})."
     else:

@@ -50,18 +50,18 @@ def collect(run):
 
 
 def table(records, notes):
+    from man_fairseq.tables import markdown_table
+
     epochs = max(len(r["valid"]) for r in records)
-    head = ("| run | model and options | "
-            + " | ".join(f"valid loss ep. {i + 1}" for i in range(epochs))
-            + " | " + " | ".join(f"train loss @{u}" for u in TABLE_UPDATES) + " |")
-    lines = [head, "|---|---|" + "---|" * (epochs + len(TABLE_UPDATES))]
+    rows = []
     for r in records:
         cells = [f"{v['loss']:.3f}" for v in r["valid"]] + ["–"] * (epochs - len(r["valid"]))
         inner = {p["updates"]: p["loss"] for p in r["train_inner"]}
         cells += [f"{inner[u]:.3f}" if u in inner else "–" for u in TABLE_UPDATES]
         name = r["name"] + ("" if r["state"] == "finished" else f" ({r['state']})")
-        lines.append(f"| {name} | {notes.get(r['name'], '')} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([name, notes.get(r["name"], ""), *cells])
+    return "\n".join(markdown_table(["run", "model and options"] + [f"valid loss ep. {i + 1}" for i in range(epochs)]
+                                    + [f"train loss @{u}" for u in TABLE_UPDATES], rows))
 
 
 def figure(records, png):

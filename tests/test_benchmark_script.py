@@ -64,6 +64,24 @@ def test_tiny_width_prints_ratio_table(tmp_path):
     assert man["decode_hyp_len"] == 6
 
 
+def test_a_failed_models_row_has_every_column():
+    """A model (or its baseline) that failed: its error in the params column, the other cells blank,
+    as many columns as the head has (the row once ended in one cell too many)."""
+    from types import SimpleNamespace
+
+    from man_fairseq.bench import report
+    from man_fairseq.bench.cases import CASES, baseline_key, case_key
+
+    runs = [(CASES["man"], "base", "transformer_man_base", "auto")]
+    results = {baseline_key("base", "auto"): {"error": "out of memory"}, case_key("man", "base", "auto"): {}}
+    lines, _, _ = report.table(SimpleNamespace(runs=runs, results=results, settings=SimpleNamespace(device="cpu")))
+    head, baseline, man = lines[0], lines[2], lines[3]
+    for row, name in ((baseline, "baseline (base)"), (man, "man")):
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert len(cells) == len(head.split("|")[1:-1]) == 14, row
+        assert cells[0] == name and cells[3] == "error: out of memory" and cells[4:] == [""] * 10, row
+
+
 def test_unregistered_arch_is_skipped_with_a_message(tmp_path, monkeypatch):
     from man_fairseq.bench import cases, cli
 

@@ -9,13 +9,16 @@ from typing import Dict, List, Optional, Tuple
 
 from man_fairseq.provenance import cpu_model
 from man_fairseq.bench.cases import BASELINE_ARCH, CALIBRATED_CRITERION, LS_CRITERION, Case, baseline_key, case_key
+from man_fairseq.tables import markdown_table
 
 PRECISION = {
     "fp32": "fp32",
     "fp16": "fp16 (whole model cast and fp32 master weights with loss scaling, as fairseq-train --fp16)",
     "bf16": "bf16 (whole model cast and fp32 master weights, as fairseq-train --bf16)",
 }
-EMPTY_CELLS = "|" * 12  # closes the row of an error after its first cells
+COLUMNS = ["case", "model", "backend", "params", "train tok/s", "ratio", "peak train mem", "ratio", "decode sent/s",
+           "ratio", "target", "met", "kernels (train / decode)", "compiled graphs"]
+ALIGN = "lllrrrrrrrlllr"
 
 Run = Tuple[Case, str, str, str]  # (case, width, arch, backend)
 
@@ -121,12 +124,18 @@ def header(report: ReportInput) -> List[str]:
     return lines
 
 
-def baseline_row(width: str, base: dict) -> str:
+def error_row(first: List[str], error: str) -> List[Optional[str]]:
+    """The cells of a model that failed: its first cells, the error, the rest left blank."""
+    return first + [f"error: {error}"] + [None] * (len(COLUMNS) - len(first) - 1)
+
+
+def baseline_row(width: str, base: dict) -> List[Optional[str]]:
+    first = [f"baseline ({width})", BASELINE_ARCH[width], "fairseq"]
     if "error" in base:
-        return f"| baseline ({width}) | {BASELINE_ARCH[width]} | fairseq | error: {base['error']} {EMPTY_CELLS}"
-    return (f"| baseline ({width}) | {BASELINE_ARCH[width]} | fairseq | {base['params'] / 1e6:.2f}M | "
-            f"{base['train_tok_s']:.0f} | 1 | {mib(base.get('train_peak_bytes'))} | 1 | "
-            f"{base['decode_sent_s']:.2f} | 1 | | | {kernels(base)} | {base.get('compiled_graphs', 0)} |")
+        return error_row(first, base["error"])
+    return first + [f"{base['params'] / 1e6:.2f}M", f"{base['train_tok_s']:.0f}", "1", mib(base.get("train_peak_bytes")),
+                    "1", f"{base['decode_sent_s']:.2f}", "1", None, None, kernels(base),
+                    f"{base.get('compiled_graphs', 0)}"]
 
 
 def target_cells(case: Case, width: str, device: str, tr: float, mr: Optional[float], dr: float) -> Tuple[str, str]:
@@ -178,23 +187,20 @@ def both_clocks(case: Case, width: str, backend: str, r: dict, base: dict) -> st
 
 def table(report: ReportInput) -> Tuple[List[str], List[str], List[str]]:
     """The ratio table (each group's baseline row first), its notes and the ratios by both clocks."""
-    lines = ["| case | model | backend | params | train tok/s | ratio | peak train mem | ratio | decode sent/s "
-             "| ratio | target | met | kernels (train / decode) | compiled graphs |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|"]
+    rows = []
     shown_baselines, notes, clocks = set(), [], []
     for case, width, arch, backend in report.runs:
         base_key = baseline_key(width, backend)
         base = report.results.get(base_key, {"error": "not run"})
         if base_key not in shown_baselines:
             shown_baselines.add(base_key)
-            lines.append(baseline_row(width, base))
+            rows.append(baseline_row(width, base))
         r = report.results.get(case_key(case.name, width, backend), {"error": "not run"})
         model = arch + ("" if not case.extra_args else " " + " ".join(case.extra_args))
         if case.criterion != LS_CRITERION:
             model += f" (criterion {case.criterion})"
         if "error" in r or "error" in base:
-            lines.append(f"| {case.name} | {model} | {backend} | error: {r.get('error') or base.get('error')} "
-                         f"{EMPTY_CELLS}")
+            rows.append(error_row([case.name, model, backend], r.get("error") or base.get("error")))
             continue
         tr = r["train_tok_s"] / base["train_tok_s"]
         mr = (r["train_peak_bytes"] / base["train_peak_bytes"]
@@ -205,10 +211,10 @@ def table(report: ReportInput) -> Tuple[List[str], List[str], List[str]]:
             if note not in notes:
                 notes.append(note)
         clocks.append(both_clocks(case, width, backend, r, base))
-        lines.append(f"| {case.name} | {model} | {backend} | {r['params'] / 1e6:.2f}M | {r['train_tok_s']:.0f} | "
-                     f"{fmt_ratio(tr)} | {mib(r.get('train_peak_bytes'))} | {fmt_ratio(mr)} | {r['decode_sent_s']:.2f} | "
-                     f"{fmt_ratio(dr)} | {target} | {ok} | {kernels(r)} | {r.get('compiled_graphs', 0)} |")
-    return lines, notes, clocks
+        rows.append([case.name, model, backend, f"{r['params'] / 1e6:.2f}M", f"{r['train_tok_s']:.0f}", fmt_ratio(tr),
+                     mib(r.get("train_peak_bytes")), fmt_ratio(mr), f"{r['decode_sent_s']:.2f}", fmt_ratio(dr), target,
+                     ok, kernels(r), f"{r.get('compiled_graphs', 0)}"])
+    return markdown_table(COLUMNS, rows, ALIGN), notes, clocks
 
 
 def render(report: ReportInput) -> str:

@@ -42,6 +42,7 @@ from man_fairseq.analysis.locality import (  # noqa: F401  (the measurements, by
     uniform_shares,
 )
 from man_fairseq.analysis.utils import check_counts, load_checkpoint
+from man_fairseq import tables
 
 logger = logging.getLogger("man_fairseq.attention_locality")
 
@@ -161,13 +162,10 @@ def markdown_table(rows, windows, subset):
         "and real query tokens per sentence, then over sentences; layers 0-based; `uniform` = an "
         "attention spread evenly over the real keys).",
         "",
-        "| model | layer | sublayer | " + " | ".join(f"w={w}" for w in windows) + " | sentences |",
-        "|---|---|---|" + "---|" * len(windows) + "---|",
-    ]
-    for r in rows:
-        layer = "all" if r["layer"] is None else str(r["layer"])
-        shares = " | ".join(f"{s:.3f}" for s in r["share"])
-        lines.append(f"| {r['model']} | {layer} | {r['sublayer']} | {shares} | {r['sentences']} |")
+    ] + tables.markdown_table(
+        ["model", "layer", "sublayer", *(f"w={w}" for w in windows), "sentences"],
+        [[f"{r['model']}", "all" if r["layer"] is None else str(r["layer"]), f"{r['sublayer']}",
+          *(f"{s:.3f}" for s in r["share"]), f"{r['sentences']}"] for r in rows])
     return "\n".join(lines) + "\n"
 
 

@@ -52,7 +52,7 @@ from man_fairseq.analysis.utils import (
     load_checkpoint, model_labels,
 )
 from man_fairseq.logging_setup import pyplot, setup_logging
-from man_fairseq.tables import slug
+from man_fairseq.tables import markdown_table, slug
 
 logger = logging.getLogger("man_fairseq.diffwin_windows")
 
@@ -270,15 +270,13 @@ def write_model_outputs(rows, out_dir, label, where):
         "offsets = E[l] - t and E[r] - t (positions from the first real token); m[t,t] = the mask at the query's "
         "own token (self-attention).",
         "",
-        "| attention | layer | queries | mean width | median width | std width | mean Σm | mean E[l]-t | mean E[r]-t "
-        "| mean m[t,t] |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for x in table:
-        lines.append(f"| {x['attention']} | {x['layer']} | {x['queries']} | {x['mean_width']:.2f} | "
-                     f"{x['median_width']:.2f} | {x['std_width']:.2f} | {x['mean_mask_sum']:.2f} | "
-                     f"{x['mean_left_offset']:+.2f} | {x['mean_right_offset']:+.2f} | "
-                     + ("–" if x["mean_mask_at_query"] is None else f"{x['mean_mask_at_query']:.2f}") + " |")
+    ] + markdown_table(
+        ["attention", "layer", "queries", "mean width", "median width", "std width", "mean Σm", "mean E[l]-t",
+         "mean E[r]-t", "mean m[t,t]"],
+        [[f"{x['attention']}", f"{x['layer']}", f"{x['queries']}", f"{x['mean_width']:.2f}", f"{x['median_width']:.2f}",
+          f"{x['std_width']:.2f}", f"{x['mean_mask_sum']:.2f}", f"{x['mean_left_offset']:+.2f}",
+          f"{x['mean_right_offset']:+.2f}",
+          "–" if x["mean_mask_at_query"] is None else f"{x['mean_mask_at_query']:.2f}"] for x in table])
     with open(os.path.join(out_dir, "windows.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(out_dir, "windows.json"), "w") as f:

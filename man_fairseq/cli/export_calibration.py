@@ -58,7 +58,7 @@ from man_fairseq.analysis.calibration_stats import (
     IMPORTANCE, SERIES_NAMES, BinnedJSD, KendallSums, layer_statistics, normalised_rows, source_importance,
 )
 from man_fairseq.logging_setup import setup_logging
-from man_fairseq.tables import slug
+from man_fairseq.tables import markdown_table, slug
 
 
 def get_parser():
@@ -264,6 +264,13 @@ def signed(x: float, digits: int = 4) -> str:
     return f"{'+' if x >= 0 else '-'} {abs(x):.{digits}f}"
 
 
+def jsd_by_bin(t: Dict) -> List[str]:
+    """The table of mean JSD per layer (rows) and bin (columns, by their lower edge; ``-``: no rows)."""
+    return markdown_table(["layer"] + [f"{b:g}" for b in t["bin_low"]],
+                          [[f"{layer + 1}"] + ["-" if m is None else f"{m:.4f}" for m in means]
+                           for layer, means in enumerate(t["mean_jsd"])])
+
+
 def markdown(results: List[Dict], args) -> str:
     lines = []
     for r in results:
@@ -274,45 +281,32 @@ def markdown(results: List[Dict], args) -> str:
                 f"Per decoder layer (1-based), means over {r['rows_per_layer']} real (target token, head) rows per "
                 f"layer, fusion `{r['fusion']}`. JSD base 2; entropies in bits; ΔH = H(a_cal) - H(a).",
                 "",
-                "| layer | JSD(a, a_cal) [bits] | H(a) [bits] | H(a_cal) [bits] | ΔH [bits] | mean m |",
-                "|---|---|---|---|---|---|",
-            ]
-            for x in r["layers"]:
-                lines.append(f"| {x['layer']} | {x['jsd']:.4f} | {x['entropy_original']:.3f} | "
-                             f"{x['entropy_calibrated']:.3f} | {x['entropy_change']:+.3f} | {x['mask_mean']:.3f} |")
+            ] + markdown_table(
+                ["layer", "JSD(a, a_cal) [bits]", "H(a) [bits]", "H(a_cal) [bits]", "ΔH [bits]", "mean m"],
+                [[f"{x['layer']}", f"{x['jsd']:.4f}", f"{x['entropy_original']:.3f}", f"{x['entropy_calibrated']:.3f}",
+                  f"{x['entropy_change']:+.3f}", f"{x['mask_mean']:.3f}"] for x in r["layers"]])
             lines += ["", "ΔEnt laid out as P3 Table 5 (\"+\": calibrated attention more disperse; "
-                          "All = mean over all layers' rows):", "", "| layer | ΔEnt |", "|---|---|"]
-            lines += [f"| {x['layer']} | {signed(x['entropy_change'])} |" for x in r["layers"]]
-            lines += [f"| All | {signed(r['entropy_change_all'])} |", ""]
+                          "All = mean over all layers' rows):", ""]
+            lines += markdown_table(["layer", "ΔEnt"],
+                                    [[f"{x['layer']}", signed(x["entropy_change"])] for x in r["layers"]]
+                                    + [["All", signed(r["entropy_change_all"])]]) + [""]
             t = r["jsd_bins"]["by_entropy"]
             lines += ["Mean JSD by entropy of a (P3 Figure 7; rows: layer, columns: bins of "
-                      f"{t['bin_width']:g} bits, lower edge; `-`: no rows):", "",
-                      "| layer | " + " | ".join(f"{b:g}" for b in t["bin_low"]) + " |",
-                      "|---|" + "---|" * len(t["bin_low"])]
-            for layer, means in enumerate(t["mean_jsd"]):
-                lines.append(f"| {layer + 1} | " + " | ".join("-" if m is None else f"{m:.4f}" for m in means) + " |")
+                      f"{t['bin_width']:g} bits, lower edge; `-`: no rows):", ""] + jsd_by_bin(t)
             t = r["jsd_bins"]["by_max_weight"]
-            lines += ["", f"Mean JSD by maximum weight of a (bins of {t['bin_width']:g}, lower edge):", "",
-                      "| layer | " + " | ".join(f"{b:g}" for b in t["bin_low"]) + " |",
-                      "|---|" + "---|" * len(t["bin_low"])]
-            for layer, means in enumerate(t["mean_jsd"]):
-                lines.append(f"| {layer + 1} | " + " | ".join("-" if m is None else f"{m:.4f}" for m in means) + " |")
+            lines += ["", f"Mean JSD by maximum weight of a (bins of {t['bin_width']:g}, lower edge):", ""] + jsd_by_bin(t)
             lines.append("")
         if r["kendall"]:
             what = "|grad · e_s|" if args.importance == "grad_input" else "‖grad_e_s‖"
             lines += [f"Kendall τ-b between head-averaged weights and {what} of log p(y_t) (P3 Figure 2), "
                       f"sentences with id < {args.kendall_sentences}; mean over real target "
-                      "tokens (count; undefined τ left out):", "",
-                      "| layer | " + " | ".join(SERIES_NAMES[s] for s in r["kendall"]) + " |",
-                      "|---|" + "---|" * len(r["kendall"])]
+                      "tokens (count; undefined τ left out):", ""]
             first = next(iter(r["kendall"].values()))
-            for layer in range(len(first["tau"])):
-                cells = []
-                for v in r["kendall"].values():
-                    tau = v["tau"][layer]
-                    cells.append(("n/a" if tau is None else f"{tau:+.3f}") + f" ({v['target_tokens'][layer]})")
-                lines.append(f"| {layer + 1} | " + " | ".join(cells) + " |")
-            lines.append("")
+            lines += markdown_table(
+                ["layer"] + [SERIES_NAMES[s] for s in r["kendall"]],
+                [[f"{layer + 1}"] + [("n/a" if v["tau"][layer] is None else f"{v['tau'][layer]:+.3f}")
+                                     + f" ({v['target_tokens'][layer]})" for v in r["kendall"].values()]
+                 for layer in range(len(first["tau"]))]) + [""]
     return "\n".join(lines)
 
 

@@ -35,7 +35,7 @@ import torch
 import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is loaded)
 from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
-from man_fairseq.tables import slug
+from man_fairseq.tables import markdown_table, slug
 
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
 COLUMNS = ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
@@ -203,28 +203,24 @@ def write_outputs(rows, out_dir, strategy="query", subset="valid"):
             for r in rows[(kind, layer)].tolist():
                 f.write(f"{int(r[0])}\t{kind}\t{layer}\t{int(r[1])}\t{int(r[2])}\t{int(r[3])}\t{r[4]:.4f}\t{r[5]:.4f}\n")
 
-    lines = [
-        "| attention | layer | queries x heads | mean D | median D | std D | mean D/I | mean abs(P - t) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    cells = []
     for kind, layer in order:
         r = rows[(kind, layer)]
         window, length, centre, pos = r[:, 5], r[:, 3], r[:, 4], r[:, 2]
-        lines.append(
-            f"| {kind} | {layer} | {len(r)} | {window.mean():.2f} | {window.median():.2f} | "
-            f"{window.std() if len(r) > 1 else 0.0:.2f} | {(window / length).mean():.3f} | "
-            f"{(centre - pos).abs().mean():.2f} |"
-        )
+        cells.append([kind, f"{layer}", f"{len(r)}", f"{window.mean():.2f}", f"{window.median():.2f}",
+                      f"{window.std() if len(r) > 1 else 0.0:.2f}", f"{(window / length).mean():.3f}",
+                      f"{(centre - pos).abs().mean():.2f}"])
+    lines = markdown_table(["attention", "layer", "queries x heads", "mean D", "median D", "std D", "mean D/I",
+                            "mean abs(P - t)"], cells)
     with open(os.path.join(out_dir, "windows.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     head_means = per_head_means(rows, order)
     num_heads = max(len(v) for v in head_means.values())
     lines = ["Mean window size D per head over the real queries (layers and heads 0-based; for "
-             "`--localness-window head` this is the head's learned D^m = N sigmoid(z^m)):", "",
-             "| attention | layer | " + " | ".join(f"head {h}" for h in range(num_heads)) + " |",
-             "|---|---|" + "---|" * num_heads]
-    for kind, layer in order:
-        lines.append(f"| {kind} | {layer} | " + " | ".join(f"{d:.2f}" for d in head_means[(kind, layer)]) + " |")
+             "`--localness-window head` this is the head's learned D^m = N sigmoid(z^m)):", ""]
+    lines += markdown_table(["attention", "layer"] + [f"head {h}" for h in range(num_heads)],
+                            [[kind, f"{layer}"] + [f"{d:.2f}" for d in head_means[(kind, layer)]]
+                             for kind, layer in order])
     with open(os.path.join(out_dir, "heads.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     for kind in dict.fromkeys(k for k, _ in order):

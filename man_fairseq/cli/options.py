@@ -23,6 +23,7 @@ from typing import Dict, List, NamedTuple, Optional
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
 from man_fairseq.plugin_options import option_flag, own_fields, rule_of
 from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.tables import markdown_cell, markdown_table
 
 
 class Option(NamedTuple):
@@ -143,8 +144,7 @@ def format_text(name: str, rows: List[Option]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+COLUMNS = ["option", "default", "valid values", "meaning"]  # of docs/options.md's tables
 
 
 def markdown() -> str:
@@ -161,17 +161,17 @@ def markdown() -> str:
     for model, archs in plugin_models().items():
         per_arch = {arch: arch_options(arch) for arch in archs}
         first = per_arch[archs[0]]
-        out += ["", f"## `{model}`", "", "archs: " + ", ".join(f"`{a}`" for a in archs), "",
-                "| option | default | valid values | meaning |", "|---|---|---|---|"]
+        cells = []
         for i, row in enumerate(first):
             others = {a: rows[i].default for a, rows in per_arch.items() if rows[i].default != row.default}
             default = f"`{row.default}`" + "".join(f" (`{a}`: `{d}`)" for a, d in others.items())
-            out.append(f"| `{row.flag}` | {_cell(default)} | {_cell(row.valid)} | {_cell(row.help)} |")
+            cells.append([f"`{row.flag}`", markdown_cell(default), markdown_cell(row.valid), markdown_cell(row.help)])
+        out += ["", f"## `{model}`", "", "archs: " + ", ".join(f"`{a}`" for a in archs), ""]
+        out += markdown_table(COLUMNS, cells)
     for name in plugin_criterions():
-        out += ["", f"## `--criterion {name}`", "",
-                "| option | default | valid values | meaning |", "|---|---|---|---|"]
-        for row in criterion_options(name):
-            out.append(f"| `{row.flag}` | `{row.default}` | {_cell(row.valid)} | {_cell(row.help)} |")
+        out += ["", f"## `--criterion {name}`", ""] + markdown_table(
+            COLUMNS, [[f"`{row.flag}`", f"`{row.default}`", markdown_cell(row.valid), markdown_cell(row.help)]
+                      for row in criterion_options(name)])
     return "\n".join(out) + "\n"
 
 

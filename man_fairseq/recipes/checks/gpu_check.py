@@ -31,6 +31,7 @@ from typing import Dict, List, Optional
 
 from ...logging_setup import quiet_logging
 from ...provenance import git_commit
+from ...tables import markdown_table
 from ..training import fairseq_log
 from ..config import CONFIG_DIR, REPO, load_config
 from ..training.launch import train_args
@@ -144,7 +145,7 @@ def run_tests(out: Path, timeout: float) -> Check:
 def benchmark_check(results: Dict[str, dict], table: str, returncode: int, precision: str) -> Check:
     """Ratios of every family to its baseline (same width and backend) from the benchmark's JSON."""
     errors = {k: r["error"] for k, r in results.items() if "error" in r}
-    rows = ["| family | backend | train tok/s ratio | peak memory ratio | decode sent/s ratio |", "|---|---|---:|---:|---:|"]
+    rows = []
     for key, r in results.items():
         if key.startswith("baseline:") or "error" in r:
             continue
@@ -157,12 +158,12 @@ def benchmark_check(results: Dict[str, dict], table: str, returncode: int, preci
         def ratio(k, r=r, base=base):
             return f"{r[k] / base[k]:.3f}×" if r.get(k) and base.get(k) else "—"
 
-        rows.append(f"| {name} | {backend} | {ratio('train_tok_s')} | {ratio('train_peak_bytes')} | "
-                    f"{ratio('decode_sent_s')} |")
+        rows.append([name, backend, ratio("train_tok_s"), ratio("train_peak_bytes"), ratio("decode_sent_s")])
     ok = returncode == 0 and results and not errors
     summary = (f"{precision} (whole model cast, as fairseq-train --{precision}); "
                + ("every model trained and decoded" if ok else f"exit code {returncode}, {len(errors)} model(s) failed"))
-    details = rows + [f"- {k}: {e}" for k, e in errors.items()]
+    details = markdown_table(["family", "backend", "train tok/s ratio", "peak memory ratio", "decode sent/s ratio"],
+                             rows, "llrrr") + [f"- {k}: {e}" for k, e in errors.items()]
     if table:
         details += ["", "<details><summary>the benchmark's full table</summary>", "", table.strip(), "", "</details>"]
     return Check("benchmark against fairseq's transformer", PASS if ok else FAIL, summary, details)
@@ -200,12 +201,11 @@ def training_check(rows: List[Dict[str, object]], updates: int) -> Check:
     def num(x, fmt):
         return "—" if x is None else format(x, fmt)
 
-    lines = ["| config | result | first → last train loss | last valid loss | updates/s (wall, incl. start-up) |",
-             "|---|---|---|---:|---:|"]
-    for r in rows:
-        result = "ok" if r["ok"] else "**" + "; ".join(r["problems"]) + "**"
-        lines.append(f"| {r['family']} | {result} | {num(r['first'], '.3f')} → {num(r['last'], '.3f')} | "
-                     f"{num(r['valid'], '.3f')} | {num(r['updates_per_s'], '.2f')} |")
+    lines = markdown_table(
+        ["config", "result", "first → last train loss", "last valid loss", "updates/s (wall, incl. start-up)"],
+        [[r["family"], "ok" if r["ok"] else "**" + "; ".join(r["problems"]) + "**",
+          f"{num(r['first'], '.3f')} → {num(r['last'], '.3f')}", num(r["valid"], ".3f"), num(r["updates_per_s"], ".2f")]
+         for r in rows], "lllrr")
     ok = bool(rows) and all(r["ok"] for r in rows)
     summary = (f"{updates} `--bf16` updates per configs/multi30k-cpu config (d=256, 3+3 layers, pre-norm): "
                + ("losses finite and falling" if ok else "failures below"))
@@ -235,9 +235,8 @@ def render(env: Dict[str, str], checks: List[Check], note: str = "") -> str:
     lines = [f"# man-fairseq GPU check: {overall}", ""]
     if note:
         lines += [note, ""]
-    lines += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
-    lines += ["| check | result | summary |", "|---|---|---|"]
-    lines += [f"| {c.name} | {c.status} | {c.summary} |" for c in checks] + [""]
+    lines += markdown_table([None, None], [[k, f"{v}"] for k, v in env.items()]) + [""]
+    lines += markdown_table(["check", "result", "summary"], [[c.name, c.status, c.summary] for c in checks]) + [""]
     for c in checks:
         if c.details:
             lines += [f"## {c.name}", ""] + c.details + [""]

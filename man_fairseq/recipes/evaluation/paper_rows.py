@@ -21,6 +21,8 @@ skips that check where the file is absent.
 import re
 from pathlib import Path
 
+from ...tables import markdown_table
+
 PAPER_KEYS = {"P1": "man", "P2": "localness", "P3": "calibration", "P4": "diffwin"}
 PAPER_TITLES = {
     "man": "Mask Attention Networks (Fan et al., 2021)",
@@ -173,8 +175,7 @@ def readme_rows_section(configs, paper_rows, repo):
     out = []
     for paper_id, paper in PAPER_KEYS.items():
         out.append(f"### {PAPER_TITLES[paper]}\n")
-        out.append("| table | row | data | paper | ours | command |")
-        out.append("|---|---|---|---|---|---|")
+        trained = []
         for (pid, table, row), status in ROWS.items():
             if pid != paper_id or "configs" not in status:
                 continue
@@ -191,16 +192,13 @@ def readme_rows_section(configs, paper_rows, repo):
                     label = f"{row} (same run as Table {cfg['table']} {cfg['row']})"
                 else:
                     label = cfg["row"] if cfg["row"].startswith(row) else f"{row}: {cfg['row']}"
-                out.append(f"| {table.replace('Table ', 'T')} | {label} | {data} | {paper_num} | – | "
-                           f"`scripts/train.sh {rel} && scripts/evaluate.sh runs/{name}` |")
-        out.append("")
+                trained.append([table.replace("Table ", "T"), label, data, paper_num, "–",
+                                f"`scripts/train.sh {rel} && scripts/evaluate.sh runs/{name}`"])
+        out += markdown_table(["table", "row", "data", "paper", "ours", "command"], trained) + [""]
         other = [(k, s) for k, s in ROWS.items() if k[0] == paper_id and "configs" not in s]
         if other:
-            out.append("| table | row | paper's number(s) | status |")
-            out.append("|---|---|---|---|")
-            for key, status in other:
-                numbers = paper_rows.get(key, ("", "?"))[1]
-                what = status.get("not") or "analysis: " + status["analysis"]
-                out.append(f"| {key[1].replace('Table ', 'T')} | {key[2]} | {numbers} | {what} |")
-            out.append("")
+            out += markdown_table(
+                ["table", "row", "paper's number(s)", "status"],
+                [[key[1].replace("Table ", "T"), key[2], paper_rows.get(key, ("", "?"))[1],
+                  status.get("not") or "analysis: " + status["analysis"]] for key, status in other]) + [""]
     return "\n".join(out)

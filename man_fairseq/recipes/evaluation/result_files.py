@@ -10,6 +10,8 @@ import json
 import os
 from pathlib import Path
 
+from ...tables import markdown_table
+
 RESULT_FILES = ("results.json", "results.md")
 
 
@@ -72,9 +74,9 @@ def to_markdown(result):
              + (f"; fairseq overrides: `{' '.join(result['overrides'])}`" if result.get("overrides") else ""),
              ""]
     paper = result.get("paper_results") or {}
-    lines += ["| metric | ours | paper |", "|---|---|---|"]
-    for key, value in result["scores"].items():
-        lines.append(f"| {key} | {value} | {paper.get(key, '–') if paper.get(key) is not None else '–'} |")
+    lines += markdown_table(["metric", "ours", "paper"],
+                            [[key, f"{value}", f"{paper[key]}" if paper.get(key) is not None else "–"]
+                             for key, value in result["scores"].items()])
     for key, value in result.get("details", {}).items():
         if isinstance(value, str):
             lines.append(f"\n{key}: {value}")

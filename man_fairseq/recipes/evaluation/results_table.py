@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import CONFIG_DIR, REPO, all_configs
 from ...logging_setup import quiet_logging
+from ...tables import markdown_table
 
 PAPER_TITLES = {
     "man": "Mask Attention Networks",
@@ -141,13 +142,11 @@ def build_tables(configs, runs, all_configs=None):
         rows = sorted(groups[(paper, table)], key=row_key)
         rouge = all(c["eval"]["metric"] == "rouge" for c in rows)
         wmt = any(c["eval"]["metric"] == "bleu_wmt" for c in rows)
-        out += [f"### {PAPER_TITLES[paper]} — Table {table}", ""]
         if rouge:
-            out += ["| row | data | R-1 paper | R-1 ours | R-2 paper | R-2 ours | R-L paper | R-L ours | config |",
-                    "|---|---|---|---|---|---|---|---|---|"]
+            head = ["row", "data", "R-1 paper", "R-1 ours", "R-2 paper", "R-2 ours", "R-L paper", "R-L ours", "config"]
         else:
-            head = "| row | data | BLEU paper | BLEU ours |" + (" sacreBLEU ours |" if wmt else "") + " config |"
-            out += [head, "|---" * (head.count("|") - 1) + "|"]
+            head = ["row", "data", "BLEU paper", "BLEU ours"] + (["sacreBLEU ours"] if wmt else []) + ["config"]
+        body = []
         for cfg in rows:
             paper_res = cfg.get("paper_results") or {}
             unverified = paper_res.get("verified") is False
@@ -156,23 +155,18 @@ def build_tables(configs, runs, all_configs=None):
             rel = Path(cfg["_path"]).resolve()
             rel = rel.relative_to(REPO) if rel.is_relative_to(REPO) else rel
             if rouge:
-                cells = []
-                for key in ("rouge1", "rouge2", "rougeL"):
-                    cells += [_fmt(paper_res.get(key), unverified), _fmt(ours.get(key))]
-                out.append(f"| {cfg['row']} | {data} | " + " | ".join(cells) + f" | `{rel}` |")
+                scores = [cell for key in ("rouge1", "rouge2", "rougeL")
+                          for cell in (_fmt(paper_res.get(key), unverified), _fmt(ours.get(key)))]
             else:
-                line = f"| {cfg['row']} | {data} | {_fmt(paper_res.get('bleu'), unverified)} | {_fmt(ours.get('bleu'))} |"
-                if wmt:
-                    line += f" {_fmt(ours.get('sacrebleu'))} |"
-                out.append(line + f" `{rel}` |")
-        out.append("")
+                scores = ([_fmt(paper_res.get("bleu"), unverified), _fmt(ours.get("bleu"))]
+                          + ([_fmt(ours.get("sacrebleu"))] if wmt else []))
+            body.append([cfg["row"], data, *scores, f"`{rel}`"])
+        out += [f"### {PAPER_TITLES[paper]} — Table {table}", ""] + markdown_table(head, body) + [""]
     if other:
-        out += ["### Non-standard runs (not comparable with the papers' numbers)", "",
-                "| run | config row | ours | differs from the config |", "|---|---|---|---|"]
-        for cfg, res, reasons in other:
-            row = f"{cfg['row']} (`{cfg['name']}`)" if cfg else f"`{res.get('name')}`"
-            out.append(f"| `{res.get('_run', '?')}` | {row} | {_scores_text(res)} | " + "; ".join(reasons) + " |")
-        out.append("")
+        out += ["### Non-standard runs (not comparable with the papers' numbers)", ""] + markdown_table(
+            ["run", "config row", "ours", "differs from the config"],
+            [[f"`{res.get('_run', '?')}`", f"{cfg['row']} (`{cfg['name']}`)" if cfg else f"`{res.get('name')}`",
+              _scores_text(res), "; ".join(reasons)] for cfg, res, reasons in other]) + [""]
     out += ["BLEU: IWSLT14 case-insensitive tokenized; WMT14 tokenized with compound splitting "
             "(sacreBLEU column: detokenized, signature in each run's results.json). ROUGE: F1; the "
             "implementation (ROUGE-1.5.5 as files2rouge runs it, or rouge-score when asked for) and argument order are recorded per run. "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
+from ...tables import markdown_table
 from ..config import REPO, load_config
 from ..options import number
 from .experiments import EXPERIMENTS, missing_data
@@ -129,12 +130,11 @@ def to_markdown(record):
              f"{record['batches']} real batches (after {record['warmup']} warm-up), {record['threads']} thread(s), "
              f"{record['cpu']}, commit {record['commit']}, load average {record['loadavg_before'][0]:.2f} before, "
              f"{record['loadavg_after'][0]:.2f} after; "
-             "forward and backward only (no optimizer step).", "",
-             "| model | part | seconds | × Transformer's forward + backward |", "|---|---|---:|---:|"]
-    for fam in ("transformer", "calibration"):
-        for ph in PHASES[fam]:
-            lines.append(f"| {fam} | {ph} | {med[fam][ph]:.3f} | {med[fam][ph] / base:.2f} |")
-    lines.append(f"| calibration | **all** | {total:.3f} | **{total / base:.2f}** |")
+             "forward and backward only (no optimizer step).", ""]
+    lines += markdown_table(["model", "part", "seconds", "× Transformer's forward + backward"],
+                            [[fam, ph, f"{med[fam][ph]:.3f}", f"{med[fam][ph] / base:.2f}"]
+                             for fam in ("transformer", "calibration") for ph in PHASES[fam]]
+                            + [["calibration", "**all**", f"{total:.3f}", f"**{total / base:.2f}**"]], "llrr")
     return "\n".join(lines) + "\n"
 
 

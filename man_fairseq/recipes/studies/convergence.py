@@ -12,6 +12,7 @@ each protocol's runs are compared with the Transformer of the same seed *and pro
 import json
 from pathlib import Path
 
+from ...tables import markdown_table
 from ..training.fairseq_log import valid_epochs
 from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE, protocol
 
@@ -95,9 +96,8 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
              "EXPERIMENT-converge`: until the dev loss has not improved for `patience` validations, at most "
              "`max-epoch` epochs, scored on its best checkpoint by dev loss; records in `results/EXPERIMENT-converge/`). "
              f"Scores: {scores}. p: paired bootstrap / approximate randomization against the Transformer of the "
-             "same seed and protocol (the table's notes). Fixed-budget dev loss: its last epoch's.", "",
-             "| family | seed | fixed budget: epochs | dev loss | scores | p | to convergence: epochs (best) | "
-             "best dev loss | scores | p |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "same seed and protocol (the table's notes). Fixed-budget dev loss: its last epoch's.", ""]
+    rows = []
     for fam in families:
         for seed in sorted({seed for (_, f, seed) in runs if f == fam}):
             cells = []
@@ -110,7 +110,9 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
                 run_tests = tests.get((proto, fam, seed, subset))
                 p = "baseline" if fam == BASELINE else (p_cells(r, run_tests) if run_tests else "–")
                 cells += [epochs, "–" if loss is None else f"{loss:.3f}", score_cells(r), p]
-            lines.append(f"| {labels.get(fam, fam)} | {seed} | " + " | ".join(cells) + " |")
+            rows.append([labels.get(fam, fam), f"{seed}", *cells])
+    lines += markdown_table(["family", "seed", "fixed budget: epochs", "dev loss", "scores", "p",
+                             "to convergence: epochs (best)", "best dev loss", "scores", "p"], rows)
     if converged_stale:
         lines += ["", "Stale to-convergence records (another config or options; not in the table): "
                   + ", ".join(f"{r['family']}-seed{r['seed']} (`{r.get('fingerprint')}`)" for r in converged_stale) + "."]

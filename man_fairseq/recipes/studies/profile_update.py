@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
+from ...tables import markdown_table
 from ..config import load_config
 from ..options import number
 from .calibration_passes import batches, build
@@ -97,15 +98,16 @@ def to_markdown(meta, results):
     lines = [f"# One training update per family: {meta['experiment']}, {meta['device']} {meta['precision']}", "",
              f"`{meta['command']}`, commit {meta['commit']}, {meta['cpu']}, {meta['date']}; "
              f"{meta['batches']} profiled updates after {meta['warmup']} warm-up ones, the same batches "
-             "for every family (forward, loss, backward; no optimizer step).", "",
-             "| family | parameters | ms per update (median; min-max) | × Transformer's speed | host syncs per update |",
-             "|---|---:|---:|---:|---|"]
+             "for every family (forward, loss, backward; no optimizer step).", ""]
+    rows = []
     for fam, r in results.items():
         ms = r["ms_per_update"]
         ratio = f"{base / statistics.median(ms):.2f}×" if base else "—"
         syncs = ", ".join(f"{k.removeprefix('aten::')} {v:g}" for k, v in sorted(r["syncs_per_update"].items())) or "0"
-        lines.append(f"| {fam} | {r['parameters']:,} | {statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f}) "
-                     f"| {ratio} | {syncs} |")
+        rows.append([fam, f"{r['parameters']:,}", f"{statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f})", ratio,
+                     syncs])
+    lines += markdown_table(["family", "parameters", "ms per update (median; min-max)", "× Transformer's speed",
+                             "host syncs per update"], rows, "lrrrl")
     for fam, r in results.items():
         lines += ["", f"## {fam}", "", "```", r["table"].rstrip(), "```"]
     return "\n".join(lines) + "\n"

@@ -17,6 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ...tables import markdown_table
+
 RECORD_KIND = "man-fairseq real-batch speed"
 RECORD_VERSION = 1
 PAGE = "docs/speed.md"  # the page that holds the generated block, relative to the repository
@@ -148,8 +150,8 @@ def fmt_ratio(s):
 
 
 def table_rows(rows, labels, lead=()):
-    """Markdown rows: ``lead`` cells, the family, then each quantity's value and ratio."""
-    lines = []
+    """The cells of each row: ``lead`` cells, the family, then each quantity's value and ratio."""
+    out = []
     for row in rows:
         cells = list(lead) + [labels.get(row["family"], row["family"])]
         for q, _ in QUANTITIES:
@@ -164,14 +166,14 @@ def table_rows(rows, labels, lead=()):
             elif q == "decode" and not row["trained"]:
                 ratio += " †"
             cells += [fmt_value(row[q], q), ratio]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        out.append(cells)
+    return out
 
 
-def header(lead):
+def table(lead, rows):
+    """The Markdown table of ``rows`` (:func:`table_rows`) under ``lead``'s columns: the numbers right-aligned."""
     names = list(lead) + ["family"] + [c for _, name in QUANTITIES for c in (name, "× Transformer")]
-    return ["| " + " | ".join(names) + " |", "|" + "|".join("---" if i <= len(lead) else "---:"
-                                                           for i in range(len(names))) + "|"]
+    return markdown_table(names, rows, "l" * (len(lead) + 1) + "r" * (len(names) - len(lead) - 1))
 
 
 def footnotes(summaries):
@@ -239,9 +241,8 @@ def to_markdown(experiment, records, labels, title=None):
               "decoding: fairseq-generate's own sentences/s (generation time only). Values: median over repeats (min–max); ratios: to the Transformer of the same repeat, "
               "median (min–max).", ""]
     lines += [f"- {provenance(r)}" for r in records] + [""]
-    lines += header([lead_name(records)])
-    for record, rows in zip(records, summaries):
-        lines += table_rows(rows, labels, lead=[setting_name(record)])
+    lines += table([lead_name(records)], [cells for record, rows in zip(records, summaries)
+                                           for cells in table_rows(rows, labels, lead=[setting_name(record)])])
     lines += [""]
     lines += [n + "\n" for n in footnotes(summaries)]
     if any(on_gpu(r) for r in records):
@@ -265,9 +266,9 @@ def page_block(records_dir, labels):
         lines += ["Made by `scripts/speed.sh EXPERIMENT` on each study's own data-bin and configs (method in "
                   "[benchmarks.md](benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
                   "repeats (min–max), ratios to the Transformer of the same repeat.", ""]
-        lines += header(["study", lead_name(records)])
-        for record, rows in zip(records, summaries):
-            lines += table_rows(rows, labels, lead=[record["experiment"], setting_name(record)])
+        lines += table(["study", lead_name(records)],
+                       [cells for record, rows in zip(records, summaries)
+                        for cells in table_rows(rows, labels, lead=[record["experiment"], setting_name(record)])])
         lines += [""] + [n + "\n" for n in footnotes(summaries)] + [
             "Machines: " + "; ".join(f"{r['experiment']} {short_setting(r)}: {r['gpu'] + ', ' if on_gpu(r) else ''}"
                                      f"{r['cpu']}, {r['date'][:10]}, commit {r['commit']}" for r in records)

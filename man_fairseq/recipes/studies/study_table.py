@@ -18,7 +18,7 @@ from ...scoring import check_aligned, sacrebleu_detok
 from ..config import REPO
 from .study_records import check_score, hypothesis_path, read_hypotheses
 from .experiments import BASELINE
-from ...tables import mean_std
+from ...tables import markdown_table, mean_std
 from ..evaluation.rouge_significance import AR_TRIALS
 
 def _pm(values):
@@ -139,11 +139,7 @@ def summarize(records, families, labels, boot):
 def to_markdown(summary, meta, stale, protocol_lines=()):
     lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
     for subset, release in meta["test_sets"].items():
-        lines += [f"## {release}", "",
-                  "| family | params | train min (mean) | sacreBLEU | Δ vs Transformer | tok. BLEU (ci) | "
-                  "paired bootstrap p (per seed, sign of Δ) | approximate randomization p (per seed, sign of Δ) | "
-                  "seeds p<0.05 (randomization) |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for fam, e in summary.items():
             s = e["test_sets"].get(subset)
             if s is None:
@@ -161,9 +157,12 @@ def to_markdown(summary, meta, stale, protocol_lines=()):
                 better = sum(p < 0.05 and up for p, up in ar)
                 worse = sum(p < 0.05 and not up for p, up in ar)
                 sig = f"{better} better, {worse} worse of {len(ar)}" if ar else "–"
-            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | {_pm(s['sacrebleu'])} | {delta} | "
-                         f"{_pm(s['bleu_tok_ci'])} | {' | '.join(pcols)} | {sig} |")
-        lines.append("")
+            rows.append([e["label"], _params(e["params"]), minutes, _pm(s["sacrebleu"]), delta,
+                         _pm(s["bleu_tok_ci"]), *pcols, sig])
+        lines += [f"## {release}", ""] + markdown_table(
+            ["family", "params", "train min (mean)", "sacreBLEU", "Δ vs Transformer", "tok. BLEU (ci)",
+             "paired bootstrap p (per seed, sign of Δ)", "approximate randomization p (per seed, sign of Δ)",
+             "seeds p<0.05 (randomization)"], rows) + [""]
     lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
               f"`{meta['sacrebleu_signature']}`. Tokenized BLEU: case-insensitive multi-bleu formula on the "
               "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Δ: mean over the "
@@ -247,11 +246,10 @@ def stale_lines(stale, why):
     """The section listing the stale records (never in the table); ``why`` explains them."""
     if not stale:
         return []
-    lines = ["## Stale records (not in the table)", "", why, "",
-             "| run | fingerprint | commit | date |", "|---|---|---|---|"]
-    lines += [f"| {r['family']}-seed{r['seed']} | `{r.get('fingerprint')}` | `{r.get('commit')}` | {r.get('date')} |"
-              for r in stale]
-    return lines + [""]
+    return ["## Stale records (not in the table)", "", why, ""] + markdown_table(
+        ["run", "fingerprint", "commit", "date"],
+        [[f"{r['family']}-seed{r['seed']}", f"`{r.get('fingerprint')}`", f"`{r.get('commit')}`", f"{r.get('date')}"]
+         for r in stale]) + [""]
 
 
 def write_table(results_dir, experiment, markdown, payload, boot, current, stale, png, log):

@@ -9,7 +9,7 @@ the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
 
 import json
 
-from ...tables import mean_std
+from ...tables import markdown_table, mean_std
 from ..config import CONFIG_DIR, load_config
 from ..evaluation.copying import copying
 from ..evaluation.metric import score
@@ -169,11 +169,7 @@ def _copied(values):
 def to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines=()):
     lines = header_lines(meta, f"data: {meta['subset']}")
     for subset, release in meta["test_sets"].items():
-        lines += [f"## {release}", "",
-                  "| family | params | train min (mean) | R-1 | R-2 | R-L | from its article: words / bigrams | "
-                  "Δ R-1 / R-2 / R-L vs Transformer | paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ) | "
-                  "approximate randomization p, R-1 / R-2 / R-L (per seed, sign of Δ) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        rows = []
         for fam, e in summary.items():
             s = e["test_sets"].get(subset)
             if s is None:
@@ -184,9 +180,12 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying, protoco
             else:
                 delta = " / ".join("–" if s[f"delta_{k}"] is None else f"{s[f'delta_{k}']:+.2f}" for k in KEYS)
                 pcols = [p_column(e["seeds"], s.get(test)) for test in TESTS]
-            lines.append(f"| {e['label']} | {_params(e['params'])} | {minutes} | "
-                         + " | ".join(_pm(s[k]) for k in KEYS) + f" | {_copied(s.get('copying') or [])} | {delta} | "
-                         + " | ".join(pcols) + " |")
+            rows.append([e["label"], _params(e["params"]), minutes, *(_pm(s[k]) for k in KEYS),
+                         _copied(s.get("copying") or []), delta, *pcols])
+        lines += [f"## {release}", ""] + markdown_table(
+            ["family", "params", "train min (mean)", "R-1", "R-2", "R-L", "from its article: words / bigrams",
+             "Δ R-1 / R-2 / R-L vs Transformer", "paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ)",
+             "approximate randomization p, R-1 / R-2 / R-L (per seed, sign of Δ)"], rows)
         ref = reference_copying.get(subset)
         if ref:
             lines += ["", f"From its article: of all the summaries' words (bigrams), the share found in their own article, "
@@ -196,9 +195,10 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying, protoco
                           + ", ".join(f"{e['label']} {_share(e['test_sets'][subset]['copying'], 'bigrams_chance')}"
                                       for e in summary.values() if subset in e["test_sets"]) + "."]
         lines.append("")
-    lines += ["For reference (not comparable runs):", "", "| what | R-1 | R-2 | R-L | how scored |", "|---|---|---|---|---|"]
-    lines += [f"| {r['what']} | {r['rouge1']:.2f} | {r['rouge2']:.2f} | {r['rougeL']:.2f} | {r['metric']} |"
-              for r in reference_rows]
+    lines += ["For reference (not comparable runs):", ""] + markdown_table(
+        ["what", "R-1", "R-2", "R-L", "how scored"],
+        [[r["what"], f"{r['rouge1']:.2f}", f"{r['rouge2']:.2f}", f"{r['rougeL']:.2f}", r["metric"]]
+         for r in reference_rows])
     lines += ["", f"ROUGE: {meta['rouge']}. Mean ± sample standard deviation over seeds. Δ: mean over the family's "
               "seeds of its difference to the Transformer of the same seed. Both tests pair each run "
               "with the Transformer of the same seed over the same documents and are two-sided. Paired bootstrap: "
