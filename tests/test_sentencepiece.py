@@ -198,3 +198,15 @@ def test_a_folder_without_a_record_decodes_as_bpe(tmp_path):
     assert subword.read_subword(tmp_path) == {"kind": "bpe", "codes": "code"}
     assert subword.post_process_args(subword.read_subword(tmp_path)) == ["--remove-bpe", "@@ "]
     assert subword.hub_options(tmp_path)["bpe_codes"] == str(tmp_path / "code")
+
+
+def test_decoding_joins_the_pieces_of_the_folder_it_was_made_from(tmp_path):
+    """A test sample's or a sources view's folder holds no record: the caller passes the data folder's."""
+    from man_fairseq.recipes.evaluation.decode import generate_args
+
+    cfg = {"eval": {"remove_bpe": "@@ "}}
+    spm = {"kind": "sentencepiece", "model": "spm.model"}
+    argv = generate_args(cfg, tmp_path, "ckpt.pt", "test", "cpu", "fp32", 8, spm)
+    assert argv[argv.index("--post-process") + 1] == "sentencepiece" and "--remove-bpe" not in argv
+    argv = generate_args(cfg, tmp_path, "ckpt.pt", "test", "cpu", "fp32", 8)  # no record: BPE
+    assert argv[argv.index("--remove-bpe") + 1] == "@@ " and "--post-process" not in argv

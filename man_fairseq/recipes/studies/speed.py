@@ -40,6 +40,7 @@ from ...provenance import cpu_model, git_commit
 from ..config import REPO, ConfigError, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
+from ..data.subword import read_subword
 from ..evaluation.decode import EvaluateError, generate_args, read_generate_output
 from ..evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
 from ..options import number, precision_list, thread_counts
@@ -135,7 +136,8 @@ def measure_training(cfg, args, setting, work, tag):
 def measure_decoding(cfg, sample_data, subset, checkpoint, n, args, setting, work, tag):
     """One fairseq-generate of the test sample: {command, sentences, tokens, seconds, sentences_per_s, ...}."""
     cmd = ["fairseq-generate"] + generate_args(cfg, sample_data, checkpoint, subset, setting["device"],
-                                               setting["precision"], args.batch_size)
+                                               setting["precision"], args.batch_size,
+                                               read_subword(args.data))  # the sample's folder has no record
     log_path = work / tag / "generate.txt"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     rc, text, peak, seconds = run_measured(cmd, log_path, thread_env(setting["threads"]))
