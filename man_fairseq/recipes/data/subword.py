@@ -14,6 +14,7 @@ reads it back for decoding (:func:`post_process_args`) and Python use (:func:`hu
 import os
 from pathlib import Path
 
+from ..options import number
 from .dataprep import PrepError, log, read_lines, write_lines
 from .destination import read_record
 
@@ -33,7 +34,7 @@ def add_options(parser):
                              f"sentencepiece model trained on the training split, stored as {SPM_MODEL}")
     parser.add_argument("--spm-model-type", choices=SPM_MODEL_TYPES, default=None,
                         help=f"--subword sentencepiece: model type (default {DEFAULT_SPM_MODEL_TYPE}, spm_train's)")
-    parser.add_argument("--spm-vocab-size", type=int, default=None,
+    parser.add_argument("--spm-vocab-size", type=number("--spm-vocab-size", low=1), default=None,
                         help="--subword sentencepiece: vocabulary size "
                              f"(default {DEFAULT_SPM_VOCAB_SIZE}, spm_train's)")
 
@@ -49,8 +50,6 @@ def check_options(parser, args):
         return
     if args.bpe_merges is not None:
         parser.error("--bpe-merges: not read with --subword sentencepiece (--spm-vocab-size sets its size)")
-    if args.spm_vocab_size is not None and args.spm_vocab_size < 1:
-        parser.error(f"--spm-vocab-size {args.spm_vocab_size}: must be 1 or more")
     args.spm_model_type = args.spm_model_type or DEFAULT_SPM_MODEL_TYPE
     args.spm_vocab_size = args.spm_vocab_size or DEFAULT_SPM_VOCAB_SIZE
 
