@@ -210,3 +210,17 @@ def test_decoding_joins_the_pieces_of_the_folder_it_was_made_from(tmp_path):
     assert argv[argv.index("--post-process") + 1] == "sentencepiece" and "--remove-bpe" not in argv
     argv = generate_args(cfg, tmp_path, "ckpt.pt", "test", "cpu", "fp32", 8)  # no record: BPE
     assert argv[argv.index("--remove-bpe") + 1] == "@@ " and "--post-process" not in argv
+
+
+def test_the_records_tokenizer_options_are_the_documented_ones():
+    """The ``tokenizer`` field of each recipe's record is docs/python-api.md's row (checked against
+    data-prep's tokenizer in test_python_api)."""
+    from test_python_api import TOKENIZERS
+    from man_fairseq.recipes.data import multi30k, prepare
+
+    fields = {"multi30k.de-en": multi30k.TOKENIZER, "iwslt14.tokenized.de-en": prepare.TOKENIZER["iwslt14"],
+              "wmt14_en_de": prepare.TOKENIZER["wmt14"], "cnndm": prepare.TOKENIZER["cnndm"]}
+    for folder, (_, keywords, _) in TOKENIZERS.items():
+        assert ", ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in fields[folder].items()) \
+            == keywords, folder
+    assert prepare.TOKENIZER["gigaword"] == {}

@@ -46,6 +46,8 @@ OFFICIAL_SHA256 = {
 }
 DEFAULT_BPE_MERGES = 10000  # joint BPE; ~10k is the usual size for Multi30k and IWSLT-size corpora
 MANIFEST = "multi30k.json"
+# the captions' tokenizer as fairseq's options (from_pretrained keywords): the record's ``tokenizer``
+TOKENIZER = {"tokenizer": "moses", "moses_no_dash_splits": True}
 
 
 def find_split_file(folder, stem, lang):
@@ -111,8 +113,7 @@ def prepare_multi30k(args):
                                 src=args.src, tgt=args.tgt,
                                 **({"bpe_merges": args.bpe_merges} if args.subword == "bpe"
                                    else subword.making_options(args)))
-    args.record.update(subword=subword.subword_record(args),
-                       tokenizer={"tokenizer": "moses", "moses_no_dash_splits": True})  # docs/python-api.md
+    args.record.update(subword=subword.subword_record(args), tokenizer=dict(TOKENIZER))
     check_dest(args.dest, args.record, args.force, work=args.work)
     with work_lock(args.work):
         return build_multi30k(args)
