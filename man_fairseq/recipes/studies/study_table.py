@@ -95,30 +95,33 @@ def significance(records, records_dir, references, n_samples, reference_files=No
             hypotheses[key], _ = check_aligned([(names[key], read_hypotheses(records_dir, r, subset)),
                                                 (ref_names[subset], references[subset])], references=ref_names[subset])
             check_score(records_dir, r, subset, "sacrebleu", sacrebleu_detok(hypotheses[key], references[subset])["bleu"])
-    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     out = {}
+    for r, b, subset in same_seed_pairs(records, references):
+        pair = (BASELINE, b["seed"], subset), (r["family"], r["seed"], subset)
+        inputs = (hypotheses[pair[0]], hypotheses[pair[1]], references[subset])
+        files = (names[pair[0]], names[pair[1]], ref_names[subset])
+        out[pair[1]] = {"paired_bootstrap": paired_bootstrap(*inputs, n_samples, files),
+                        "paired_randomization": paired_randomization(*inputs, ar_trials, files)}
+    return out
+
+
+def same_seed_pairs(records, subsets):
+    """(run, the Transformer of its seed, test set) of every run but the Transformers', on every test set of
+    ``subsets`` both scored: the pairs the significance tests compare."""
+    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     for r in records:
         b = base.get(r["seed"])
-        if r["family"] == BASELINE or b is None:
-            continue
-        for subset in r["test_sets"]:
-            if subset in b["test_sets"] and subset in references:
-                pair = (BASELINE, b["seed"], subset), (r["family"], r["seed"], subset)
-                inputs = (hypotheses[pair[0]], hypotheses[pair[1]], references[subset])
-                files = (names[pair[0]], names[pair[1]], ref_names[subset])
-                out[pair[1]] = {"paired_bootstrap": paired_bootstrap(*inputs, n_samples, files),
-                                "paired_randomization": paired_randomization(*inputs, ar_trials, files)}
-    return out
+        if r["family"] != BASELINE and b is not None:
+            for subset in r["test_sets"]:
+                if subset in b["test_sets"] and subset in subsets:
+                    yield r, b, subset
 
 
 def summarize(records, families, labels, boot):
     """Per family and test set: mean/std of both BLEUs, delta to the Transformer, p-values."""
     summary = {}
     base = [r for r in records if r["family"] == BASELINE]
-    for fam in families:
-        fr, entry = family_entry(fam, records, labels)
-        if not fr:
-            continue
+    for fam, fr, entry in family_runs(families, records, labels):
         for subset in fr[0]["test_sets"]:
             sac = [r["test_sets"][subset]["sacrebleu"] for r in fr]
             tok = [r["test_sets"][subset]["bleu_tok_ci"] for r in fr]
@@ -128,9 +131,7 @@ def summarize(records, families, labels, boot):
             bsac = {r["seed"]: r["test_sets"][subset]["sacrebleu"] for r in base if subset in r["test_sets"]}
             diffs = [r["test_sets"][subset]["sacrebleu"] - bsac[r["seed"]] for r in fr if r["seed"] in bsac]
             s["delta_sacrebleu_vs_transformer"] = round(sum(diffs) / len(diffs), 2) if diffs else None
-            if fam != BASELINE:
-                for test in TESTS:
-                    s[test] = [(boot.get((fam, r["seed"], subset)) or {}).get(test) for r in fr]
+            s.update(seed_tests(fam, fr, subset, boot))
             entry["test_sets"][subset] = s
         summary[fam] = entry
     return summary
@@ -140,11 +141,7 @@ def to_markdown(summary, meta, stale, protocol_lines=()):
     lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
     for subset, release in meta["test_sets"].items():
         rows = []
-        for fam, e in summary.items():
-            s = e["test_sets"].get(subset)
-            if s is None:
-                continue
-            minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
+        for fam, e, s, minutes in family_rows(summary, subset):
             delta = "–" if s["delta_sacrebleu_vs_transformer"] is None else f"{s['delta_sacrebleu_vs_transformer']:+.2f}"
             if fam == BASELINE:
                 pcols, sig, delta = ["baseline", "baseline"], "baseline", "0 (baseline)"
@@ -181,6 +178,32 @@ def to_markdown(summary, meta, stale, protocol_lines=()):
     lines += list(protocol_lines)  # the runs to convergence beside these (convergence.side_by_side)
     lines += stale_lines(stale, STALE_WHY)
     return "\n".join(lines)
+
+
+def seed_tests(family, runs, subset, boot):
+    """{test: its result per seed of ``runs`` (the family's, by seed) on ``subset``}, from ``boot`` as
+    :func:`significance` gives it; none for the Transformer, the baseline of every test."""
+    if family == BASELINE:
+        return {}
+    return {test: [(boot.get((family, r["seed"], subset)) or {}).get(test) for r in runs] for test in TESTS}
+
+
+def family_rows(summary, subset):
+    """(family, its summary entry, its scores on ``subset``, its mean train minutes) of every family
+    scored on ``subset``: the rows of a study table's section."""
+    for fam, e in summary.items():
+        s = e["test_sets"].get(subset)
+        if s is not None:
+            yield fam, e, s, f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
+
+
+def family_runs(families, records, labels):
+    """(family, its records by seed, the start of its summary entry) of every family of ``families``
+    with records (:func:`family_entry`)."""
+    for fam in families:
+        fr, entry = family_entry(fam, records, labels)
+        if fr:
+            yield fam, fr, entry
 
 
 def family_entry(family, records, labels):

@@ -21,8 +21,8 @@ from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
 from .study_records import check_score, option_flags, read_hypotheses
-from .study_table import (STALE_WHY, TESTS, _params, _pm, family_entry, fmt_p, header_lines, overrides_note, stale_lines,
-                          table_meta, write_table)
+from .study_table import (STALE_WHY, TESTS, _params, _pm, family_rows, family_runs, fmt_p, header_lines, overrides_note,
+                          same_seed_pairs, seed_tests, stale_lines, table_meta, write_table)
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -60,18 +60,12 @@ def significance(records, records_dir, refs, n_samples):
     def doc_scores(r, subset):
         return docs[(r["family"], r["seed"], subset)]
 
-    base = {r["seed"]: r for r in records if r["family"] == BASELINE}
     out = {}
-    for r in records:
-        b = base.get(r["seed"])
-        if r["family"] == BASELINE or b is None:
-            continue
-        for subset in r["test_sets"]:
-            if subset in b["test_sets"] and subset in refs:
-                sd, bd = doc_scores(r, subset), doc_scores(b, subset)
-                out[(r["family"], r["seed"], subset)] = {
-                    "paired_bootstrap": {k: paired_bootstrap(bd[k], sd[k], n_samples) for k in KEYS},
-                    "paired_randomization": {k: paired_randomization(bd[k], sd[k]) for k in KEYS}}
+    for r, b, subset in same_seed_pairs(records, refs):
+        sd, bd = doc_scores(r, subset), doc_scores(b, subset)
+        out[(r["family"], r["seed"], subset)] = {
+            "paired_bootstrap": {k: paired_bootstrap(bd[k], sd[k], n_samples) for k in KEYS},
+            "paired_randomization": {k: paired_randomization(bd[k], sd[k]) for k in KEYS}}
     return out
 
 
@@ -84,10 +78,7 @@ def copying_of_runs(records, records_dir, articles):
 def summarize(records, families, labels, boot, copied):
     summary = {}
     base = {r["seed"]: r for r in records if r["family"] == BASELINE}
-    for fam in families:
-        fr, entry = family_entry(fam, records, labels)
-        if not fr:
-            continue
+    for fam, fr, entry in family_runs(families, records, labels):
         for subset in fr[0]["test_sets"]:
             s = {"name": fr[0]["test_sets"][subset]["name"]}
             for k in KEYS:
@@ -99,9 +90,7 @@ def summarize(records, families, labels, boot, copied):
                 s[f"{k}_mean_std"] = mean_std(values)
                 s[f"delta_{k}"] = round(sum(diffs) / len(diffs), 2) if diffs else None
             s["copying"] = [copied.get((fam, r["seed"], subset)) for r in fr]
-            if fam != BASELINE:
-                for test in TESTS:
-                    s[test] = [(boot.get((fam, r["seed"], subset)) or {}).get(test) for r in fr]
+            s.update(seed_tests(fam, fr, subset, boot))
             entry["test_sets"][subset] = s
         summary[fam] = entry
     return summary
@@ -170,11 +159,7 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying, protoco
     lines = header_lines(meta, f"data: {meta['subset']}")
     for subset, release in meta["test_sets"].items():
         rows = []
-        for fam, e in summary.items():
-            s = e["test_sets"].get(subset)
-            if s is None:
-                continue
-            minutes = f"{sum(e['train_minutes']) / len(e['train_minutes']):.1f}"
+        for fam, e, s, minutes in family_rows(summary, subset):
             if fam == BASELINE:
                 delta, pcols = "0 (baseline)", ["baseline", "baseline"]
             else:
