@@ -129,6 +129,19 @@ def call_entry_point(func, argv, prog="prog", merge_stderr=False):
                                        None if merge_stderr else err.getvalue())
 
 
+def run_files2rouge(argv, capsys):
+    """(exit status, stdout, stderr) of ``man-files2rouge argv`` run in this process (argparse's own
+    errors are its SystemExit)."""
+    from man_fairseq.cli import files2rouge
+
+    try:
+        code = files2rouge.main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def built_once(tmp_path_factory, name, build):
     """The folder ``name`` made by ``build(folder)`` once per test session, whatever the workers.
 

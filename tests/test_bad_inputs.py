@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_files2rouge
 from pausing import pause_env, wait_for
 from test_cnndm_layouts import example, record, write_bin, write_see_text
 from test_data_prep import MERGES, PREP, WORDS_EN, make_iwslt_archive, make_sumdata, prep_in_process, sentence
@@ -233,17 +234,6 @@ def test_a_zero_byte_bin_chunk_is_refused_before_any_step(tmp_path):
 
 # ------------------------------------------------------------------------ 4. and 5. files2rouge
 
-def _files2rouge(argv, capsys):
-    from man_fairseq.cli import files2rouge
-
-    try:
-        code = files2rouge.main([str(a) for a in argv])
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("eos", ["", " ", ". ."])
 def test_files2rouge_refuses_an_eos_that_is_not_one_token(eos, tmp_path, capsys, monkeypatch):
     from man_fairseq import rouge155
@@ -251,7 +241,7 @@ def test_files2rouge_refuses_an_eos_that_is_not_one_token(eos, tmp_path, capsys,
     ref = tmp_path / "ref.txt"
     ref.write_text("a b . c d .\n")
     monkeypatch.setattr(rouge155, "run", lambda *a, **k: pytest.fail("ROUGE ran"))
-    code, out, err = _files2rouge([ref, ref, "-e", eos], capsys)
+    code, out, err = run_files2rouge([ref, ref, "-e", eos], capsys)
     assert (code, out) == (2, "") and err.startswith("usage: man-files2rouge")  # argparse: usage, then the error
     assert err.splitlines()[-1] == (f"man-files2rouge: error: -e/--eos {eos!r}: the end-of-sentence token must be "
                                     "one token without spaces, such as '.' (the default)")
@@ -261,11 +251,11 @@ def test_files2rouge_replaces_an_existing_scores_file_only_with_overwrite(tmp_pa
     ref, saved = tmp_path / "ref.txt", tmp_path / "scores.txt"
     ref.write_text("the cat sat on the mat .\n")
     saved.write_text("my notes\n")
-    code, out, err = _files2rouge([ref, ref, "-s", saved], capsys)
+    code, out, err = run_files2rouge([ref, ref, "-s", saved], capsys)
     assert (code, out) == (2, "")
     assert err == f"ERROR: -s {saved}: exists; pass --overwrite to replace it, or choose a new file\n"
     assert saved.read_text() == "my notes\n"
-    code, out, err = _files2rouge([ref, ref, "-s", saved, "--overwrite"], capsys)
+    code, out, err = run_files2rouge([ref, ref, "-s", saved, "--overwrite"], capsys)
     assert (code, err) == (0, "") and "ROUGE-1 Average_F: 1.00000" in saved.read_text()
 
 

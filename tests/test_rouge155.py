@@ -11,6 +11,7 @@ import re
 import subprocess
 
 import pytest
+from conftest import run_files2rouge
 
 from man_fairseq.cli import files2rouge as cli
 from man_fairseq import rouge155, scoring
@@ -132,34 +133,24 @@ def test_man_files2rouge_prints_what_files2rouge_prints(tmp_path, capsys):
     assert set(got) == {("1", "R"), ("1", "P"), ("1", "F")} and got[("1", "F")] == 0.66667  # (2/3 + 2/3) / 2
 
 
-def _files2rouge(argv, capsys):
-    """(exit status, stdout, stderr) of man-files2rouge ``argv``."""
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_man_files2rouge_errors_like_files2rouge(tmp_path, capsys):
+def test_man_files2rouge_errors_likerun_files2rouge(tmp_path, capsys):
     # files2rouge's checks and words, as one ERROR line with exit status 2 (files2rouge: a traceback)
     ref, summ = tmp_path / "ref.txt", tmp_path / "summ.txt"
     ref.write_text("a b .\nc d .\n")
     summ.write_text("a b .\n\n")
-    code, _, err = _files2rouge([ref, summ], capsys)
+    code, _, err = run_files2rouge([ref, summ], capsys)
     assert (code, err) == (2, "ERROR: Empty summary at line 2. Use `--ignore_empty_summary` to ignore it\n")
     cli.main([str(ref), str(summ), "-is"])
     assert "1 line(s) ignored" in capsys.readouterr().out
-    code, _, err = _files2rouge([ref, ref, "-m"], capsys)
+    code, _, err = run_files2rouge([ref, ref, "-m"], capsys)
     assert code == 2 and "--stemming is deprecated" in err
-    code, _, err = _files2rouge([ref, ref, "-a", "-c 95 -n 1", "-n", "3"], capsys)
+    code, _, err = run_files2rouge([ref, ref, "-a", "-c 95 -n 1", "-n", "3"], capsys)
     assert (code, err) == (2, "ERROR: 'rouge_n' should not be set with 'rouge_args'\n")
     # a negative -n: ROUGE-1.5.5 would print ROUGE-L alone with exit status 0, as for -n 0
-    code, _, err = _files2rouge([ref, ref, "-n", "-1"], capsys)
+    code, _, err = run_files2rouge([ref, ref, "-n", "-1"], capsys)
     assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 "
                                       "(0: no ROUGE-N, ROUGE-L only)\n")
-    code, _, err = _files2rouge([ref, ref, "-n", "0", "-nol"], capsys)
+    code, _, err = run_files2rouge([ref, ref, "-n", "0", "-nol"], capsys)
     assert code == 2 and err.endswith("error: -n 0 with -nol leaves nothing to score\n")
 
 
@@ -167,12 +158,12 @@ def test_man_files2rouge_refuses_unequal_files_naming_both(tmp_path, capsys):
     ref, summ = tmp_path / "ref.txt", tmp_path / "summ.txt"
     ref.write_text("a b .\nc d .\n")
     summ.write_text("a b .\n")
-    code, _, err = _files2rouge([ref, summ], capsys)
+    code, _, err = run_files2rouge([ref, summ], capsys)
     assert (code, err) == (2, f"ERROR: unequal line counts: REFERENCE {ref} has 2 lines but SUMMARY {summ} has "
                               "1 line (one line per sentence is needed, in the same order)\n")
     summ.write_text("")
     ref.write_text("")
-    code, _, err = _files2rouge([ref, summ], capsys)
+    code, _, err = run_files2rouge([ref, summ], capsys)
     assert (code, err) == (2, f"ERROR: nothing to score: REFERENCE {ref} has 0 lines but SUMMARY {summ} has 0 lines\n")
 
 
@@ -181,7 +172,7 @@ def test_man_files2rouge_names_a_file_that_is_not_utf8_and_keeps_files2rouge_lin
     ref.write_bytes(b"a b .\nun caf\xe9 .\n")  # Latin-1
     summ.write_text("a b .\nc d .\n")
     for argv, bad in [([ref, summ], ref), ([summ, ref], ref)]:
-        code, out, err = _files2rouge(argv, capsys)
+        code, out, err = run_files2rouge(argv, capsys)
         assert code == 2 and out == "" and err.count("\n") == 1
         assert err.startswith(f"ERROR: {bad}: line 2 is not UTF-8 text (0xe9 at byte 7 of the line)")
     # "\r\n" and a lone "\r" end a line, as in files2rouge's text-mode reading
@@ -189,7 +180,7 @@ def test_man_files2rouge_names_a_file_that_is_not_utf8_and_keeps_files2rouge_lin
     monkeypatch.setattr(rouge155, "run", lambda refs, summaries, **k: seen.append((refs, summaries)) or ("", []))
     ref.write_bytes(b"a b .\r\nc d .\rcaf\xc3\xa9 .")
     summ.write_text("x\ny\nz\n")
-    assert _files2rouge([ref, summ], capsys)[0] == 0
+    assert run_files2rouge([ref, summ], capsys)[0] == 0
     assert seen == [(["a b .\n", "c d .\n", "caf\u00e9 ."], ["x\n", "y\n", "z\n"])]
 
 
@@ -197,11 +188,11 @@ def test_man_files2rouge_options_rouge_rejects_are_one_line(tmp_path, capsys):
     ref = tmp_path / "ref.txt"
     ref.write_text("a b .\nc d .\n")
     # an unknown option ROUGE only warns about (and would score without, exit status 0)
-    code, out, err = _files2rouge([ref, ref, "-a", "-c 95 -q -a"], capsys)
+    code, out, err = run_files2rouge([ref, ref, "-a", "-c 95 -q -a"], capsys)
     assert (code, err) == (2, "ERROR: ROUGE-1.5.5.pl refused options `-c 95 -q -a`: Unknown option: q\n")
     assert out == "Preparing documents... 0 line(s) ignored\nRunning ROUGE...\n"  # no score printed
     # -a replaces files2rouge's options, -a among them: ROUGE then wants a system ID
-    code, _, err = _files2rouge([ref, ref, "-a", "-c 95 -n 1"], capsys)
+    code, _, err = run_files2rouge([ref, ref, "-a", "-c 95 -n 1"], capsys)
     assert code == 2 and err.startswith("ERROR: ROUGE-1.5.5.pl failed (exit code 255) with options `-c 95 -n 1`: ")
     assert "system ID" in err and err.count("\n") == 1
 
@@ -212,7 +203,7 @@ def test_man_files2rouge_checks_the_save_path_before_running_rouge(tmp_path, cap
     monkeypatch.setattr(rouge155, "run", lambda *a, **k: pytest.fail("ROUGE ran"))
     for saveto, said in [(tmp_path, "is a folder"), (ref, "is an input file"),
                          (tmp_path / "no" / "s.txt", f"folder {tmp_path / 'no'} does not exist")]:
-        code, out, err = _files2rouge([ref, ref, "-s", saveto], capsys)
+        code, out, err = run_files2rouge([ref, ref, "-s", saveto], capsys)
         assert (code, out) == (2, "") and err.startswith(f"ERROR: -s {saveto}: {said}") and err.count("\n") == 1
     assert ref.read_text() == "a b .\n"
 
