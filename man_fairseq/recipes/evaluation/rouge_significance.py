@@ -7,7 +7,7 @@ documents resamples or swaps the score.
   computes it for BLEU): the same resampled document indices for both systems, ``|mean_sys -
   mean_base|`` per resample centred on its mean, and ``p = (#{resampled statistic > observed
   difference} + 1) / (n + 1)``; 1 where the two systems' document scores are identical. The field
-  reports it; its statistic reads a near-zero difference as more significant than it is (issue 47).
+  reports it; its statistic reads a near-zero difference as more significant than it is.
 * :func:`paired_randomization`: paired approximate randomization (Noreen 1989; ``sacrebleu
   --paired-ar`` for BLEU): each trial swaps each document's two scores with probability 1/2 (the
   null: the two systems are exchangeable), statistic ``|mean difference|``, ``p = (#{trial

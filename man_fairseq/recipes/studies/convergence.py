@@ -1,4 +1,4 @@
-"""The to-convergence protocol of a study (issue 47): what a run's record says of how it was trained,
+"""The to-convergence protocol of a study: what a run's record says of how it was trained,
 and the part of a study table that sets the two protocols side by side.
 
 A study trains a fixed budget (``configs/<study>/``: its epochs, scored on the average of its last

@@ -43,7 +43,7 @@ EXPERIMENTS = {
 }
 
 
-# The to-convergence protocol of a study (issue 47): the same families and data, its configs those of
+# The to-convergence protocol of a study: the same families and data, its configs those of
 # the study with `train: patience` and a higher `max-epoch` (configs/<study>-converge/), its records
 # in their own folder, and its table the study's: both protocols side by side (``converges``).
 for _study in ("multi30k-cpu", "gigaword-cpu"):

@@ -5,7 +5,7 @@ seeds, the difference to the Transformer, and two paired tests of each seed agai
 of the same seed, computed here from the records' hypothesis files (seeded, so a rebuild gives the
 same p-values): sacreBLEU's paired bootstrap (the p the field reports) and sacreBLEU's paired
 approximate randomization (the p the verdicts rest on: the bootstrap's statistic reads a near-zero
-difference as more significant than it is, issue 47). Stale records (config changed since they ran)
+difference as more significant than it is). Stale records (config changed since they ran)
 are listed below the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 ``<prefix>-valid-loss.png``.
 """
