@@ -49,7 +49,12 @@ def setup_logging(level=None):
 def pyplot():
     """``matplotlib.pyplot`` on the non-interactive Agg backend, plotting loggers silenced."""
     silence_plotting_loggers()  # before the import: the font manager logs while it loads
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        # matplotlib is the `analysis` extra, not a dependency: one line, not a traceback
+        raise SystemExit("error: drawing a figure needs matplotlib, which is not installed: "
+                         "pip install 'man-fairseq[analysis]' (or pip install matplotlib)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
