@@ -8,7 +8,7 @@ Rows: ROUGE-1.5.5 as files2rouge runs it (its empty exception database) in both 
 with WordNet's 5,930 irregular forms instead, and Google's rouge-score as the fall-back reports it
 (rougeLsum on split sentences) and as a plain whole-line rougeL::
 
-    .venv/bin/python scripts/compare_rouge_scorers.py ../shared/data
+    .venv/bin/python -m lab.compare_rouge_scorers ../shared/data
 """
 
 import argparse

@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ...logging_setup import quiet_logging
-from ...provenance import git_commit
-from ...tables import markdown_table
-from ..training import fairseq_log
-from ..config import CONFIG_DIR, REPO, load_config
-from ..training.launch import train_args
+from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.provenance import git_commit
+from man_fairseq.tables import markdown_table
+from man_fairseq.recipes.training import fairseq_log
+from man_fairseq.recipes.config import CONFIG_DIR, REPO, load_config
+from man_fairseq.recipes.training.launch import train_args
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"

@@ -42,12 +42,12 @@ import threading
 import time
 from pathlib import Path
 
-from ..config import REPO, ConfigError, load_config
-from ..options import number
-from .launch import split_fairseq_args, train_args
-from ..tools import tool_env
-from ..workdir import MARKER, created
-from ...logging_setup import quiet_logging
+from man_fairseq.recipes.config import REPO, ConfigError, load_config
+from man_fairseq.recipes.options import number
+from man_fairseq.recipes.training.launch import split_fairseq_args, train_args
+from man_fairseq.recipes.tools import tool_env
+from man_fairseq.recipes.workdir import MARKER, created
+from man_fairseq.logging_setup import quiet_logging
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve

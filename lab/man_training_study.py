@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Collect the runs of scripts/man_training_study.sh into small records, a table and a figure.
+"""Collect the runs of lab/man_training_study.sh into small records, a table and a figure.
 
-    python scripts/man_training_study.py [--study man-training-study] [--order T,M,...]
+    python -m lab.man_training_study [--study man-training-study] [--order T,M,...]
 
 For every finished run folder ``runs/STUDY/NAME``: ``results/STUDY/NAME.json`` (command, validation
 loss per epoch, training loss, and the per-sublayer gradient norms: every update of the first 100,
 then every 5th, rounded to 4 significant digits). Then, from those records alone:
 ``results/STUDY.md`` (validation loss per epoch of every run) and ``docs/STUDY.png`` (loss curves;
 mean gradient norm of every encoder sublayer per run). STUDY is ``man-training-study`` (docs/man.md)
-unless given (``STUDY=diffwin-probe scripts/man_training_study.sh ...`` writes ``runs/diffwin-probe``);
+unless given (``STUDY=diffwin-probe lab/man_training_study.sh ...`` writes ``runs/diffwin-probe``);
 ``--include OTHER_STUDY/NAME`` shows another study's record first (the baseline a probe is measured against).
 """
 
@@ -141,7 +141,7 @@ def main(argv=None):
     md = table(records, json.loads(args.notes) if args.notes else {})
     (records_dir.parent / f"{args.study}.md").write_text(
         f"# {args.title}\n\n"
-        f"Written by scripts/man_training_study.py from results/{args.study}/*.json; see {args.see}.\n\n"
+        f"Written by python -m lab.man_training_study from results/{args.study}/*.json; see {args.see}.\n\n"
         + md + "\n")
     figure(records, REPO / "docs" / f"{args.study}.png")
     print(md)

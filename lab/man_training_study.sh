@@ -2,13 +2,13 @@
 # Controlled runs behind docs/man.md, "Training speed against the Transformer": one model per call, the
 # issue's Multi30k setting (d=256, 3+3 layers, FFN 1024, lr 1e-3, warm-up 300, 3 epochs, seed 1), run
 # under the sublayer gradient recorder (fairseq-train's own loop). Usage:
-#   scripts/man_training_study.sh NAME ARCH [fairseq options that make this run differ ...]
+#   lab/man_training_study.sh NAME ARCH [fairseq options that make this run differ ...]
 # Writes runs/STUDY/NAME/{train.log,command.txt,sublayer_grads.json,.png}; then
-#   python scripts/man_training_study.py --study STUDY  ->  results/STUDY/ (small records) + docs PNG.
+#   python lab/man_training_study.py --study STUDY  ->  results/STUDY/ (small records) + docs PNG.
 # STUDY (default man-training-study), THREADS (default 1) and EPOCHS (default 3) come from the environment;
 # SAVE=1 keeps the last checkpoint (runs/STUDY/NAME/checkpoints/checkpoint_last.pt, for the analysis commands).
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
 [ $# -ge 2 ] || { echo "usage: $0 NAME ARCH [fairseq options ...]" >&2; exit 2; }
 name=$1; arch=$2; shift 2
 data="${DATA:-$repo/data-bin/multi30k.de-en}"
@@ -31,7 +31,7 @@ if [ "${SAVE:-0}" = 1 ]; then
 else
   args+=(--no-save)
 fi
-{ printf '%q ' "$python" -m man_fairseq.recipes.training.sublayer_grads --out "$out" -- "${args[@]}"; echo
+{ printf '%q ' "$python" -m lab.sublayer_grads --out "$out" -- "${args[@]}"; echo
   echo "threads=$OMP_NUM_THREADS commit=$(git -C "$repo" rev-parse --short HEAD) started=$(date -u +%FT%TZ)"; } > "$out/command.txt"
-"$python" -m man_fairseq.recipes.training.sublayer_grads --out "$out" --title "$name" -- "${args[@]}" > "$out/train.log" 2>&1
+"$python" -m lab.sublayer_grads --out "$out" --title "$name" -- "${args[@]}" > "$out/train.log" 2>&1
 echo "finished=$(date -u +%FT%TZ)" >> "$out/command.txt"

@@ -1,6 +1,6 @@
 """Gradient norm of every sublayer during the first updates of a real ``fairseq-train`` run.
 
-``python -m man_fairseq.recipes.training.sublayer_grads --out DIR -- <fairseq-train arguments>`` runs
+``python -m lab.sublayer_grads --out DIR -- <fairseq-train arguments>`` runs
 fairseq's own training loop unchanged and, after each update, records the L2 norm of the
 gradient (the one the optimizer steps with: normalised by the sample size, before clipping) of
 each sublayer: ``enc0.san``, ``enc0.dman``, ``enc0.dman.mask`` (the DMAN mask's own ``w, P, U``),
@@ -20,8 +20,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from .launch import split_fairseq_args
-from ...logging_setup import quiet_logging
+from man_fairseq.recipes.training.launch import split_fairseq_args
+from man_fairseq.logging_setup import quiet_logging
 
 # fairseq's own layers: parameter prefix inside a layer -> sublayer name
 FAIRSEQ_SUBLAYERS = {

@@ -47,7 +47,7 @@ from pathlib import Path
 # this checkout's package, whatever else is installed
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from man_fairseq.bench.cli import main  # noqa: E402
+from lab.speed.synthetic import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1]))

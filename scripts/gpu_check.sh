@@ -6,4 +6,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 cd "$repo"
-exec "$python" -m man_fairseq.recipes.checks.gpu_check "$@"
+exec "$python" -m lab.gpu_check "$@"

@@ -9,4 +9,4 @@
 # loss.png, checkpoints, data-bin) are replaced only with --overwrite.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m man_fairseq.recipes.training.lr_probe "$@"
+exec "$python" -m lab.lr_probe "$@"

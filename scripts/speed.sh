@@ -10,4 +10,4 @@
 # results/speed/EXPERIMENT.md, rebuilt from the records. Measure on an idle machine.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m man_fairseq.recipes.studies.speed "$@"
+exec "$python" -m lab.speed.study "$@"

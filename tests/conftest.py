@@ -28,6 +28,7 @@ import torch
 sys.dont_write_bytecode = True
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # lab/ (the project's instruments) is imported from the checkout, never installed
 USER_DIR = str(REPO / "man_fairseq")
 SHARED_DATA = REPO.parent / "shared" / "data"
 

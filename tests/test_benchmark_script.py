@@ -69,8 +69,8 @@ def test_a_failed_models_row_has_every_column():
     as many columns as the head has (the row once ended in one cell too many)."""
     from types import SimpleNamespace
 
-    from man_fairseq.bench import report
-    from man_fairseq.bench.cases import CASES, baseline_key, case_key
+    from lab.speed import report
+    from lab.speed.cases import CASES, baseline_key, case_key
 
     runs = [(CASES["man"], "base", "transformer_man_base", "auto")]
     results = {baseline_key("base", "auto"): {"error": "out of memory"}, case_key("man", "base", "auto"): {}}
@@ -83,7 +83,7 @@ def test_a_failed_models_row_has_every_column():
 
 
 def test_unregistered_arch_is_skipped_with_a_message(tmp_path, monkeypatch):
-    from man_fairseq.bench import cases, cli
+    from lab.speed import cases, synthetic as cli
 
     monkeypatch.setitem(cases.CASES, "ghost", cases.Case("ghost", "transformer_ghost_{w}"))
     out = tmp_path / "ghost.md"
@@ -129,7 +129,7 @@ def test_bad_model_args_are_clear_errors():
 
 
 def test_backend_names_agree_with_the_core():
-    from man_fairseq.bench.cases import ATTENTION_BACKENDS as BENCH_BACKENDS
+    from lab.speed.cases import ATTENTION_BACKENDS as BENCH_BACKENDS
     from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
 
     assert BENCH_BACKENDS == ATTENTION_BACKENDS
@@ -141,9 +141,9 @@ def test_half_precision_is_the_recipes_model_cast(tmp_path):
     import torch
     from fairseq.optim import FP16Optimizer
 
-    from man_fairseq.bench.batching import make_batches, write_dictionary
-    from man_fairseq.bench.cases import TINY_OVERRIDES
-    from man_fairseq.bench.model import Built
+    from lab.speed.batching import make_batches, write_dictionary
+    from lab.speed.cases import TINY_OVERRIDES
+    from lab.speed.model import Built
 
     spec = {"max_tokens": 128, "seed": 1, "dtype": "bf16", "warmup": 0, "iters": 1, "len_mean": 6.0,
             "len_std": 2.0, "len_max": 12, "decode_sentences": 2}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from man_fairseq.recipes.studies import calibration_passes as cp
+from lab.speed import passes as cp
 from test_calibration import build_model, make_batch, make_criterion, make_dictionary
 
 
@@ -38,7 +38,7 @@ def test_the_parts_write_the_gradients_of_the_criterions_one_backward():
 
 def test_a_short_run_records_every_part_and_keeps_an_earlier_record(gigaword_like_bin, tmp_path):
     out = tmp_path / "passes.json"
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.calibration_passes", "gigaword-cpu", "--batches", "2",
+    cmd = [sys.executable, "-m", "lab.speed.passes", "gigaword-cpu", "--batches", "2",
            "--warmup", "0", "--data", str(gigaword_like_bin), "--output", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -21,7 +21,7 @@ OUTSIDE = re.compile(r"\bSPEC\b|paper-tables\.md")
 # and the two files that parse the maintainers' transcription of the paper tables, when it is
 # present beside the repository, name it (tests/test_configs.py skips without it).
 NOT_CITATIONS = {
-    "man_fairseq/bench/workers.py": "workers SPEC OUT",
+    "lab/speed/workers.py": "workers SPEC OUT",
     "man_fairseq/recipes/evaluation/paper_rows.py": "paper-tables.md",
     "tests/test_configs.py": "paper-tables.md",
 }

@@ -1,4 +1,4 @@
-"""make gpu-check (man_fairseq/recipes/checks/gpu_check.py): the parts a CPU can run -- the no-CUDA
+"""make gpu-check (lab/gpu_check.py): the parts a CPU can run -- the no-CUDA
 refusal, pytest result parsing, judging the training logs and benchmark results, the report."""
 
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from man_fairseq.recipes.checks import gpu_check
+from lab import gpu_check
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,26 +1,29 @@
 """The package's floors: every import of a ``man_fairseq`` module (read with ``ast``, not run) goes to
-its own floor or one below, never up, and no modules import each other in a circle; no file of
-``man_fairseq/`` or ``scripts/`` is over 400 lines.
+its own floor or one below, never up, and no modules import each other in a circle; the package never
+imports the lab (``lab/``: the project's own instruments, which import the package) and the wheel leaves
+the lab out; no file of ``man_fairseq/``, ``lab/`` or ``scripts/`` is over 400 lines.
 
 Floors, lowest first (a module sits on the floor of the longest prefix that names it):
 
 * ground: logging setup, paths, text files, provenance, the toy corpus, table helpers, and what the
   plugin's own modules need before fairseq loads anything (options, checkpoint allow-list);
 * plugin: what ``--user-dir man_fairseq`` registers (modules, models, criterions, fairseq fixes);
-* library: checkpoint averaging, scoring (BLEU, ROUGE-1.5.5), the analyses, the benchmark;
+* library: checkpoint averaging, scoring (BLEU, ROUGE-1.5.5), the analyses;
 * recipes: what every recipe stage shares (configs, the subprocess runner, work folders);
 * recipes.data, recipes.training, recipes.evaluation, recipes.studies: the pipeline, in its order;
-* recipes.checks: the end-to-end checks of the whole pipeline (smoke run, GPU check);
+* recipes.checks: the end-to-end check of the whole pipeline (smoke run);
 * cli: the commands, which parse their arguments and call what is below.
 """
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "man_fairseq"
+LAB = REPO / "lab"
 
 FLOORS = [
     ("ground", ["man_fairseq.logging_setup", "man_fairseq.paths", "man_fairseq.textfile", "man_fairseq.provenance",
@@ -28,8 +31,7 @@ FLOORS = [
                 "man_fairseq.plugin_options", "man_fairseq.checkpoint_compat"]),
     ("plugin", ["man_fairseq", "man_fairseq.fairseq_fixes", "man_fairseq.modules", "man_fairseq.models",
                 "man_fairseq.criterions"]),
-    ("library", ["man_fairseq.averaging", "man_fairseq.scoring", "man_fairseq.rouge155", "man_fairseq.analysis",
-                 "man_fairseq.bench"]),
+    ("library", ["man_fairseq.averaging", "man_fairseq.scoring", "man_fairseq.rouge155", "man_fairseq.analysis"]),
     ("recipes", ["man_fairseq.recipes"]),
     ("recipes.data", ["man_fairseq.recipes.data"]),
     ("recipes.training", ["man_fairseq.recipes.training"]),
@@ -140,8 +142,31 @@ def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):
     assert floor("man_fairseq.cli.files2rouge") > floor("man_fairseq.scoring") > floor("man_fairseq.models.x")
 
 
+def lab_imports(path):
+    """The ``lab`` modules that ``path`` imports (absolute imports: the package has no relative way there)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        found |= {n for n in names if n == "lab" or n.startswith("lab.")}
+    return found
+
+
+def test_the_package_never_imports_the_lab():
+    assert LAB.is_dir() and lab_imports(LAB / "speed" / "study.py")  # the lab is there and the reader sees its imports
+    assert {str(p.relative_to(REPO)): lab_imports(p) for p in sorted(PACKAGE.rglob("*.py")) if lab_imports(p)} == {}
+    # nor runs it (``python -m lab.X``): where the wheel is installed there is no lab
+    assert [str(p.relative_to(REPO)) for p in sorted(PACKAGE.rglob("*.py")) if re.search(r"\blab\.\w", p.read_text())] == []
+
+
+def test_the_wheel_leaves_the_lab_out():
+    project = (REPO / "pyproject.toml").read_text()
+    include = project[project.index("[tool.setuptools.packages.find]"):].split("\n")[1]
+    assert include.startswith("include = ") and "man_fairseq" in include and "lab" not in include
+
+
 def test_no_file_is_over_400_lines():
-    files = sorted(PACKAGE.rglob("*.py")) + sorted((REPO / "scripts").glob("*"))
+    files = sorted(PACKAGE.rglob("*.py")) + sorted(LAB.rglob("*.py")) + sorted((REPO / "scripts").glob("*"))
     long = [f"{p.relative_to(REPO)}: {n}" for p in files if p.is_file()
             for n in [len(p.read_text().splitlines())] if n > MAX_LINES]
     assert long == []

@@ -5,7 +5,7 @@ import json
 import math
 
 from conftest import TINY_MODEL
-from man_fairseq.recipes.training import lr_probe
+from lab import lr_probe
 from man_fairseq.recipes.config import load_config
 
 SMALL = "configs/man/t1-iwslt14-man-small.yaml"

@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import TINY_MODEL
 
-from man_fairseq.recipes.training import lr_probe
+from lab import lr_probe
 from man_fairseq.recipes.workdir import MARKER
 
 SMALL = "configs/man/t1-iwslt14-man-small.yaml"

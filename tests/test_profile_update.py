@@ -8,8 +8,8 @@ import sys
 from conftest import REPO
 from fairseq.modules import MultiheadAttention
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
-from man_fairseq.recipes.studies import profile_update as pu
-from man_fairseq.recipes.studies.calibration_passes import build
+from lab.speed import profile as pu
+from lab.speed.passes import build
 
 
 def attentions(model):
@@ -31,7 +31,7 @@ def test_core_is_the_transformer_with_the_plugins_core_and_no_bias(gigaword_like
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "man_fairseq.recipes.studies.profile_update", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "lab.speed.profile", *map(str, args)],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
 
 

@@ -16,9 +16,11 @@ from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 
 # every user-facing command: the console scripts of pyproject.toml, the recipes behind scripts/*.sh and
 # data-prep/*.sh, and the Python scripts
-RECIPES = ["evaluation.evaluate", "checks.gpu_check", "training.launch", "training.lr_probe", "studies.reproduce",
-           "studies.speed", "studies.calibration_passes", "studies.profile_update", "evaluation.results_table", "checks.smoke",
-           "training.sublayer_grads", "data.head_subset"]
+RECIPES = ["evaluation.evaluate", "training.launch", "studies.reproduce", "evaluation.results_table", "checks.smoke",
+           "data.head_subset"]
+# the lab's instruments (lab/: run from the checkout)
+LAB = ["lab.gpu_check", "lab.lr_probe", "lab.sublayer_grads", "lab.speed.study", "lab.speed.passes", "lab.speed.profile",
+       "lab.man_training_study", "lab.compare_rouge_scorers"]
 # data-prep/_prepare.py runs these without the plugin package: fairseq is never imported, so the root
 # logger keeps Python's default (WARNING), and they draw nothing
 DATA_PREP = ["data.prepare", "data.multi30k"]
@@ -28,8 +30,8 @@ COMMANDS = (
         ("localness_windows", "cli_main"), ("diffwin_windows", "cli_main"),
         ("export_calibration", "cli_main"), ("attention_locality", "cli_main"), ("files2rouge", "main")]]
     + [f"man_fairseq.recipes.{m}:main" for m in RECIPES]
-    + ["scripts/demo.py:main", "scripts/benchmark.py:main", "scripts/man_training_study.py:main",
-       "scripts/compare_rouge_scorers.py:main"]
+    + [f"{m}:main" for m in LAB]
+    + ["scripts/demo.py:main", "scripts/benchmark.py:main"]
 )
 # standard library only (runs with a GPU node's bare Python before anything is installed): imports
 # no library that logs, so it has no quiet setup to run
@@ -43,8 +45,8 @@ def test_the_list_covers_every_command():
     listed = {c.rsplit(":", 1)[0] for c in COMMANDS} | {f"man_fairseq.recipes.{m}" for m in DATA_PREP}
     assert {s.split(":")[0] for s in scripts} <= listed
     wrapped = set()
-    for sh in list((REPO / "scripts").glob("*.sh")) + list((REPO / "data-prep").glob("*.sh")):
-        wrapped |= set(re.findall(r"-m (man_fairseq\.recipes\.[\w.]+)", sh.read_text()))
+    for sh in list((REPO / "scripts").glob("*.sh")) + list((REPO / "data-prep").glob("*.sh")) + list((REPO / "lab").glob("*.sh")):
+        wrapped |= set(re.findall(r"-m ((?:man_fairseq\.recipes|lab)\.[\w.]+\w)", sh.read_text()))
     wrapped |= {f"man_fairseq.recipes.{m}" for m in re.findall(r"recipes\.([\w.]+\w)", (REPO / "data-prep" / "_prepare.py").read_text())}
     assert wrapped and wrapped <= listed
     assert {f"scripts/{p.name}" for p in (REPO / "scripts").glob("*.py") if "def main(" in p.read_text()} <= listed | set(STDLIB_ONLY)
@@ -116,7 +118,7 @@ def test_lr_probe_plot_prints_no_debug_line(tmp_path):
     probe = tmp_path / "probe.json"
     probe.write_text(json.dumps({"config": "c", "norm": "pre", "verdict": "trains", "records": records}))
     png = tmp_path / "curve.png"
-    proc = run_cli([sys.executable, "-m", "man_fairseq.recipes.training.lr_probe", "--plot", probe, "--png", png],
+    proc = run_cli([sys.executable, "-m", "lab.lr_probe", "--plot", probe, "--png", png],
                    cwd=tmp_path, env={"PYTHONPATH": str(REPO)}, timeout=300)
     assert png.stat().st_size > 5000
     assert "DEBUG" not in proc.stdout, proc.stdout[:2000]

@@ -270,12 +270,12 @@ def test_on_gigaword_one_sentence_both_agree(shared_data):
 
 
 def test_compare_script_tables_every_scorer(shared_data):
-    """scripts/compare_rouge_scorers.py (docs/summarization-scoring.md's table) on a few documents."""
+    """lab/compare_rouge_scorers.py (docs/summarization-scoring.md's table) on a few documents."""
     import importlib.util
 
     from conftest import REPO
 
-    spec = importlib.util.spec_from_file_location("compare_rouge_scorers", REPO / "scripts/compare_rouge_scorers.py")
+    spec = importlib.util.spec_from_file_location("compare_rouge_scorers", REPO / "lab/compare_rouge_scorers.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     rows = [line.split(" | ") for line in script.table(shared_data, max_docs=10).splitlines()[2:]]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_MODEL, run_cli
-from man_fairseq.recipes.studies import speed, speed_table
+from lab.speed import records as speed_table, study as speed
 from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
 from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
 
@@ -248,7 +248,7 @@ def test_table_only_without_records_is_a_clear_error(tmp_path, capsys):
 def test_a_real_short_measurement_end_to_end(gigaword_like_bin, tmp_path):
     results, temp = tmp_path / "results", tmp_path / "tmp"
     temp.mkdir()
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.speed", "gigaword-cpu", "--families", "man",
+    cmd = [sys.executable, "-m", "lab.speed.study", "gigaword-cpu", "--families", "man",
            "--threads", "1", "--repeats", "1", "--updates", "4", "--log-interval", "2", "--decode-sentences", "6",
            "--data", gigaword_like_bin, "--runs-dir", tmp_path / "runs", "--results-dir", results, "--",
            *TINY_MODEL, "--max-tokens", "500"]
@@ -354,7 +354,7 @@ def test_gpu_settings_and_commands(tmp_path, monkeypatch):
 
     cfg = load_config(CONFIG_DIR / "gigaword-cpu" / "man.yaml")
     cmd = speed.train_command(cfg, tmp_path, tmp_path / "ck", [], {"device": "cuda", "precision": "bf16", "threads": 1})
-    assert cmd[:3] == [sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak"]
+    assert cmd[:3] == [sys.executable, "-m", "lab.speed.cuda_peak"]
     assert "--bf16" in cmd and "--cpu" not in cmd
     cpu = speed.train_command(cfg, tmp_path, tmp_path / "ck", [])
     assert cpu[0] == "fairseq-train" and "--cpu" in cpu and "--bf16" not in cpu
@@ -370,7 +370,7 @@ def test_cuda_peak_is_fairseq_train_with_its_log_format(gigaword_like_bin, tmp_p
     cmd = speed.train_command(speed.load_config(REPO / "configs" / "gigaword-cpu" / "man.yaml"), gigaword_like_bin,
                               tmp_path / "ck", ["--max-update", 4, "--log-interval", 2, "--no-save",
                                                 "--disable-validation", "--log-format", "simple", *TINY_MODEL])
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak"] + cmd[1:]
+    cmd = [sys.executable, "-m", "lab.speed.cuda_peak"] + cmd[1:]
     out = subprocess.run([str(c) for c in cmd], cwd=REPO, capture_output=True, text=True, env=speed.thread_env(1))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (tmp_path / "train.log").write_text(out.stdout)

@@ -1,4 +1,4 @@
-"""The per-sublayer gradient recorder (man_fairseq/recipes/training/sublayer_grads.py)."""
+"""The per-sublayer gradient recorder (lab/sublayer_grads.py)."""
 
 import importlib.util
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli
 
-from man_fairseq.recipes.training.sublayer_grads import sublayer_groups
+from lab.sublayer_grads import sublayer_groups
 
 
 def test_groups_name_every_sublayer_of_man_and_transformer():
@@ -34,7 +34,7 @@ def test_groups_name_every_sublayer_of_man_and_transformer():
 def test_records_real_updates_of_fairseq_train(toy_data_bin, tmp_path):
     out, cwd = tmp_path / "grads", tmp_path / "cwd"
     cwd.mkdir()
-    log = run_cli([sys.executable, "-m", "man_fairseq.recipes.training.sublayer_grads", "--out", out, "--",
+    log = run_cli([sys.executable, "-m", "lab.sublayer_grads", "--out", out, "--",
                    toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_man_small", *TINY_MODEL, *TINY_TRAIN,
                    "--max-update", "4", "--no-save", "--disable-validation", "--log-interval", "1",
                    # fairseq makes --save-dir (default ./checkpoints) even with --no-save: keep it in tmp_path
@@ -55,7 +55,7 @@ def test_records_real_updates_of_fairseq_train(toy_data_bin, tmp_path):
 
 
 def _study_script(monkeypatch, repo):
-    spec = importlib.util.spec_from_file_location("man_training_study", REPO / "scripts" / "man_training_study.py")
+    spec = importlib.util.spec_from_file_location("man_training_study", REPO / "lab" / "man_training_study.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     monkeypatch.setattr(module, "REPO", repo)

@@ -26,12 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-from ...logging_setup import quiet_logging
-from ...provenance import cpu_model, git_commit
-from ...tables import markdown_table
-from ..config import REPO, load_config
-from ..options import number
-from .experiments import EXPERIMENTS, missing_data
+from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.provenance import cpu_model, git_commit
+from man_fairseq.tables import markdown_table
+from man_fairseq.recipes.config import REPO, load_config
+from man_fairseq.recipes.options import number
+from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
 
 PHASES = {
     "calibration": ["calibrated forward", "perturbation forward", "calibrated backward", "perturbation backward"],
@@ -45,7 +45,7 @@ def build(cfg, data, extra=()):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from ..training.launch import train_args
+    from man_fairseq.recipes.training.launch import train_args
 
     argv = train_args(cfg, "/nonexistent-save-dir", device="cpu", precision="fp32", data=data, extra=["--seed", 1, *extra])
     parser = options.get_training_parser()

@@ -25,13 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-from ...logging_setup import quiet_logging
-from ...provenance import cpu_model, git_commit
-from ...tables import markdown_table
-from ..config import load_config
-from ..options import number
-from .calibration_passes import batches, build
-from .experiments import EXPERIMENTS, missing_data
+from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.provenance import cpu_model, git_commit
+from man_fairseq.tables import markdown_table
+from man_fairseq.recipes.config import load_config
+from man_fairseq.recipes.options import number
+from lab.speed.passes import batches, build
+from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
 
 CORE = "core"
 CORE_ARGS = ["--localness-layers", ""]  # the localness config with no localness: the core, no bias

@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ...tables import markdown_table
+from man_fairseq.tables import markdown_table
 
 RECORD_KIND = "man-fairseq real-batch speed"
 RECORD_VERSION = 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from man_fairseq.provenance import cpu_model
-from man_fairseq.bench.cases import BASELINE_ARCH, CALIBRATED_CRITERION, LS_CRITERION, Case, baseline_key, case_key
+from lab.speed.cases import BASELINE_ARCH, CALIBRATED_CRITERION, LS_CRITERION, Case, baseline_key, case_key
 from man_fairseq.tables import markdown_table
 
 PRECISION = {

@@ -35,20 +35,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from ...logging_setup import quiet_logging
-from ...provenance import cpu_model, git_commit
-from ..config import REPO, ConfigError, load_config
-from ..data.dataprep import PrepError
-from ..data.manifest import read_manifest
-from ..data.subword import read_subword
-from ..evaluation.decode import EvaluateError, generate_args, read_generate_output
-from ..evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
-from ..options import number, precision_list, thread_counts
-from ..tools import tool_env
-from ..training.cuda_peak import PEAK_LINE
-from ..training.fairseq_log import LogError, train_intervals
-from . import speed_table
-from .experiments import EXPERIMENTS, FAMILY_LABELS, parse_families, prepare_line
+from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.provenance import cpu_model, git_commit
+from man_fairseq.recipes.config import REPO, ConfigError, load_config
+from man_fairseq.recipes.data.dataprep import PrepError
+from man_fairseq.recipes.data.manifest import read_manifest
+from man_fairseq.recipes.data.subword import read_subword
+from man_fairseq.recipes.evaluation.decode import EvaluateError, generate_args, read_generate_output
+from man_fairseq.recipes.evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
+from man_fairseq.recipes.options import number, precision_list, thread_counts
+from man_fairseq.recipes.tools import tool_env
+from lab.speed.cuda_peak import PEAK_LINE
+from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
+from lab.speed import records as speed_table
+from man_fairseq.recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, parse_families, prepare_line
 
 SEED = 1  # every family's training: the same shuffling, so the same batches
 CPU_FP32 = {"device": "cpu", "precision": "fp32", "threads": 1}
@@ -94,12 +94,12 @@ def failure(what, rc, text, log_path):
 def train_command(cfg, data, save_dir, extra, setting=None):
     """fairseq-train as ``scripts/train.sh`` runs it; on a GPU through :mod:`..training.cuda_peak`
     (the same fairseq-train in-process, plus its peak CUDA memory)."""
-    from ..training.launch import launch_command
+    from man_fairseq.recipes.training.launch import launch_command
     setting = setting or CPU_FP32
     cmd = launch_command(cfg, save_dir, nproc=1, device="gpu" if setting["device"] == "cuda" else "cpu",
                          precision=setting["precision"], data=data, extra=extra)
     if setting["device"] == "cuda":
-        cmd = [sys.executable, "-m", "man_fairseq.recipes.training.cuda_peak"] + cmd[1:]
+        cmd = [sys.executable, "-m", "lab.speed.cuda_peak"] + cmd[1:]
     return cmd
 
 
@@ -319,7 +319,7 @@ def settings(args, p):
 
 def main(argv=None):
     quiet_logging()
-    from ..training.launch import split_fairseq_args
+    from man_fairseq.recipes.training.launch import split_fairseq_args
 
     p = parser()
     full = list(sys.argv[1:] if argv is None else argv)

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-from man_fairseq.bench.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
+from lab.speed.cases import (ATTENTION_BACKENDS, BASELINE_ARCH, CASES, DEFAULT_DICT_SIZE, LS_CRITERION,
                                      TINY_OVERRIDES, baseline_key, case_key)
-from man_fairseq.bench.model import USER_DIR
-from man_fairseq.bench.report import ReportInput, Run, Settings, render
+from lab.speed.model import USER_DIR
+from lab.speed.report import ReportInput, Run, Settings, render
 from man_fairseq.provenance import git_commit
-from man_fairseq.bench.workers import log, spawn
+from lab.speed.workers import log, spawn
 
 
 def registered(user_dir: str):

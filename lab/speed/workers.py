@@ -1,6 +1,6 @@
 """The measuring subprocesses: peak memory of one model, interleaved timing of several.
 
-``spawn`` runs ``python -m man_fairseq.bench.workers SPEC OUT`` so that every measurement starts
+``spawn`` runs ``python -m lab.speed.workers SPEC OUT`` so that every measurement starts
 from a fresh process (peak memory is per model; no allocator state carries over).
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from man_fairseq.bench.batching import make_batches, write_dictionary
-from man_fairseq.bench.model import Built
+from lab.speed.batching import make_batches, write_dictionary
+from lab.speed.model import Built
 
 
 def log(msg: str):
@@ -256,7 +256,7 @@ def spawn(spec) -> dict:
     package_root = str(Path(__file__).resolve().parent.parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     try:
-        proc = subprocess.run([sys.executable, "-m", "man_fairseq.bench.workers", spec_path, result_path],
+        proc = subprocess.run([sys.executable, "-m", "lab.speed.workers", spec_path, result_path],
                               env=env, stdout=subprocess.PIPE, stderr=None, text=True)
         if proc.returncode != 0:
             return {"error": f"worker exited with {proc.returncode} (see its log above)"}

@@ -1,2 +1,1 @@
-"""End-to-end checks of the whole pipeline: the CPU smoke run (``make smoke``) and the GPU node's
-check (``scripts/gpu_check.sh``)."""
+"""End-to-end check of the whole pipeline: the CPU smoke run (``make smoke``)."""

@@ -5,8 +5,8 @@ that takes 64 MiB): ``python -m man_fairseq.recipes.data.head_subset data-bin/cn
 data-bin/cnndm-sub --pairs train=4000,valid=300,test=300``. The binarized sentences are copied
 unchanged (both sides, in order), the dictionaries too, the first lines of the raw text files its
 record names for scoring (references, articles), and the folder's record (``<dataset>.json``) with
-the new counts and where they came from, so that ``scripts/speed.sh --data`` and ``profile_update
---data`` read it as they read the original. A folder that exists is never replaced.
+the new counts and where they came from, so that ``scripts/speed.sh --data`` reads it as it reads the original.
+A folder that exists is never replaced.
 """
 
 import argparse
