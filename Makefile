@@ -65,8 +65,9 @@ test: install
 smoke: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.checks.smoke $(SMOKE_ARGS)
 
+# Synthetic batches at the papers' widths, every family against fairseq's Transformer (scripts/speed.sh synthetic).
 bench: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/benchmark.py $(BENCH_ARGS)
+	PYTHON=$(CURDIR)/$(PY) scripts/speed.sh synthetic $(BENCH_ARGS)
 
 # On a machine with a GPU: tests/gpu, a short benchmark and (with data-bin/multi30k.de-en) a few
 # hundred --bf16 updates per family; one Markdown report to attach to a bug report.

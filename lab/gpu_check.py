@@ -5,7 +5,7 @@ Three checks, each with its own log in the output folder:
 1. ``pytest tests/gpu``: every backend against the explicit path (fp32 with TF32 off, fp16, bf16),
    flex recompiles, ``fairseq-train --fp16/--bf16`` and ``fairseq-generate`` per family, n-gram
    blocking on CUDA (fairseq's kernel where built, else the fixed fallback) against the CPU rule;
-2. a short benchmark of every family against fairseq's ``transformer`` (``scripts/benchmark.py``)
+2. a short benchmark of every family against fairseq's ``transformer`` (``scripts/speed.sh synthetic``)
    in the recipes' precision (``--fp16`` by default: the whole model cast, as fairseq does);
 3. if ``data-bin/multi30k.de-en`` exists, a few hundred ``fairseq-train --bf16`` updates of every
    config of the Multi30k CPU study (``configs/multi30k-cpu/``); the training loss must be finite
@@ -171,7 +171,7 @@ def benchmark_check(results: Dict[str, dict], table: str, returncode: int, preci
 
 def run_benchmark(out: Path, precision: str, timeout: float) -> Check:
     md, js = out / "benchmark.md", out / "benchmark.json"
-    code = run_logged([sys.executable, "scripts/benchmark.py", *BENCHMARK_ARGS, "--dtype", precision,
+    code = run_logged([sys.executable, "-m", "lab.speed", "synthetic", *BENCHMARK_ARGS, "--dtype", precision,
                        "--output", md, "--json", js], out / "benchmark.log", timeout)
     results = json.loads(js.read_text()) if js.exists() else {}
     return benchmark_check(results, md.read_text() if md.exists() else "", code, precision)

@@ -13,9 +13,9 @@
 # BUDGET seconds and bundled into $OUT/bundle.tgz as it ends:
 #   1. install: requirements from WHEELHOUSE, fairseq's source built in place without ninja (with it
 #      the parallel extensions share one build.ninja and fail to link; CUDA_HOME unset: no nvcc extensions);
-#   2. profile_update on CNN/DM sources, bf16: transformer, core, man, localness;
+#   2. scripts/speed.sh profile on CNN/DM sources, bf16: transformer, core, man, localness;
 #   3. pytest tests/gpu (-n 16);
-#   4. speed.sh multi30k-cpu in bf16 and cnndm-cpu in bf16, training only, one repeat.
+#   4. scripts/speed.sh multi30k-cpu in bf16 and cnndm-cpu in bf16, training only, one repeat.
 set -u
 WH=${1:?usage: scripts/gpu_session.sh WHEELHOUSE [CNNDM_DATA]}; CNNDM=${2:-data-bin/cnndm-sub}
 OUT=${OUT:?set OUT to the results folder}; mkdir -p "$OUT"
@@ -56,7 +56,7 @@ capped() {  # NAME RESERVE_S COMMAND...: run with what is left minus RESERVE_S, 
   timeout $cap "$@" > "$D/$name.log" 2>&1
   log "$name rc=$?"; bundle
 }
-capped profile 330 python -m lab.speed.profile cnndm-cpu --device cuda --precision bf16 \
+capped profile 330 python -m lab.speed profile cnndm-cpu --device cuda --precision bf16 \
   --families transformer,core,man,localness --data "$CNNDM" --output "$D/profile-cnndm-bf16.md"
 [ -f "$D/profile-cnndm-bf16.md" ] && sed -n 5,11p "$D/profile-cnndm-bf16.md"
 per_test=(); python -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 170)
@@ -65,7 +65,7 @@ capped tests-gpu 150 python -m pytest -v -n 16 ${per_test[@]+"${per_test[@]}"} -
 grep -E 'FAILED|ERROR|[0-9]+ (passed|failed|skipped)' "$D/tests-gpu.log" | grep -v PASSED | tail -20
 for exp in multi30k-cpu cnndm-cpu; do
   data=(); [ $exp = cnndm-cpu ] && data=(--data "$CNNDM")
-  capped speed-$exp 5 env TMPDIR="$D" python -m lab.speed.study $exp --device cuda --precision bf16 \
+  capped speed-$exp 5 env TMPDIR="$D" python -m lab.speed study $exp --device cuda --precision bf16 \
     --repeats 1 --updates 60 --log-interval 20 --skip-decoding ${data[@]+"${data[@]}"} --results-dir "$D/results"
   grep -E '^\[speed' "$D/speed-$exp.log" | tail -8
 done

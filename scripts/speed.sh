@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# Each family's real cost against the Transformer on a study's own batches:
-#   scripts/speed.sh multi30k-cpu|gigaword-cpu|cnndm-cpu|multi30k [--families transformer,man,...]
-#       [--threads 1,2] [--repeats 3] [--updates 60] [--log-interval 10] [--decode-sentences 200]
-#       [--batch-size 128] [--data DIR] [--runs-dir DIR] [--results-dir DIR] [--force]
-#       [--table-only] [--update-docs] [-- fairseq options]
-# Training words/s and peak memory of fairseq-train, decoding sentences/s of fairseq-generate with
-# each config's settings (the study's trained checkpoint when there is one), interleaved, several
-# repeats, per thread count. Records: results/speed/EXPERIMENT-threadsT.json; table:
-# results/speed/EXPERIMENT.md, rebuilt from the records. Measure on an idle machine.
+# The one speed command (lab/speed/, docs/benchmarks.md):
+#   scripts/speed.sh [study] EXPERIMENT [options]  a study's real batches (fairseq-train, fairseq-generate)
+#   scripts/speed.sh synthetic [options]           random batches at the papers' widths
+#   scripts/speed.sh profile EXPERIMENT [options]  one update per family by op; --passes: calibration's by phase
+# Each mode's options: scripts/speed.sh MODE --help. Measure on an idle machine.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m lab.speed.study "$@"
+case "${1:-}" in study|synthetic|profile) ;; *) set -- study "$@" ;; esac
+exec "$python" -m lab.speed "$@"

@@ -1,28 +1,26 @@
-"""Smoke test of scripts/benchmark.py: the real build/train/decode path at a tiny width.
+"""Smoke test of ``scripts/speed.sh synthetic`` (lab/speed/synthetic.py): the real build/train/decode path at a tiny width.
 
 No timing assertions (the numbers depend on the machine); it checks that the script runs
 fairseq's Transformer and transformer_man_base on the same batches, prints the ratio table,
 writes it to --output, and skips an unregistered arch with a message instead of failing.
 """
 
-import functools
 import json
 import math
 import re
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import call_entry_point
+from lab.speed.__main__ import main as speed_main
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "benchmark.py"
 
 
 def run_benchmark(*args, timeout=900):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *map(str, args)], cwd=REPO, timeout=timeout,
+        [sys.executable, "-m", "lab.speed", "synthetic", *map(str, args)], cwd=REPO, timeout=timeout,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -67,14 +65,11 @@ def test_tiny_width_prints_ratio_table(tmp_path):
 def test_a_failed_models_row_has_every_column():
     """A model (or its baseline) that failed: its error in the params column, the other cells blank,
     as many columns as the head has (the row once ended in one cell too many)."""
-    from types import SimpleNamespace
-
-    from lab.speed import report
-    from lab.speed.cases import CASES, baseline_key, case_key
+    from lab.speed.synthetic import CASES, baseline_key, case_key, table
 
     runs = [(CASES["man"], "base", "transformer_man_base", "auto")]
     results = {baseline_key("base", "auto"): {"error": "out of memory"}, case_key("man", "base", "auto"): {}}
-    lines, _, _ = report.table(SimpleNamespace(runs=runs, results=results, settings=SimpleNamespace(device="cpu")))
+    lines, _, _ = table(runs, results, "cpu")
     head, baseline, man = lines[0], lines[2], lines[3]
     for row, name in ((baseline, "baseline (base)"), (man, "man")):
         cells = [c.strip() for c in row.split("|")[1:-1]]
@@ -83,9 +78,9 @@ def test_a_failed_models_row_has_every_column():
 
 
 def test_unregistered_arch_is_skipped_with_a_message(tmp_path, monkeypatch):
-    from lab.speed import cases, synthetic as cli
+    from lab.speed import synthetic as cli
 
-    monkeypatch.setitem(cases.CASES, "ghost", cases.Case("ghost", "transformer_ghost_{w}"))
+    monkeypatch.setitem(cli.CASES, "ghost", cli.Case("ghost", "transformer_ghost_{w}"))
     out = tmp_path / "ghost.md"
     cli.main(["--width", "tiny", "--cases", "ghost", "--output", str(out)])
     text = out.read_text()
@@ -111,28 +106,26 @@ def test_backends_are_groups_with_their_own_baseline(tmp_path):
 
 
 def test_bad_width_and_backend_are_clear_errors():
-    # the script itself, run as __main__ in this process: argument errors need no process of their
-    # own, and each new interpreter would pay the torch/fairseq import
-    script = functools.partial(runpy.run_path, str(SCRIPT), run_name="__main__")
+    # the command itself, run in this process: argument errors need no process of their own, and each
+    # new interpreter would pay the torch/fairseq import
     for args, msg in ((["--width", "huge"], "--width: unknown"), (["--backend", "fast"], "--backend: unknown"),
                       (["--width", "tiny,base"], "run it alone")):
-        proc = call_entry_point(script, args, prog=str(SCRIPT))
+        proc = call_entry_point(lambda: speed_main(["synthetic", *args]), args, prog="scripts/speed.sh")
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bad_model_args_are_clear_errors():
-    script = functools.partial(runpy.run_path, str(SCRIPT), run_name="__main__")
     for value, msg in (("--encoder-layers '3", "--model-args: No closing quotation"),
                        ("encoder-layers 3", "--model-args: expected fairseq options starting with --")):
-        proc = call_entry_point(script, ["--model-args", value], prog=str(SCRIPT))
+        proc = call_entry_point(lambda: speed_main(["synthetic", "--model-args", value]), [], prog="scripts/speed.sh")
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
 
 
-def test_backend_names_agree_with_the_core():
-    from lab.speed.cases import ATTENTION_BACKENDS as BENCH_BACKENDS
-    from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
+def test_backend_names_are_the_cores():
+    from lab.speed import synthetic
+    from man_fairseq.modules import attention_backend
 
-    assert BENCH_BACKENDS == ATTENTION_BACKENDS
+    assert synthetic.ATTENTION_BACKENDS is attention_backend.ATTENTION_BACKENDS  # one list, not a copy
 
 
 def test_half_precision_is_the_recipes_model_cast(tmp_path):
@@ -141,9 +134,9 @@ def test_half_precision_is_the_recipes_model_cast(tmp_path):
     import torch
     from fairseq.optim import FP16Optimizer
 
-    from lab.speed.batching import make_batches, write_dictionary
-    from lab.speed.cases import TINY_OVERRIDES
     from lab.speed.model import Built
+    from lab.speed.synthetic import TINY_OVERRIDES
+    from lab.speed.workers import make_batches, write_dictionary
 
     spec = {"max_tokens": 128, "seed": 1, "dtype": "bf16", "warmup": 0, "iters": 1, "len_mean": 6.0,
             "len_std": 2.0, "len_max": 12, "decode_sentences": 2}

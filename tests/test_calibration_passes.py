@@ -1,4 +1,4 @@
-"""``man_fairseq.recipes.studies.calibration_passes``: calibration's update timed by part. What it
+"""``scripts/speed.sh profile --passes`` (lab/speed/profile.py): calibration's update timed by part. What it
 times must be what the trainer runs (its two backwards write the joint backward's gradients), and a
 short run on toy data writes a record of every part (nothing timed is asserted)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from lab.speed import passes as cp
+from lab.speed import profile as cp
 from test_calibration import build_model, make_batch, make_criterion, make_dictionary
 
 
@@ -38,7 +38,7 @@ def test_the_parts_write_the_gradients_of_the_criterions_one_backward():
 
 def test_a_short_run_records_every_part_and_keeps_an_earlier_record(gigaword_like_bin, tmp_path):
     out = tmp_path / "passes.json"
-    cmd = [sys.executable, "-m", "lab.speed.passes", "gigaword-cpu", "--batches", "2",
+    cmd = [sys.executable, "-m", "lab.speed", "profile", "gigaword-cpu", "--passes", "--batches", "2",
            "--warmup", "0", "--data", str(gigaword_like_bin), "--output", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -55,7 +55,7 @@ def test_a_short_run_records_every_part_and_keeps_an_earlier_record(gigaword_lik
 
 def test_a_folder_without_binarized_data_is_one_line_naming_the_command_that_makes_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        cp.main(["gigaword-cpu", "--data", str(tmp_path)])
+        cp.main(["gigaword-cpu", "--passes", "--data", str(tmp_path)])
     assert stop.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "holds no binarized data (prepare it: data-prep/prepare-gigaword.sh" in line

@@ -1,4 +1,4 @@
-"""``man_fairseq.recipes.studies.profile_update``: one update per family under torch.profiler. The
+"""``scripts/speed.sh profile`` (lab/speed/profile.py): one update per family under torch.profiler. The
 ``core`` baseline must be fairseq's Transformer with the plugin's attention core and no bias; a short
 CPU run writes every family's row and table; bad input gets one line and replaces nothing."""
 
@@ -9,7 +9,7 @@ from conftest import REPO
 from fairseq.modules import MultiheadAttention
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
 from lab.speed import profile as pu
-from lab.speed.passes import build
+from lab.speed.model import build, config_argv
 
 
 def attentions(model):
@@ -20,7 +20,7 @@ def test_core_is_the_transformer_with_the_plugins_core_and_no_bias(gigaword_like
     models = {}
     for fam in ("transformer", pu.CORE, "localness"):
         cfg, extra = pu.family_config("gigaword-cpu", fam)
-        models[fam] = build(cfg, str(gigaword_like_bin), extra=extra)[1]
+        models[fam] = build(config_argv(cfg, str(gigaword_like_bin), extra))[1]
     core, transformer, localness = models[pu.CORE], models["transformer"], models["localness"]
     assert all(type(m) is BiasedMultiheadAttention and m.bias_module is None and m.post_softmax is None
                for m in attentions(core))
@@ -31,7 +31,7 @@ def test_core_is_the_transformer_with_the_plugins_core_and_no_bias(gigaword_like
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "lab.speed.profile", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "lab.speed", "profile", *map(str, args)],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
 
 

@@ -19,8 +19,8 @@ from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 RECIPES = ["evaluation.evaluate", "training.launch", "studies.reproduce", "evaluation.results_table", "checks.smoke",
            "data.head_subset"]
 # the lab's instruments (lab/: run from the checkout)
-LAB = ["lab.gpu_check", "lab.lr_probe", "lab.sublayer_grads", "lab.speed.study", "lab.speed.passes", "lab.speed.profile",
-       "lab.man_training_study", "lab.compare_rouge_scorers"]
+LAB = ["lab.gpu_check", "lab.lr_probe", "lab.sublayer_grads", "lab.speed.__main__", "lab.speed.study", "lab.speed.synthetic",
+       "lab.speed.profile", "lab.man_training_study", "lab.compare_rouge_scorers"]
 # data-prep/_prepare.py runs these without the plugin package: fairseq is never imported, so the root
 # logger keeps Python's default (WARNING), and they draw nothing
 DATA_PREP = ["data.prepare", "data.multi30k"]
@@ -31,7 +31,7 @@ COMMANDS = (
         ("export_calibration", "cli_main"), ("attention_locality", "cli_main"), ("files2rouge", "main")]]
     + [f"man_fairseq.recipes.{m}:main" for m in RECIPES]
     + [f"{m}:main" for m in LAB]
-    + ["scripts/demo.py:main", "scripts/benchmark.py:main"]
+    + ["scripts/demo.py:main"]
 )
 # standard library only (runs with a GPU node's bare Python before anything is installed): imports
 # no library that logs, so it has no quiet setup to run
@@ -42,7 +42,7 @@ def test_the_list_covers_every_command():
     project = (REPO / "pyproject.toml").read_text()
     scripts = {m.group(1).replace(":cli_main", "") for m in re.finditer(r'= "(man_fairseq\.cli\.\w+:\w+)"', project)}
     assert scripts  # the table was found
-    listed = {c.rsplit(":", 1)[0] for c in COMMANDS} | {f"man_fairseq.recipes.{m}" for m in DATA_PREP}
+    listed = {c.rsplit(":", 1)[0].removesuffix(".__main__") for c in COMMANDS} | {f"man_fairseq.recipes.{m}" for m in DATA_PREP}
     assert {s.split(":")[0] for s in scripts} <= listed
     wrapped = set()
     for sh in list((REPO / "scripts").glob("*.sh")) + list((REPO / "data-prep").glob("*.sh")) + list((REPO / "lab").glob("*.sh")):

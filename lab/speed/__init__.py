@@ -1,6 +1,3 @@
-"""Speed and memory of the families against fairseq's own Transformer (``scripts/benchmark.py``).
-
-``cases`` (what is compared), ``batching`` (the random batches every model sees), ``model`` (one
-model built and stepped as ``fairseq-train`` does it, in the recipes' precision), ``workers`` (the
-measuring subprocesses), ``report`` (the Markdown table) and ``cli`` (the command line).
-"""
+"""The one speed command, ``python -m lab.speed MODE`` (:mod:`.__main__`): ``study`` (:mod:`.study`, tables:
+:mod:`.records`), ``synthetic`` (:mod:`.synthetic`, :mod:`.workers`), ``profile`` (:mod:`.profile`); one
+model builder (:mod:`.model`)."""

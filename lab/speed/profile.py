@@ -1,41 +1,40 @@
-"""Where one training update of each family goes, on a study's real batches: ``torch.profiler``
-tables, on the CPU or a GPU.
+"""``scripts/speed.sh profile EXPERIMENT``: where one training update of each family goes, on a study's real
+batches: by op (``torch.profiler`` tables, CPU or GPU) and, ``--passes``, calibration's update by phase.
 
-``python -m man_fairseq.recipes.studies.profile_update EXPERIMENT --families transformer,man``
-builds each family's study config as ``fairseq-train`` would (:func:`.calibration_passes.build`),
-reads the same first training batches (seed 1), runs ``--warmup`` untimed updates (forward, loss,
-backward; no optimizer step), then times ``--batches`` updates (device synchronised) and profiles
-them. On CUDA the model is cast to ``--precision`` as fairseq's ``--bf16``/``--fp16`` do
-(``model.half()``: the whole model, not autocast; no loss scale, which changes no op).
+Each family's study config is built as fairseq-train builds it (:func:`.model.build`) on the same first
+training batches (seed 1), the families taking turns on every batch; an update is forward, loss and
+backward (no optimizer step, no data loading). ``core`` is fairseq's Transformer with every attention
+replaced by the plugin's core and no bias (the study's localness config with ``--localness-layers ""``):
+against it a family's ratio is its method's cost. On CUDA the model is cast to ``--precision`` as
+``--bf16``/``--fp16`` cast it (the whole model; no loss scale, which changes no op).
 
-Besides the study's families, ``core`` is fairseq's Transformer of the study with every attention
-replaced by the plugin's attention core and no bias (the study's localness config with
-``--localness-layers ""``): against it a family's ratio is its method's cost, against
-``transformer`` also the difference between the plugin's core and fairseq's ``MultiheadAttention``.
-
-Writes one Markdown file (``--output``): per family the milliseconds per update, the top ops by
-self time on the device (CUDA kernels on a GPU, CPU ops on the CPU) and the host ops that wait for
-the device (``item``, ``nonzero``, ...). Nothing is timed in the tests; the tables are for reading.
+``--passes`` times calibration's parts against the Transformer's: the calibrated pass forward, the
+perturbation pass forward (the decoder again, on the detached encoder output), then each term's backward
+on its own; the two terms share no graph, so the two backwards write the gradients one joint
+``backward()`` writes (tests/test_calibration_passes.py). Record: ``RESULTS/speed/EXPERIMENT-calibration-passes.json``.
 """
 
 import argparse
 import datetime
+import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from man_fairseq.logging_setup import quiet_logging
+from lab.speed.model import build, config_argv
 from man_fairseq.provenance import cpu_model, git_commit
-from man_fairseq.tables import markdown_table
-from man_fairseq.recipes.config import load_config
+from man_fairseq.recipes.config import REPO, load_config
 from man_fairseq.recipes.options import number
-from lab.speed.passes import batches, build
 from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
+from man_fairseq.tables import markdown_table
 
 CORE = "core"
 CORE_ARGS = ["--localness-layers", ""]  # the localness config with no localness: the core, no bias
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero")
+PHASES = {"calibration": ["calibrated forward", "perturbation forward", "calibrated backward", "perturbation backward"],
+          "transformer": ["forward", "backward"]}
 
 
 def family_config(experiment, family):
@@ -46,128 +45,214 @@ def family_config(experiment, family):
     return load_config(configs / f"{family}.yaml"), []
 
 
-def profile_family(experiment, family, data, device, precision, n_batches, warmup, row_limit):
-    """{ms_per_update: [...], table: str, syncs_per_update: {op: n}, parameters: int}."""
-    import torch
+def batches(task, model, fs_cfg, count):
+    """The first ``count`` training batches of epoch 1, in fairseq-train's order (seed 1)."""
     from fairseq import utils
 
-    cfg, extra = family_config(experiment, family)
-    task, model, criterion, fs_cfg = build(cfg, str(data), extra=extra)
-    samples = batches(task, model, fs_cfg, warmup + n_batches)
-    if device == "cuda":
-        model = model.cuda()
-        model = {"bf16": model.bfloat16, "fp16": model.half}.get(precision, lambda: model)()
-        samples = [utils.move_to_cuda(s) for s in samples]
-    model.train()
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    task.load_dataset("train", combine=False, epoch=1)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset("train"), max_tokens=fs_cfg.dataset.max_tokens, max_sentences=fs_cfg.dataset.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=True, required_batch_size_multiple=fs_cfg.dataset.required_batch_size_multiple,
+        seed=fs_cfg.common.seed, num_workers=0, epoch=1).next_epoch_itr(shuffle=True)
+    return [next(itr) for _ in range(count)]
 
-    def update(sample):
-        loss, _, _ = criterion(model, sample)
-        loss.backward()
-        model.zero_grad(set_to_none=True)
 
-    for sample in samples[:warmup]:
-        update(sample)
-    times = []
-    for sample in samples[warmup:]:
-        sync()
-        start = time.perf_counter()
-        update(sample)
-        sync()
-        times.append((time.perf_counter() - start) * 1000)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+def calibration_update(model, criterion, sample, sync=lambda: None):
+    """One calibrated update's forward and backward, each term apart: {phase: seconds} (``sync``: the device's)."""
+    t0 = time.perf_counter()
+    _, loss, _, encoder_out = criterion.calibrated_pass(model, sample)
+    sync()
+    t1 = time.perf_counter()
+    objective = criterion.perturbation_loss(model, sample, encoder_out, True)[0]
+    sync()
+    t2 = time.perf_counter()
+    loss.backward()
+    sync()
+    t3 = time.perf_counter()
+    objective.backward()
+    sync()
+    return dict(zip(PHASES["calibration"], (t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)))
+
+
+def plain_update(model, criterion, sample, sync=lambda: None):
+    t0 = time.perf_counter()
+    loss, _, _ = criterion(model, sample)
+    sync()
+    t1 = time.perf_counter()
+    loss.backward()
+    sync()
+    return dict(zip(PHASES["transformer"], (t1 - t0, time.perf_counter() - t1)))
+
+
+def time_updates(built, samples, warmup, sync, split_calibration):
+    """{family: [{phase: seconds} per timed batch]}: every batch, the families in turn (a drift of the
+    machine hits them alike), each from the same random state."""
+    import torch
+
+    times = {fam: [] for fam in built}
+    for i, sample in enumerate(samples):
+        for fam, (_, model, criterion, _) in built.items():
+            torch.manual_seed(i)
+            model.train()
+            model.zero_grad(set_to_none=True)
+            sync()
+            update = calibration_update if split_calibration and fam == "calibration" else plain_update
+            phases = update(model, criterion, sample, sync)
+            if i >= warmup:
+                times[fam].append(phases)
+    return times
+
+
+def op_table(model, criterion, samples, device, n_batches, row_limit, sync):
+    """The profiler's ops of ``samples``' updates: (table, host syncs per update)."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else [])
     with torch.profiler.profile(activities=activities) as prof:
-        for sample in samples[warmup:]:
-            update(sample)
+        for sample in samples:
+            plain_update(model, criterion, sample)
+            model.zero_grad(set_to_none=True)
         sync()
-    sort = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
-    syncs = {e.key: e.count / n_batches for e in events if e.key in SYNC_OPS}
-    return {
-        "ms_per_update": times,
-        "syncs_per_update": syncs,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "table": events.table(sort_by=sort, row_limit=row_limit, max_name_column_width=60),
-    }
+    return (events.table(sort_by="self_device_time_total" if device == "cuda" else "self_cpu_time_total",
+                         row_limit=row_limit, max_name_column_width=60),
+            {e.key: e.count / n_batches for e in events if e.key in SYNC_OPS})
 
 
-def to_markdown(meta, results):
-    base = statistics.median(results["transformer"]["ms_per_update"]) if "transformer" in results else None
+def profile_markdown(meta, built, times, tables):
+    ms = {fam: [sum(b.values()) * 1000 for b in times[fam]] for fam in built}
+    base = statistics.median(ms["transformer"]) if "transformer" in ms else None
     lines = [f"# One training update per family: {meta['experiment']}, {meta['device']} {meta['precision']}", "",
-             f"`{meta['command']}`, commit {meta['commit']}, {meta['cpu']}, {meta['date']}; "
-             f"{meta['batches']} profiled updates after {meta['warmup']} warm-up ones, the same batches "
-             "for every family (forward, loss, backward; no optimizer step).", ""]
-    rows = []
-    for fam, r in results.items():
-        ms = r["ms_per_update"]
-        ratio = f"{base / statistics.median(ms):.2f}×" if base else "—"
-        syncs = ", ".join(f"{k.removeprefix('aten::')} {v:g}" for k, v in sorted(r["syncs_per_update"].items())) or "0"
-        rows.append([fam, f"{r['parameters']:,}", f"{statistics.median(ms):.1f} ({min(ms):.1f}-{max(ms):.1f})", ratio,
-                     syncs])
+             f"`{meta['command']}`, commit {meta['commit']}, {meta['cpu']}, {meta['date']}; {meta['batches']} profiled "
+             f"updates after {meta['warmup']} warm-up ones, the same batches for every family (forward, loss, "
+             "backward; no optimizer step).", ""]
+    rows = [[fam, f"{sum(p.numel() for p in built[fam][1].parameters()):,}",
+             f"{statistics.median(m):.1f} ({min(m):.1f}-{max(m):.1f})",
+             f"{base / statistics.median(m):.2f}×" if base else "—",
+             ", ".join(f"{k.removeprefix('aten::')} {v:g}" for k, v in sorted(tables[fam][1].items())) or "0"]
+            for fam, m in ms.items()]
     lines += markdown_table(["family", "parameters", "ms per update (median; min-max)", "× Transformer's speed",
                              "host syncs per update"], rows, "lrrrl")
-    for fam, r in results.items():
-        lines += ["", f"## {fam}", "", "```", r["table"].rstrip(), "```"]
+    for fam in built:
+        lines += ["", f"## {fam}", "", "```", tables[fam][0].rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    import fairseq  # noqa: F401  (its import sets the root logger to DEBUG, which quiet_logging undoes)
+def passes_markdown(record):
+    """Median seconds per batch of each phase, and its share of the Transformer's forward + backward."""
+    med = {fam: {ph: statistics.median(b[ph] for b in record["times"][fam]) for ph in PHASES[fam]} for fam in PHASES}
+    base, total = sum(med["transformer"].values()), sum(med["calibration"].values())
+    lines = [f"Calibration's training update by part, {record['experiment']}: median seconds over "
+             f"{record['batches']} real batches (after {record['warmup']} warm-up), {record['threads']} thread(s), "
+             f"{record['cpu']}, commit {record['commit']}, load average {record['loadavg_before'][0]:.2f} before, "
+             f"{record['loadavg_after'][0]:.2f} after; forward and backward only (no optimizer step).", ""]
+    lines += markdown_table(["model", "part", "seconds", "× Transformer's forward + backward"],
+                            [[fam, ph, f"{med[fam][ph]:.3f}", f"{med[fam][ph] / base:.2f}"]
+                             for fam in ("transformer", "calibration") for ph in PHASES[fam]]
+                            + [["calibration", "**all**", f"{total:.3f}", f"**{total / base:.2f}**"]], "llrr")
+    return "\n".join(lines) + "\n"
 
-    quiet_logging()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                prog="python -m man_fairseq.recipes.studies.profile_update")
+
+def parse(argv, prog):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+    p.add_argument("--passes", action="store_true", help="calibration's update by phase against the Transformer's")
     p.add_argument("--families", default="transformer,core,man",
-                   help="comma-separated study families, and 'core' (default: transformer,core,man)")
+                   help="comma-separated study families, and 'core' (default: transformer,core,man; --passes: "
+                        "transformer,calibration)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="on CUDA: the model's dtype (the CPU profiles fp32)")
-    p.add_argument("--batches", type=number("--batches", low=1), default=3, help="profiled updates")
+    p.add_argument("--batches", type=number("--batches", low=1), default=None,
+                   help="timed updates (default 3; --passes: 20)")
     p.add_argument("--warmup", type=number("--warmup", low=0), default=2, help="untimed updates first")
     p.add_argument("--threads", type=number("--threads", low=1), default=1)
     p.add_argument("--rows", type=number("--rows", low=1), default=25, help="ops per table")
     p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
-    p.add_argument("--output", required=True, help="the Markdown file to write (never replaced)")
+    p.add_argument("--output", default=None, help="the Markdown file to write (never replaced); --passes: the record "
+                                                  "(default: results/speed/EXPERIMENT-calibration-passes.json)")
+    p.add_argument("--force", action="store_true", help="--passes: replace an existing record")
     args = p.parse_args(argv)
-    import torch
-
     configs = EXPERIMENTS[args.experiment]["configs"]
-    families = [f for f in args.families.split(",") if f]
-    for fam in families:
+    args.families = list(PHASES) if args.passes else [f for f in args.families.split(",") if f]
+    for fam in args.families:
         if fam != CORE and not (configs / f"{fam}.yaml").is_file():
             p.error(f"--families: {args.experiment} has no config {fam}.yaml (and 'core' is the only other name)")
-    if CORE in families and not (configs / "localness.yaml").is_file():
+    if CORE in args.families and not (configs / "localness.yaml").is_file():
         p.error(f"--families: 'core' is built from {args.experiment}'s localness.yaml, which it does not have")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA device")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device cuda: torch sees no CUDA device")
     if args.device == "cpu" and args.precision != "fp32":
         p.error("--precision: the CPU profiles fp32 only")
-    data = Path(args.data or EXPERIMENTS[args.experiment]["data"])
-    if problem := missing_data(args.experiment, data):
+    if args.passes and args.device != "cpu":
+        p.error("--passes: timed on the CPU")
+    args.data = Path(args.data or EXPERIMENTS[args.experiment]["data"])
+    if problem := missing_data(args.experiment, args.data):
         p.error(problem)
-    output = Path(args.output)
-    if output.exists():
-        p.error(f"--output: {output} exists; it is not replaced")
+    if args.passes:
+        args.output = Path(args.output or REPO / "results" / "speed" / f"{args.experiment}-calibration-passes.json")
+        if args.output.is_dir():
+            p.error(f"--output: {args.output} is a folder")
+        if args.output.exists() and not args.force:
+            p.error(f"--output: {args.output} exists; pass --force to replace it")
+    elif args.output is None:
+        p.error("--output: the Markdown file to write")
+    elif Path(args.output).exists():
+        p.error(f"--output: {args.output} exists; it is not replaced")
+    args.output, args.batches = Path(args.output), args.batches or (20 if args.passes else 3)
+    return args
+
+
+def main(argv=None, prog="scripts/speed.sh profile"):
+    import fairseq  # noqa: F401  (its import sets the root logger to DEBUG, which quiet_logging undoes)
+    import torch
+    from fairseq import utils
+
+    from man_fairseq.logging_setup import quiet_logging
+
+    quiet_logging()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse(argv, prog)
     torch.set_num_threads(args.threads)
-    results = {}
-    for fam in families:
+    commit, loadavg = git_commit(), list(os.getloadavg())  # the code measured, the machine before
+    built = {}
+    for fam in args.families:
         print(f"[profile] {fam} ...", file=sys.stderr, flush=True)
-        results[fam] = profile_family(args.experiment, fam, data, args.device, args.precision, args.batches,
-                                      args.warmup, args.rows)
-    device = torch.cuda.get_device_name() if args.device == "cuda" else f"CPU, {args.threads} thread(s)"
-    meta = {"experiment": args.experiment, "device": device, "precision": args.precision,
-            "command": "python -m man_fairseq.recipes.studies.profile_update " + " ".join(sys.argv[1:] if argv is None else argv),
-            "commit": git_commit(), "cpu": cpu_model(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "batches": args.batches,
-            "warmup": args.warmup}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(to_markdown(meta, results))
-    print(f"wrote {output}", file=sys.stderr)
+        cfg, extra = family_config(args.experiment, fam)
+        built[fam] = build(config_argv(cfg, str(args.data), extra))
+    first = next(iter(built.values()))
+    samples = batches(first[0], first[1], first[3], args.warmup + args.batches)
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        samples = [utils.move_to_cuda(s) for s in samples]
+        for fam, (task, model, criterion, fs_cfg) in built.items():
+            model = model.cuda()
+            built[fam] = (task, {"bf16": model.bfloat16, "fp16": model.half}.get(args.precision, lambda: model)(),
+                          criterion, fs_cfg)
+    times = time_updates(built, samples, args.warmup, sync, args.passes)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    if args.passes:
+        record = {"kind": "calibration-passes", "experiment": args.experiment, "threads": args.threads, "commit": commit,
+                  "cpu": cpu_model(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_before": loadavg,
+                  "loadavg_after": list(os.getloadavg()), "batches": args.batches, "warmup": args.warmup,
+                  "data": str(args.data), "target_tokens": [int(s["ntokens"]) for s in samples[args.warmup:]],
+                  "times": {fam: times[fam] for fam in PHASES}}
+        args.output.write_text(json.dumps(record, indent=1) + "\n")
+        print(passes_markdown(record))
+        print(f"record: {args.output}", file=sys.stderr)
+        return 0
+    tables = {fam: op_table(model, criterion, samples[args.warmup:], args.device, args.batches, args.rows, sync)
+              for fam, (_, model, criterion, _) in built.items()}
+    meta = {"experiment": args.experiment, "precision": args.precision, "command": f"{prog} " + " ".join(argv),
+            "device": torch.cuda.get_device_name() if cuda else f"CPU, {args.threads} thread(s)", "commit": commit,
+            "cpu": cpu_model(), "batches": args.batches, "warmup": args.warmup,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    args.output.write_text(profile_markdown(meta, built, times, tables))
+    print(f"wrote {args.output}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,6 @@
-"""The measuring subprocesses: peak memory of one model, interleaved timing of several.
-
-``spawn`` runs ``python -m lab.speed.workers SPEC OUT`` so that every measurement starts
-from a fresh process (peak memory is per model; no allocator state carries over).
-"""
+"""The synthetic mode's measuring subprocesses (``python -m lab.speed.workers SPEC OUT``, each from a fresh
+process: peak memory is per model, no allocator state carries over): the random batches every model
+sees, the peak memory of one model, the interleaved timing of several."""
 
 import json
 import os
@@ -11,34 +9,66 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
-from lab.speed.batching import make_batches, write_dictionary
 from lab.speed.model import Built
 
 
-def log(msg: str):
+def log(msg):
     print(f"[benchmark {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _rss_kib(field_name: str) -> int:
+def write_dictionary(directory, size):
+    """Joined src/tgt dictionary with ``size`` symbols in total (fairseq adds 4 specials)."""
+    words = "".join(f"w{i} {size - i}\n" for i in range(size - 4))
+    for lang in ("src", "tgt"):
+        Path(directory, f"dict.{lang}.txt").write_text(words)
+
+
+def make_batches(spec, dictionary):
+    """Random sentences batched as fairseq-train does (sorted by length, --max-tokens): (train, decode)."""
+    import numpy as np
+    import torch
+    from fairseq.data import LanguagePairDataset, data_utils
+
+    rng = np.random.RandomState(spec["seed"])
+    n_train = spec["warmup"] + spec["iters"]
+
+    def dataset(n, **kw):
+        src_len = np.clip(np.round(rng.normal(spec["len_mean"], spec["len_std"], n)), 2, spec["len_max"]).astype(int)
+        tgt_len = np.clip(np.round(src_len * rng.uniform(0.8, 1.25, n)), 2, spec["len_max"]).astype(int)
+        src, tgt = ([torch.tensor(rng.randint(dictionary.nspecial, len(dictionary), size=k - 1).tolist()
+                                  + [dictionary.eos()], dtype=torch.long) for k in lengths]
+                    for lengths in (src_len, tgt_len))
+        return LanguagePairDataset(src, np.array([len(s) for s in src]), dictionary, tgt,
+                                   np.array([len(t) for t in tgt]), dictionary, left_pad_source=True,
+                                   left_pad_target=False, **kw)
+
+    # a pool a few times bigger than what is used, so batches mix lengths like an epoch does
+    ds = dataset(int(3 * n_train * spec["max_tokens"] / spec["len_mean"]) + 16, shuffle=True)
+    with data_utils.numpy_seed(spec["seed"]):
+        order = ds.ordered_indices()
+    batches = ds.batch_by_size(order, max_tokens=spec["max_tokens"], required_batch_size_multiple=8)
+    rng.shuffle(batches)
+    train = [ds.collater([ds[int(i)] for i in b]) for b in batches[:n_train]]
+    if len(train) < n_train:
+        raise RuntimeError("not enough random sentences for the requested batches")
+    dds = dataset(spec["decode_sentences"])
+    return train, dds.collater([dds[i] for i in range(len(dds))])
+
+
+def _rss_kib(field_name):
     with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field_name} not in /proc/self/status")
+        return next(int(line.split()[1]) for line in f if line.startswith(field_name + ":"))
 
 
-def _reset_peak_rss() -> bool:
+def _reset_peak_rss():
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
         return True
     except OSError:
         return False
-
 
 
 def _torch_setup(spec):
@@ -49,7 +79,7 @@ def _torch_setup(spec):
     return torch.device(spec["device"])
 
 
-def _flex_compiles() -> int:
+def _flex_compiles():
     """Graphs dynamo has compiled in this process (flex_attention and block masks under torch.compile)."""
     try:
         from torch._dynamo.utils import counters
@@ -58,9 +88,10 @@ def _flex_compiles() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def memory_worker(spec) -> dict:
-    """Peak training memory of ONE model (this process holds nothing else)."""
+def memory_worker(spec):
+    """Peak training memory of ONE model (this process holds nothing else), on the set's largest batch."""
     import torch
+    from fairseq import utils
 
     device = _torch_setup(spec)
     m = spec["models"][0]
@@ -68,215 +99,146 @@ def memory_worker(spec) -> dict:
         write_dictionary(data_dir, spec["dict_size"])
         built = Built(spec, m, data_dir, device)
         train, _ = make_batches(spec, built.task.source_dictionary)
-    # the largest batch of the set, the same one for every model
     sample = max(train, key=lambda b: b["net_input"]["src_tokens"].numel() + b["target"].numel())
-    if device.type == "cuda":
-        from fairseq import utils
-
+    cuda = device.type == "cuda"
+    if cuda:
         sample = utils.move_to_cuda(sample)
         torch.cuda.empty_cache()
-        mem0 = torch.cuda.memory_allocated()
+        mem0, reset_ok = torch.cuda.memory_allocated(), True
         torch.cuda.reset_peak_memory_stats()
-        reset_ok = True
     else:
-        mem0 = _rss_kib("VmRSS") * 1024
-        reset_ok = _reset_peak_rss()
+        mem0, reset_ok = _rss_kib("VmRSS") * 1024, _reset_peak_rss()
     for it in range(spec["memory_iters"]):
-        if device.type == "cuda" and it == 1:
-            # the first step compiled / autotuned kernels (flex, cuDNN) and grew the allocator: with
-            # more steps, the peak is the steady state's
+        if cuda and it == 1:
+            # the first step compiled / autotuned kernels and grew the allocator: the peak of more steps is the steady state's
             torch.cuda.reset_peak_memory_stats()
-        (dt, _), loss = built.train_step(sample)
+        (dt, _), _ = built.train_step(sample)
         log(f"  memory {m['label']}: step {it + 1}/{spec['memory_iters']} on the largest batch "
             f"({int(sample['ntokens'])} tok) {dt:.2f}s")
-    if device.type == "cuda":
-        peak_abs = torch.cuda.max_memory_allocated()
-    else:
-        peak_abs = _rss_kib("VmHWM") * 1024
+    peak_abs = torch.cuda.max_memory_allocated() if cuda else _rss_kib("VmHWM") * 1024
     return {"params": built.params, "train_peak_bytes": int(peak_abs - mem0), "peak_abs_bytes": int(peak_abs),
             "peak_reset": reset_ok, "memory_batch_tokens": int(sample["ntokens"])}
 
 
-@dataclass
-class _Timings:
-    """One model's timed calls in the timing worker (seconds, by both clocks) and what they ran."""
-    train: List[float] = field(default_factory=list)
-    train_cpu: List[float] = field(default_factory=list)
-    decode: List[float] = field(default_factory=list)
-    decode_cpu: List[float] = field(default_factory=list)
-    compiles: int = 0
-    hyp_len: Optional[float] = None
-    train_kernels: List[str] = field(default_factory=list)
-
-
-def _build_models(spec, data_dir, device, results) -> Dict[str, Built]:
-    """Every model of the spec that builds; one that fails gets its error in ``results``."""
-    models = {}
-    for m in spec["models"]:
-        try:
-            t0 = time.perf_counter()
-            models[m["key"]] = Built(spec, m, data_dir, device)
-            results[m["key"]] = {"params": models[m["key"]].params, "build_s": time.perf_counter() - t0}
-            log(f"  built {m['label']}: {models[m['key']].params / 1e6:.2f}M parameters")
-        except Exception as e:  # another family's code may be mid-edit; report, go on
-            results[m["key"]] = {"error": f"build failed: {type(e).__name__}: {e}"}
-            log(f"  {m['label']}: BUILD FAILED: {type(e).__name__}: {e}")
-    return models
-
-
-def _batch_info(train, pad: int) -> dict:
-    return {
-        "batch_tokens": [int(b["ntokens"]) for b in train],
-        "batch_sentences": [int(b["nsentences"]) for b in train],
-        "batch_pad_fraction": [float((b["net_input"]["src_tokens"] == pad).float().mean()) for b in train],
-    }
-
-
-def _train_interleaved(spec, models, train, timings, results):
-    """Every batch, every model in turn; a model whose step fails leaves ``models`` with its error."""
-    for it, sample in enumerate(train):
-        phase = "warm-up" if it < spec["warmup"] else "timed"
+def _interleaved(models, results, times, n, warmup, what, step):
+    """``n`` rounds, every model in turn (A B C A B C ...: a change of machine load hits them alike);
+    ``step(key, built, round)`` -> ((wall s, CPU s), note); times after ``warmup`` rounds go to
+    ``times[key][what]``; a model that fails leaves ``models`` with its error in ``results``."""
+    for it in range(n):
         for key, built in list(models.items()):
+            before = _flex_compiles()
             try:
-                before = _flex_compiles()
-                (dt, cpu), loss = built.train_step(sample)
-                timings[key].compiles += _flex_compiles() - before
+                (dt, cpu), note = step(key, built, it)
             except Exception as e:
-                results[key] = {"error": f"training step failed: {type(e).__name__}: {e}"}
-                log(f"  {built.label}: TRAIN STEP FAILED: {type(e).__name__}: {e}")
+                failed = {"train": "training step failed", "decode": "decoding failed"}[what]
+                results[key] = {"error": f"{failed}: {type(e).__name__}: {e}"}
+                log(f"  {built.label}: {failed.upper()}: {type(e).__name__}: {e}")
                 del models[key]
                 continue
-            if it >= spec["warmup"]:
-                timings[key].train.append(dt)
-                timings[key].train_cpu.append(cpu)
-            log(f"  train iter {it + 1}/{len(train)} ({phase}) {built.label}: "
-                f"{int(sample['ntokens'])} tok in {dt:.2f}s (process CPU {cpu:.2f}s), loss {loss:.3f}")
+            times[key]["compiled_graphs"] += _flex_compiles() - before
+            if it >= warmup:
+                times[key][what].append(dt)
+                times[key][what + "_cpu"].append(cpu)
+            log(f"  {what} {it + 1}/{n} ({'warm-up' if it < warmup else 'timed'}) {built.label}: {note} in {dt:.2f}s "
+                f"(process CPU {cpu:.2f}s)")
 
 
-def _decode_interleaved(spec, models, decode_sample, timings, results):
-    """Beam search on the one decoding batch, every model in turn; a failing model leaves ``models``."""
+def timing_worker(spec):
+    """Training and decoding speed of several models (all of one width, in this process), interleaved."""
+    from fairseq import utils
     from fairseq.sequence_generator import SequenceGenerator
 
-    nsent = int(decode_sample["nsentences"])
-    n_dec = spec["decode_warmup"] + spec["decode_iters"]
-    for it in range(n_dec):
-        phase = "warm-up" if it < spec["decode_warmup"] else "timed"
-        for key, built in list(models.items()):
-            generator = SequenceGenerator(
-                [built.model], built.task.target_dictionary, beam_size=spec["beam"], max_len_a=0,
-                max_len_b=spec["decode_len"], min_len=spec["decode_len"],
-            )
-            try:
-                before = _flex_compiles()
-                (dt, cpu), hyps = built.decode(generator, decode_sample)
-                timings[key].compiles += _flex_compiles() - before
-            except Exception as e:
-                results[key] = {"error": f"decoding failed: {type(e).__name__}: {e}"}
-                log(f"  {built.label}: DECODING FAILED: {type(e).__name__}: {e}")
-                del models[key]
-                continue
-            if it >= spec["decode_warmup"]:
-                timings[key].decode.append(dt)
-                timings[key].decode_cpu.append(cpu)
-            timings[key].hyp_len = statistics.mean(len(h[0]["tokens"]) for h in hyps)
-            log(f"  decode {it + 1}/{n_dec} ({phase}) {built.label}: {nsent} sent x beam {spec['beam']} in {dt:.2f}s (process CPU {cpu:.2f}s)")
-
-
-def _rates(spec, t: _Timings, tokens: List[int], nsent: int) -> dict:
-    """The times and the rates computed from them, as the report and the JSON name them."""
-    # the clock used for the rates: wall time, or the CPU time of this process (steadier on a
-    # shared machine, meaningful with --threads 1 where no OpenMP thread spins)
-    train_t = t.train if spec["clock"] == "wall" else t.train_cpu
-    dec_t = t.decode if spec["clock"] == "wall" else t.decode_cpu
-    return {
-        "train_times": t.train, "train_cpu_times": t.train_cpu,
-        "train_tok_s": statistics.median(n / s for n, s in zip(tokens, train_t)),
-        "train_tok_s_wall": statistics.median(n / s for n, s in zip(tokens, t.train)),
-        "train_tok_s_cpu": statistics.median(n / s for n, s in zip(tokens, t.train_cpu)),
-        "train_tok_s_total": sum(tokens) / sum(train_t),
-        "decode_times": t.decode, "decode_cpu_times": t.decode_cpu,
-        "decode_sent_s": statistics.median(nsent / s for s in dec_t),
-        "decode_sent_s_wall": statistics.median(nsent / s for s in t.decode),
-        "decode_sent_s_cpu": statistics.median(nsent / s for s in t.decode_cpu),
-        "decode_sentences": nsent,
-        "decode_hyp_len": t.hyp_len,
-        "compiled_graphs": t.compiles,
-    }
-
-
-def timing_worker(spec) -> dict:
-    """Training and decoding speed of several models, interleaved batch by batch.
-
-    All models of one width live in this process and take turns on every batch (A B C A B C ...),
-    so a change of machine load during the run hits every model alike.
-    """
-    from fairseq import utils
-
     device = _torch_setup(spec)
-    results = {}
+    results, models = {}, {}
     with tempfile.TemporaryDirectory() as data_dir:
         write_dictionary(data_dir, spec["dict_size"])
-        models = _build_models(spec, data_dir, device, results)
+        for m in spec["models"]:
+            try:
+                t0 = time.perf_counter()
+                models[m["key"]] = Built(spec, m, data_dir, device)
+                results[m["key"]] = {"params": models[m["key"]].params, "build_s": time.perf_counter() - t0}
+                log(f"  built {m['label']}: {models[m['key']].params / 1e6:.2f}M parameters")
+            except Exception as e:  # another family's code may be mid-edit; report, go on
+                results[m["key"]] = {"error": f"build failed: {type(e).__name__}: {e}"}
+                log(f"  {m['label']}: BUILD FAILED: {type(e).__name__}: {e}")
         if not models:
             return results
         first = next(iter(models.values()))
         train, decode_sample = make_batches(spec, first.task.source_dictionary)
     if device.type == "cuda":
-        train = [utils.move_to_cuda(b) for b in train]
-        decode_sample = utils.move_to_cuda(decode_sample)
-    batch_info = _batch_info(train, first.task.source_dictionary.pad())
-    timings = {k: _Timings() for k in models}
-    _train_interleaved(spec, models, train, timings, results)
+        train, decode_sample = [utils.move_to_cuda(b) for b in train], utils.move_to_cuda(decode_sample)
+    pad = first.task.source_dictionary.pad()
+    batch_info = {"batch_tokens": [int(b["ntokens"]) for b in train],
+                  "batch_sentences": [int(b["nsentences"]) for b in train],
+                  "batch_pad_fraction": [float((b["net_input"]["src_tokens"] == pad).float().mean()) for b in train]}
+    times = {k: {"train": [], "train_cpu": [], "decode": [], "decode_cpu": [], "compiled_graphs": 0} for k in models}
+
+    def train_step(key, built, it):
+        timed, loss = built.train_step(train[it])
+        return timed, f"{int(train[it]['ntokens'])} tok, loss {loss:.3f}"
+
+    _interleaved(models, results, times, len(train), spec["warmup"], "train", train_step)
     for key, built in models.items():
-        timings[key].train_kernels = built.kernels()
+        times[key]["train_kernels"] = built.kernels()
         del built.optimizer  # free Adam state before decoding
-    _decode_interleaved(spec, models, decode_sample, timings, results)
+    nsent = int(decode_sample["nsentences"])
+
+    def decode_step(key, built, it):
+        generator = SequenceGenerator([built.model], built.task.target_dictionary, beam_size=spec["beam"],
+                                      max_len_a=0, max_len_b=spec["decode_len"], min_len=spec["decode_len"])
+        timed, hyps = built.decode(generator, decode_sample)
+        times[key]["decode_hyp_len"] = statistics.mean(len(h[0]["tokens"]) for h in hyps)
+        return timed, f"{nsent} sent x beam {spec['beam']}"
+
+    _interleaved(models, results, times, spec["decode_warmup"] + spec["decode_iters"], spec["decode_warmup"],
+                 "decode", decode_step)
     tokens = batch_info["batch_tokens"][spec["warmup"]:]
     for key, built in models.items():
-        r = results[key]
-        r.update(batch_info)
-        r.update(_rates(spec, timings[key], tokens, int(decode_sample["nsentences"])))
-        r["skipped_updates"] = built.skipped_updates  # fp16 overflows (the loss scale settling)
-        r["train_kernels"], r["decode_kernels"] = timings[key].train_kernels, built.kernels()
+        t = times[key]
+        # the clock of the rates: wall time, or this process's CPU time (steadier on a shared machine with --threads 1)
+        train_t, dec_t = (t["train"], t["decode"]) if spec["clock"] == "wall" else (t["train_cpu"], t["decode_cpu"])
+        results[key].update(batch_info, **{
+            "train_times": t["train"], "train_cpu_times": t["train_cpu"],
+            "train_tok_s": statistics.median(n / s for n, s in zip(tokens, train_t)),
+            "train_tok_s_wall": statistics.median(n / s for n, s in zip(tokens, t["train"])),
+            "train_tok_s_cpu": statistics.median(n / s for n, s in zip(tokens, t["train_cpu"])),
+            "train_tok_s_total": sum(tokens) / sum(train_t),
+            "decode_times": t["decode"], "decode_cpu_times": t["decode_cpu"],
+            "decode_sent_s": statistics.median(nsent / s for s in dec_t),
+            "decode_sent_s_wall": statistics.median(nsent / s for s in t["decode"]),
+            "decode_sent_s_cpu": statistics.median(nsent / s for s in t["decode_cpu"]),
+            "decode_sentences": nsent, "decode_hyp_len": t.get("decode_hyp_len"),
+            "compiled_graphs": t["compiled_graphs"],
+            "skipped_updates": built.skipped_updates,  # fp16 overflows (the loss scale settling)
+            "train_kernels": t["train_kernels"], "decode_kernels": built.kernels()})
     return results
 
 
-def spawn(spec) -> dict:
+def spawn(spec):
     """Run one worker in a fresh process; returns its result dict or {'error': ...}."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
-        spec_path = f.name
-    result_path = spec_path + ".out"
+    spec_path, result_path = f.name, f.name + ".out"
     env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
-    env.setdefault("MKL_NUM_THREADS", str(spec["threads"]))
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.setdefault(name, str(spec["threads"]))
     env.setdefault("PYTHONWARNINGS", "ignore")  # hydra deprecation chatter of fairseq 0.12
-    # the worker imports this very package (not another installed copy): fairseq's --user-dir
-    # refuses a second man_fairseq
-    package_root = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # the worker imports this checkout (lab and man_fairseq), not another installed copy: fairseq's
+    # --user-dir refuses a second man_fairseq
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([repo] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     try:
-        proc = subprocess.run([sys.executable, "-m", "lab.speed.workers", spec_path, result_path],
-                              env=env, stdout=subprocess.PIPE, stderr=None, text=True)
+        proc = subprocess.run([sys.executable, "-m", "lab.speed.workers", spec_path, result_path], env=env,
+                              stdout=subprocess.PIPE, stderr=None, text=True)
         if proc.returncode != 0:
             return {"error": f"worker exited with {proc.returncode} (see its log above)"}
-        with open(result_path) as f:
-            return json.load(f)
+        return json.loads(Path(result_path).read_text())
     finally:
         for p in (spec_path, result_path):
             if os.path.exists(p):
                 os.unlink(p)
 
 
-def main(argv):
-    spec_path, result_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
-    result = memory_worker(spec) if spec["mode"] == "memory" else timing_worker(spec)
-    with open(result_path, "w") as f:
-        json.dump(result, f)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    Path(sys.argv[2]).write_text(json.dumps(memory_worker(spec) if spec["mode"] == "memory" else timing_worker(spec)))
