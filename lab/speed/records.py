@@ -1,16 +1,7 @@
-"""The tables of ``scripts/speed.sh`` (:mod:`speed`), rebuilt from its records alone.
-
-A record (``results/speed/<experiment>-threads<T>.json``; on a GPU
-``<experiment>-cuda-<precision>.json``) holds one interleaved measurement at one setting: every raw
-number of every (repeat, family) run. From it, per family: training words/s (the median of
-fairseq's logged ``wps`` intervals after the warm-up ones), peak resident memory of fairseq-train
-(on a GPU: the peak CUDA memory torch allocated), and fairseq-generate's sentences/s; each as its
-median over repeats with the min–max, and as a ratio to the Transformer *of the same repeat* (the
-families ran one after the other, so a load drift hits a repeat's runs alike), median and min–max
-of those ratios.
-
-Written here: ``results/speed/<experiment>.md`` (every thread count of one study) and the block of
-``docs/speed.md`` (:data:`PAGE`) between :data:`BLOCK_BEGIN` and :data:`BLOCK_END` (every study).
+"""The study mode's records and the tables rebuilt from them alone: ``results/speed/<experiment>.md`` (every
+setting of one study) and the block of ``docs/speed.md`` (:data:`PAGE`, every study). Per family: words/s
+(median of the logged ``wps`` after the warm-up intervals), peak memory, sentences/s, each the median over
+repeats (min–max) and as a ratio to the Transformer *of the same repeat* (a load drift hits a repeat alike).
 """
 
 import json
@@ -212,9 +203,8 @@ def provenance(record):
 GPU_RATIO_NOTE = (
     "On a GPU the ratios compare implementations as well as methods: every family sends all its attentions "
     "through the plugin's core, fairseq's Transformer through fairseq's `MultiheadAttention` (every family "
-    "trained 1.4-3× faster than it in bf16 on an H200, results/gpu/2026-11-27-h200.md). `python -m "
-    "man_fairseq.recipes.studies.profile_update EXPERIMENT --device cuda --families transformer,core,FAMILY` "
-    "adds the core without a bias as a second baseline.")
+    "trained 1.4-3× faster than it in bf16 on an H200, results/gpu/2026-11-27-h200.md). `scripts/speed.sh "
+    "profile EXPERIMENT --device cuda --families transformer,core,FAMILY` adds the core without a bias as a second baseline.")
 
 
 def lead_name(records):

@@ -1,25 +1,10 @@
-"""Each family's real cost where users pay it (``scripts/speed.sh EXPERIMENT``): training words/s, peak
-training memory and decoding sentences/s of every config of a study on the study's own data, against
-the Transformer of the same study, on one thread and on two.
-
-For each thread count, each repeat runs every family in turn, the Transformer first, so that a drift
-of the machine's load hits them alike (ratios are taken within a repeat):
-
-* **training**: fairseq-train with the family's config (the launcher of ``scripts/train.sh``,
-  :func:`..training.launch.launch_command`), ``--updates`` updates with seed 1 (the same batches for
-  every family), ``--no-save`` in a temporary folder. Words/s: fairseq's ``wps`` of each
-  ``--log-interval``; peak memory: the fairseq-train process's ``ru_maxrss`` (``os.wait4``).
-* **decoding**: fairseq-generate with the config's generation settings
-  (:func:`..evaluation.decode.generate_args`) on a fixed sample of ``--decode-sentences`` pairs of the
-  data's first test set (:mod:`..evaluation.test_sample`), with the study's trained checkpoint
-  (``RUNS/<family>-seed<S>/checkpoints/checkpoint_last.pt``, ``--checkpoint-seed S``, default 1) when
-  it exists, else a model trained for one update (the record says which). Sentences/s:
-  fairseq-generate's own "Translated N sentences ... (X sentences/s)" (generation time only).
-
-``OMP_NUM_THREADS`` (and MKL's) is the thread count measured, for every fairseq process. Each thread
-count's record, ``RESULTS/speed/<experiment>-threads<T>.json``, holds every raw number; the table
-``RESULTS/speed/<experiment>.md`` (and with ``--update-docs`` the block of ``docs/speed.md``) is rebuilt from
-the records alone (:mod:`speed_table`).
+"""``scripts/speed.sh [study] EXPERIMENT``: each family's real cost where users pay it, on a study's own data
+against its Transformer: fairseq-train's words/s (``wps`` of each ``--log-interval``) and peak memory
+(``ru_maxrss`` from ``os.wait4``; on a GPU torch's peak CUDA memory, :mod:`.cuda_peak`), fairseq-generate's
+sentences/s on a fixed test sample with the study's trained checkpoint (else a one-update model). Each
+repeat runs every family in turn, the Transformer first, with ``OMP_NUM_THREADS`` the thread count measured;
+one record per setting (``RESULTS/speed/<experiment>-threads<T>.json``, ``-cuda-<precision>`` on a GPU),
+the tables rebuilt from the records alone (:mod:`.records`). Method: docs/benchmarks.md.
 """
 
 import argparse
@@ -35,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lab.speed import records
+from lab.speed.cuda_peak import PEAK_LINE
 from man_fairseq.logging_setup import quiet_logging
 from man_fairseq.provenance import cpu_model, git_commit
 from man_fairseq.recipes.config import REPO, ConfigError, load_config
@@ -45,9 +32,8 @@ from man_fairseq.recipes.evaluation.decode import EvaluateError, generate_args, 
 from man_fairseq.recipes.evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
 from man_fairseq.recipes.options import number, precision_list, thread_counts
 from man_fairseq.recipes.tools import tool_env
-from lab.speed.cuda_peak import PEAK_LINE
 from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
-from lab.speed import records as speed_table
+from man_fairseq.recipes.training.launch import launch_command, split_fairseq_args
 from man_fairseq.recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, parse_families, prepare_line
 
 SEED = 1  # every family's training: the same shuffling, so the same batches
@@ -71,11 +57,8 @@ def thread_env(threads):
 
 
 def run_measured(cmd, log_path, env):
-    """Run ``cmd`` with its output in ``log_path``; (exit code, its output, its peak resident memory
-    in MiB: the ``ru_maxrss`` that ``os.wait4`` gives for that process, wall seconds).
-
-    Not :func:`..tools.run_tool`: that one relays each line through this process as it comes, which
-    would take CPU from the process measured; here the tool writes its file itself."""
+    """(exit code, output, peak resident MiB of that process, wall seconds) of ``cmd``, its output in
+    ``log_path`` (written by the tool itself: relaying its lines would take CPU from the process measured)."""
     if shutil.which(cmd[0], path=env["PATH"]) is None:
         raise SpeedError(f"{cmd[0]} not found on PATH")
     start = time.monotonic()
@@ -92,9 +75,7 @@ def failure(what, rc, text, log_path):
 
 
 def train_command(cfg, data, save_dir, extra, setting=None):
-    """fairseq-train as ``scripts/train.sh`` runs it; on a GPU through :mod:`..training.cuda_peak`
-    (the same fairseq-train in-process, plus its peak CUDA memory)."""
-    from man_fairseq.recipes.training.launch import launch_command
+    """fairseq-train as ``scripts/train.sh`` runs it; on a GPU through :mod:`.cuda_peak` (plus its peak CUDA memory)."""
     setting = setting or CPU_FP32
     cmd = launch_command(cfg, save_dir, nproc=1, device="gpu" if setting["device"] == "cuda" else "cpu",
                          precision=setting["precision"], data=data, extra=extra)
@@ -186,6 +167,7 @@ def checkpoints(families, cfgs, args, work, setting):
 
 def gpu_name():
     import torch
+
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
@@ -194,7 +176,7 @@ def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
     the Transformer first."""
     subset, sample_data, ids = sample
     threads = setting["threads"]
-    record = {"kind": speed_table.RECORD_KIND, "version": speed_table.RECORD_VERSION, "experiment": experiment,
+    record = {"kind": records.RECORD_KIND, "version": records.RECORD_VERSION, "experiment": experiment,
               "threads": threads, "device": setting["device"], "precision": setting["precision"],
               "gpu": gpu_name() if setting["device"] == "cuda" else None,
               "command": args.command, "commit": git_commit(), "cpu": cpu_model(),
@@ -207,17 +189,17 @@ def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
                            "fairseq_args": list(args.fairseq_args), "skip_decoding": args.skip_decoding,
                            "checkpoint_seed": args.checkpoint_seed},
               "checkpoints": ckpts, "runs": []}
-    name = speed_table.setting_name(record)
+    name = records.setting_name(record)
     for repeat in range(1, args.repeats + 1):
         for fam in families:
-            tag = f"{speed_table.setting_tag(record)}-repeat{repeat}-{fam}"
+            tag = f"{records.setting_tag(record)}-repeat{repeat}-{fam}"
             loadavg = list(os.getloadavg())
             train = measure_training(cfgs[fam], args, setting, work, tag)
             decode = None if args.skip_decoding else measure_decoding(
                 cfgs[fam], sample_data, subset, ckpts[fam]["path"], len(ids), args, setting, work, tag)
             record["runs"].append({"repeat": repeat, "family": fam, "loadavg": loadavg, "train": train,
                                    "decode": decode})
-            values = speed_table.run_values(record["runs"][-1], WARMUP_INTERVALS)
+            values = records.run_values(record["runs"][-1], WARMUP_INTERVALS)
             log(f"{name}, repeat {repeat}/{args.repeats}, {fam}: training {values['train']:,.0f} words/s, peak "
                 f"{values['memory']:,.0f} MiB" + ("" if decode is None else f"; decoding {values['decode']:.1f} "
                                                                               "sentences/s")
@@ -239,18 +221,18 @@ def write_json(path, content):
 
 
 def write_table(experiment, records_dir, update_docs):
-    records = speed_table.read_records(records_dir, experiment)
-    if not records:
+    recs = records.read_records(records_dir, experiment)
+    if not recs:
         raise SpeedError(f"no speed record of {experiment} in {records_dir}: measure first "
                          f"(scripts/speed.sh {experiment})")
     md = records_dir / f"{experiment}.md"
-    md.write_text(speed_table.to_markdown(experiment, records, FAMILY_LABELS, EXPERIMENTS[experiment]["title"]))
+    md.write_text(records.to_markdown(experiment, recs, FAMILY_LABELS, EXPERIMENTS[experiment]["title"]))
     log(f"wrote {md}")
     if update_docs:
-        page = REPO / speed_table.PAGE
+        page = REPO / records.PAGE
         text = page.read_text(encoding="utf-8")
-        page.write_text(speed_table.replace_page_block(
-            text, speed_table.page_block(records_dir, FAMILY_LABELS), page), encoding="utf-8")
+        page.write_text(records.replace_page_block(
+            text, records.page_block(records_dir, FAMILY_LABELS), page), encoding="utf-8")
         log(f"rebuilt the speed table of {page} from {records_dir}")
     return md
 
@@ -290,7 +272,7 @@ def parser():
     p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     p.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
-                   help=f"also rebuild the real-batch speed table of {speed_table.PAGE} from every record in "
+                   help=f"also rebuild the real-batch speed table of {records.PAGE} from every record in "
                         "RESULTS/speed/ (--update-readme: the old spelling, from when the table was in the README)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     return p
@@ -319,8 +301,6 @@ def settings(args, p):
 
 def main(argv=None):
     quiet_logging()
-    from man_fairseq.recipes.training.launch import split_fairseq_args
-
     p = parser()
     full = list(sys.argv[1:] if argv is None else argv)
     ours, fairseq_args = split_fairseq_args(full)
@@ -346,7 +326,7 @@ def main(argv=None):
             run_study(args, families, records_dir)
         md = write_table(args.experiment, records_dir, args.update_docs)
         print(md.read_text())
-    except (SpeedError, LogError, PrepError, ConfigError, EvaluateError, speed_table.SpeedRecordError, OSError) as e:
+    except (SpeedError, LogError, PrepError, ConfigError, EvaluateError, records.SpeedRecordError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     return 0
@@ -355,13 +335,13 @@ def main(argv=None):
 def run_study(args, families, records_dir):
     """Measure every setting, writing each one's record as it completes."""
     exp = EXPERIMENTS[args.experiment]
-    targets = [speed_table.record_path(records_dir, args.experiment, s["threads"], s["device"], s["precision"])
+    targets = [records.record_path(records_dir, args.experiment, s["threads"], s["device"], s["precision"])
                for s in args.settings]
     for path in targets:  # before any work: nothing measured for an hour is then refused
         if path.exists():
             try:
-                old = speed_table.read_record(path)
-            except speed_table.SpeedRecordError as e:  # a file of another kind is never replaced
+                old = records.read_record(path)
+            except records.SpeedRecordError as e:  # a file of another kind is never replaced
                 raise SpeedError(f"{e}; not replaced") from e
             if not args.force:
                 raise SpeedError(f"{path} exists (measured {old.get('date')} on {old.get('cpu')}); pass --force "
