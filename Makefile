@@ -72,7 +72,7 @@ bench: install
 # On a machine with a GPU: tests/gpu, a short benchmark and (with data-bin/multi30k.de-en) a few
 # hundred --bf16 updates per family; one Markdown report to attach to a bug report.
 gpu-check: install
-	PYTHON=$(CURDIR)/$(PY) scripts/gpu_check.sh $(GPU_CHECK_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m lab.gpu_check $(GPU_CHECK_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

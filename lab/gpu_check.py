@@ -245,7 +245,8 @@ def render(env: Dict[str, str], checks: List[Check], note: str = "") -> str:
 
 def main(argv=None) -> int:
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog="python -m lab.gpu_check", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=None, help="output folder (default gpu-check-<UTC date-time>; must not exist)")
     p.add_argument("--precision", choices=["fp16", "bf16"], default="fp16",

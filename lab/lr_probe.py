@@ -1,4 +1,4 @@
-"""Learning-rate stability probe (``scripts/lr_probe.sh CONFIG``).
+"""Learning-rate stability probe (``python -m lab.lr_probe CONFIG``).
 
 Trains a recipe config's model with its optimiser and its *peak* learning rate, reached after a
 short warm-up, for a few hundred updates on real text, and reports whether the loss falls and the
@@ -335,7 +335,7 @@ def plot_only(args):
 
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
-    p = argparse.ArgumentParser(prog="scripts/lr_probe.sh", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m lab.lr_probe", description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", help="configs/<row>.yaml (or a row name)")
     p.add_argument("--norm", choices=["pre", "post", "config"], default="config",
                    help="force pre-/post-norm in encoder and decoder (default: as the config says)")

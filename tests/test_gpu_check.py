@@ -26,8 +26,8 @@ def train_log(losses, valid="7.5"):
 
 def test_without_cuda_it_says_so_and_exits_nonzero(tmp_path):
     out = tmp_path / "report"
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--out", str(out)], cwd=tmp_path,
-                          env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE,
+    proc = subprocess.run([sys.executable, "-m", "lab.gpu_check", "--out", str(out)], cwd=tmp_path,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "no CUDA device" in proc.stderr and "--cpu-dry-run" in proc.stderr

@@ -1,4 +1,4 @@
-"""scripts/lr_probe.sh: the command it runs, how it reads fairseq's log, its verdicts, and one real
+"""python -m lab.lr_probe: the command it runs, how it reads fairseq's log, its verdicts, and one real
 (tiny) probe end to end on the toy corpus."""
 
 import json

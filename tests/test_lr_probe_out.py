@@ -1,4 +1,4 @@
-"""scripts/lr_probe.sh --out / --png: a user's files are never replaced without --overwrite, checked
+"""python -m lab.lr_probe --out / --png: a user's files are never replaced without --overwrite, checked
 before anything is binarized or trained; a probe's own folder can be probed again."""
 
 import json
@@ -137,7 +137,7 @@ def test_numbers_out_of_range_are_refused_when_read(tmp_path, capsys, no_trainin
         lr_probe.main([SMALL, "--out", str(tmp_path / "out"), "--text", str(tmp_path / "text"), f"{option}={value}"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"scripts/lr_probe.sh: error: argument {option}: invalid value '{value}': {why}")
+        f"python -m lab.lr_probe: error: argument {option}: invalid value '{value}': {why}")
     assert not (tmp_path / "out").exists()
 
 

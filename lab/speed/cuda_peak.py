@@ -1,12 +1,6 @@
-"""``python -m man_fairseq.recipes.training.cuda_peak FAIRSEQ-TRAIN-ARGS``: fairseq-train, in this
-process, then one line with the peak CUDA memory torch allocated over the whole run.
-
-fairseq's trainer resets torch's peak statistics at every logged interval (it logs ``gb_free`` from
-them, rounded to 0.1 GB), so the peak at exit would cover only the last interval: each reset here
-first keeps the peak so far. Without CUDA the line says so (n/a) and the run is fairseq-train's.
-Its log has fairseq-train's format (the plugin, imported first here, set up logging before
-fairseq_cli.train could).
-"""
+"""``python -m lab.speed.cuda_peak FAIRSEQ-TRAIN-ARGS``: fairseq-train in this process, then one line with
+the peak CUDA memory torch allocated over the whole run (n/a without CUDA). fairseq's trainer resets torch's
+peak statistics at every logged interval, so each reset here first keeps the peak so far."""
 
 import logging
 import os
@@ -18,8 +12,7 @@ PEAK_LINE = "peak CUDA memory allocated over the run: "
 def main(argv=None):
     import torch
 
-    peak = [0]
-    reset = torch.cuda.reset_peak_memory_stats
+    peak, reset = [0], torch.cuda.reset_peak_memory_stats
 
     def keep_then_reset(device=None):
         peak[0] = max(peak[0], torch.cuda.max_memory_allocated(device))
@@ -29,9 +22,9 @@ def main(argv=None):
     sys.argv = ["fairseq-train"] + list(sys.argv[1:] if argv is None else argv)
     from fairseq_cli.train import cli_main
 
+    # fairseq-train's log format (the plugin, imported first here, set up logging before fairseq_cli.train could)
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
                         level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stdout, force=True)
-
     try:
         cli_main()
     finally:
