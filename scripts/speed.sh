@@ -6,5 +6,5 @@
 # Each mode's options: scripts/speed.sh MODE --help. Measure on an idle machine.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-case "${1:-}" in study|synthetic|profile) ;; *) set -- study "$@" ;; esac
+case "${1:-}" in study|synthetic|profile|-h|--help) ;; *) set -- study "$@" ;; esac
 exec "$python" -m lab.speed "$@"

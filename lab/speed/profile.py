@@ -176,10 +176,13 @@ def parse(argv, prog):
     p.add_argument("--force", action="store_true", help="--passes: replace an existing record")
     args = p.parse_args(argv)
     configs = EXPERIMENTS[args.experiment]["configs"]
+    if args.passes and args.families != p.get_default("families"):
+        p.error("--families: --passes compares calibration with the Transformer")
     args.families = list(PHASES) if args.passes else [f for f in args.families.split(",") if f]
     for fam in args.families:
         if fam != CORE and not (configs / f"{fam}.yaml").is_file():
-            p.error(f"--families: {args.experiment} has no config {fam}.yaml (and 'core' is the only other name)")
+            p.error(f"--passes: {args.experiment} has no config {fam}.yaml" if args.passes else
+                    f"--families: {args.experiment} has no config {fam}.yaml (and 'core' is the only other name)")
     if CORE in args.families and not (configs / "localness.yaml").is_file():
         p.error(f"--families: 'core' is built from {args.experiment}'s localness.yaml, which it does not have")
     if args.device == "cuda":
