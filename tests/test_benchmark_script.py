@@ -1,4 +1,5 @@
-"""Smoke test of ``scripts/speed.sh synthetic`` (lab/speed/synthetic.py): the real build/train/decode path at a tiny width.
+"""Smoke test of ``scripts/speed.sh synthetic`` (lab/speed/synthetic.py): the real build/train/decode
+path at a tiny width.
 
 No timing assertions (the numbers depend on the machine); it checks that the script runs
 fairseq's Transformer and transformer_man_base on the same batches, prints the ratio table,

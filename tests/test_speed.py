@@ -1,7 +1,7 @@
 """``scripts/speed.sh [study]`` (lab/speed/study.py, records.py): each family against the Transformer on a
-study's real batches. The numbers and tables from hand-made records, the interleaving, the refusals, docs/speed.md's table against the
-committed records, and one real short measurement of a tiny model on toy data (nothing timed is
-asserted)."""
+study's real batches. The numbers and tables from hand-made records, the interleaving, the refusals,
+docs/speed.md's table against the committed records, and one real short measurement of a tiny model on
+toy data (nothing timed is asserted)."""
 
 import json
 import os

@@ -11,12 +11,12 @@ against it a family's ratio is its method's cost. On CUDA the model is cast to `
 ``--passes`` times calibration's parts against the Transformer's: the calibrated pass forward, the
 perturbation pass forward (the decoder again, on the detached encoder output), then each term's backward
 on its own; the two terms share no graph, so the two backwards write the gradients one joint
-``backward()`` writes (tests/test_calibration_passes.py). Record: ``RESULTS/speed/EXPERIMENT-calibration-passes.json``.
+``backward()`` writes (tests/test_calibration_passes.py). Record:
+``RESULTS/speed/EXPERIMENT-calibration-passes.json``, written whole or not at all.
 """
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from lab.speed.model import build, config_argv
+from lab.speed.records import write_json
 from man_fairseq.provenance import cpu_model, git_commit
 from man_fairseq.recipes.config import REPO, load_config
 from man_fairseq.recipes.options import number
@@ -246,7 +247,7 @@ def main(argv=None, prog="scripts/speed.sh profile"):
                   "loadavg_after": list(os.getloadavg()), "batches": args.batches, "warmup": args.warmup,
                   "data": str(args.data), "target_tokens": [int(s["ntokens"]) for s in samples[args.warmup:]],
                   "times": {fam: times[fam] for fam in PHASES}}
-        args.output.write_text(json.dumps(record, indent=1) + "\n")
+        write_json(args.output, record)
         print(passes_markdown(record))
         print(f"record: {args.output}", file=sys.stderr)
         return 0

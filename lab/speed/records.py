@@ -63,6 +63,13 @@ def read_record(path):
     return record
 
 
+def write_json(path, content):
+    """Written whole or not at all: a run stopped midway leaves the earlier record as it was."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(content, indent=1) + "\n")
+    partial.replace(path)
+
+
 def read_records(records_dir, experiment=None):
     """Every record in ``records_dir`` (of ``experiment`` only, when given), by study then threads."""
     folder = Path(records_dir)

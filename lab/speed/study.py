@@ -9,7 +9,6 @@ the tables rebuilt from the records alone (:mod:`.records`). Method: docs/benchm
 
 import argparse
 import datetime
-import json
 import os
 import re
 import shlex
@@ -213,13 +212,6 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_json(path, content):
-    """Written whole or not at all: a run stopped midway leaves the earlier record as it was."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(content, indent=1) + "\n")
-    partial.replace(path)
-
-
 def write_table(experiment, records_dir, update_docs):
     recs = records.read_records(records_dir, experiment)
     if not recs:
@@ -358,7 +350,7 @@ def run_study(args, families, records_dir):
         ckpts = {} if args.skip_decoding else checkpoints(families, cfgs, args, work, args.settings[0])
         for setting, target in zip(args.settings, targets):
             record = measure(args.experiment, families, cfgs, args, setting, (subset, sample_data, ids), ckpts, work)
-            write_json(target, record)
+            records.write_json(target, record)
             log(f"wrote {target}")
             write_table(args.experiment, records_dir, False)  # the table never lags its records
     except BaseException:
