@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, TINY_MODEL, child_env, run_bounded
+from toy_config import toy_config
 
 from man_fairseq.recipes.training import launch
 from man_fairseq import scoring
@@ -175,18 +176,10 @@ def test_train_sh_dry_run(tmp_path):
 def toy_run(toy_data_bin, tmp_path_factory):
     """scripts/train.sh on the toy corpus with 2 CPU processes (torchrun + gloo), epoch checkpoints kept."""
     tmp = tmp_path_factory.mktemp("toy_run")
-    model = {TINY_MODEL[i].lstrip("-"): TINY_MODEL[i + 1] for i in range(0, len(TINY_MODEL), 2)}
-    cfg = {"name": "toy-man-small", "paper": "man", "table": "toy", "row": "toy", "dataset": "toy",
-           "data": str(toy_data_bin), "source_lang": "src", "target_lang": "tgt",
-           "arch": "transformer_man_small", "model": model,
-           "train": {"optimizer": "adam", "lr": 0.003, "lr-scheduler": "inverse_sqrt", "warmup-updates": 10,
-                     "criterion": "label_smoothed_cross_entropy", "label-smoothing": 0.1,
-                     "max-tokens": 1000, "max-epoch": 3, "share-all-embeddings": True,
-                     "num-workers": 0, "no-progress-bar": True, "log-interval": 5, "seed": 1},
-           "batch": {"paper_gpus": 2, "paper_update_freq": 2},
-           "eval": {"metric": "bleu_ci", "beam": 2, "lenpen": 1.0, "max_len_a": 1, "max_len_b": 5,
-                    "avg_last": 2, "remove_bpe": "@@ "},
-           "paper_results": {"bleu": None}}
+    cfg = toy_config(toy_data_bin, "toy-man-small",
+                     {"warmup-updates": 10, "max-tokens": 1000, "max-epoch": 3, "log-interval": 5},
+                     {"paper_gpus": 2, "paper_update_freq": 2},
+                     {"lenpen": 1.0, "avg_last": 2, "remove_bpe": "@@ "}, paper_results={"bleu": None})
     cfg_path = tmp / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     run = tmp / "run"

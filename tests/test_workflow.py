@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, TINY_MODEL, USER_DIR, run_cli
+from conftest import REPO, USER_DIR, run_cli
 from pausing import pause_env
+from toy_config import toy_config
 
 from man_fairseq.recipes.config import load_config
 from man_fairseq.recipes.evaluation.results_table import build_tables, deviations
@@ -30,16 +31,8 @@ def _env(**extra):
 def stopped_run(toy_data_bin, tmp_path_factory):
     """scripts/train.sh stopped by --max-update in the middle of epoch 1, its stdout read live."""
     tmp = tmp_path_factory.mktemp("stopped")
-    model = {TINY_MODEL[i].lstrip("-"): TINY_MODEL[i + 1] for i in range(0, len(TINY_MODEL), 2)}
-    cfg = {"name": "toy-stopped", "paper": "man", "table": "toy", "row": "toy", "dataset": "toy",
-           "data": str(toy_data_bin), "source_lang": "src", "target_lang": "tgt",
-           "arch": "transformer_man_small", "model": model,
-           "train": {"optimizer": "adam", "lr": 0.003, "lr-scheduler": "inverse_sqrt", "warmup-updates": 5,
-                     "criterion": "label_smoothed_cross_entropy", "label-smoothing": 0.1,
-                     "max-tokens": 300, "share-all-embeddings": True, "num-workers": 0,
-                     "no-progress-bar": True, "log-interval": 1, "seed": 1},
-           "batch": {"paper_gpus": 1, "paper_update_freq": 1},
-           "eval": {"metric": "bleu_ci", "beam": 2, "max_len_a": 1, "max_len_b": 5, "avg_last": 2}}
+    cfg = toy_config(toy_data_bin, "toy-stopped", {"warmup-updates": 5, "max-tokens": 300, "log-interval": 1},
+                     {"paper_gpus": 1, "paper_update_freq": 1}, {"avg_last": 2})
     cfg_path = tmp / "toy.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     run = tmp / "run"
