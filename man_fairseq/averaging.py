@@ -21,10 +21,15 @@ class AverageError(Exception):
     pass
 
 
+class CheckpointsNotFound(AverageError):
+    """Fewer checkpoints of the asked kind than asked for (or no checkpoint folder): a choice of
+    what to average, which the caller may name another way to make."""
+
+
 def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) -> List[str]:
     """Paths of the newest ``n`` ``checkpointE.pt`` / ``checkpoint_E_U.pt`` files, newest first."""
     if not os.path.isdir(path):
-        raise AverageError(f"checkpoint directory not found: {path}")
+        raise CheckpointsNotFound(f"checkpoint directory not found: {path}")
     pattern = re.compile(r"checkpoint_\d+_(\d+)\.pt$" if update_based else r"checkpoint(\d+)\.pt$")
     found, above = [], 0
     for name in os.listdir(path):
@@ -49,7 +54,7 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) 
         else:
             why = ("Training ran fewer than N epochs, or --keep-last-epochs below N removed older ones: "
                    "average fewer checkpoints.")
-        raise AverageError(
+        raise CheckpointsNotFound(
             f"asked to average the last {n} {kind} checkpoints but {path} holds only {len(found)}"
             + (f" at or below --checkpoint-upper-bound {upper_bound}" if upper_bound is not None else "")
             + (": " + ", ".join(sorted(x[1] for x in found)) if found else "")

@@ -5,10 +5,11 @@
     make demo DEMO_ARGS="--data DIR --src de --tgt en"   # your own parallel text
 
 Runs the real pipeline ``fairseq-preprocess -> fairseq-train -> man-average-checkpoints ->
-fairseq-generate`` for a small Mask Attention Network and a Transformer of the same width
-and parameter budget, then prints (and writes) a Markdown table with BLEU, parameters and
-training words/s. ``--data DIR`` expects ``train/valid/test.{SRC,TGT}`` text files, one
-tokenized sentence per line, aligned by line.
+fairseq-generate`` (the average, decode, score and record steps scripts/evaluate.sh and
+scripts/reproduce.sh take: man_fairseq/recipes/evaluation/steps.py) for a small Mask Attention
+Network and a Transformer of the same width and parameter budget, then prints (and writes) a
+Markdown table with BLEU, parameters and training words/s. ``--data DIR`` expects
+``train/valid/test.{SRC,TGT}`` text files, one tokenized sentence per line, aligned by line.
 
 ``--out`` is only ever cleaned if the demo created it: it writes a marker file there and, on
 a later run, removes only the entries it lists. A non-empty folder without the marker is
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from man_fairseq import textfile  # noqa: E402
 from man_fairseq.logging_setup import quiet_logging  # noqa: E402
 from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
+from man_fairseq.recipes.evaluation import steps  # noqa: E402
 from man_fairseq.recipes.options import SEEDS_HELP, number, seeds  # noqa: E402
 from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
@@ -78,27 +80,23 @@ def run(cmd, logfile, show=None):
 
 
 def average(save, n, output, logfile):
-    """The average step (:mod:`man_fairseq.averaging`) on the last ``n`` epoch checkpoints in ``save``,
-    its output in ``logfile``."""
-    from man_fairseq.averaging import AverageError, average_files, select_inputs
-
+    """The average step (:func:`~man_fairseq.recipes.evaluation.steps.average`) on the last ``n``
+    epoch checkpoints in ``save``, its output in ``logfile``."""
     with open(logfile, "w") as f, contextlib.redirect_stdout(f):
         try:
-            average_files(select_inputs([str(save)], num_epoch=n), str(output))
-        except AverageError as e:
+            steps.average(save, n, False, output)
+        except steps.AverageError as e:
             raise SystemExit(f"demo: cannot average the checkpoints of {save}: {e} (see {logfile})")
 
 
 def decode(data_bin, checkpoint, logfile):
-    """The decode step (:mod:`man_fairseq.recipes.evaluation.decode`), beam 4, on the test set;
-    (hypotheses, references)."""
-    from man_fairseq.recipes.evaluation.decode import EvaluateError, decode
-
+    """The decode step (:func:`~man_fairseq.recipes.evaluation.steps.decode`), beam 4, on the test
+    set; (hypotheses, references)."""
     # max length 1.2 x source + 10 (fairseq's default 200 lets an undertrained model ramble); no BPE
     cfg = {"eval": {"beam": 4, "max_len_a": 1.2, "max_len_b": 10, "remove_bpe": ""}}
     try:
-        _, _, hyps, refs = decode(cfg, data_bin, checkpoint, "test", "cpu", "fp32", 64, logfile)
-    except EvaluateError as e:
+        _, _, hyps, refs = steps.decode(cfg, data_bin, checkpoint, "test", "cpu", "fp32", 64, logfile)
+    except steps.EvaluateError as e:
         raise SystemExit(f"demo: {e}")
     return hyps, refs
 
@@ -155,8 +153,6 @@ def seeds_of(p, args):
 def train_and_score(name, model_args, seed, run_tag, data_bin, out, args):
     """Train, average and decode one (model, seed) and score it: (parameters, BLEU, words/s, test
     sentences)."""
-    from man_fairseq.scoring import sacrebleu_tokenized
-
     save = out / f"checkpoints_{run_tag}"
     created(out, save.name, f"train_{run_tag}.log", f"average_{run_tag}.log", f"generate_{run_tag}.log")
     log(f"{name}: fairseq-train, {args.epochs} epochs on CPU, seed {seed}")
@@ -181,7 +177,7 @@ def train_and_score(name, model_args, seed, run_tag, data_bin, out, args):
     average(save, args.average, avg, out / f"average_{run_tag}.log")
     log(f"{name}: fairseq-generate (beam 4) on the test set")
     hyps, refs = decode(data_bin, avg, out / f"generate_{run_tag}.log")
-    bleu = sacrebleu_tokenized(hyps, refs)
+    bleu = steps.score(steps.DEMO_METRIC, hyps, refs).bleu["bleu"]
     log(f"{name}, seed {seed}: BLEU {bleu:.2f} on {len(refs)} sentences, "
         f"{words:,.0f} target words trained in {seconds:.1f}s")
     return params, bleu, words / seconds if seconds > 0 else float("nan"), len(refs)
@@ -255,7 +251,7 @@ def main(argv=None):
         rows.append((name, model_args[1], runs[0][0], [r[1] for r in runs], [r[2] for r in runs], runs[0][3]))
     text = results_table(rows, seeds, args, time.time() - t0)
     created(out, "results.md")
-    (out / "results.md").write_text(text)
+    steps.record(out / "results.md", text)
     print("\n" + text)
     log(f"table written to {out / 'results.md'}")
 

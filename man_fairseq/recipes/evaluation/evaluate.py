@@ -1,10 +1,12 @@
 """Evaluate a finished run (``scripts/evaluate.sh RUN``).
 
-1. average the last N checkpoints (:mod:`man_fairseq.averaging`),
+The steps of :mod:`.steps`:
+
+1. average the last N checkpoints,
 2. decode the test set with fairseq-generate and the config's beam / length penalty /
    max length / trigram blocking,
-3. score with the config's metric (:func:`.metric.score`),
-4. write ``RUN/results.json`` and ``RUN/results.md``.
+3. score with the config's metric,
+4. record: write ``RUN/results.json`` and ``RUN/results.md`` (:mod:`.result_files`).
 
 A failed evaluation never leaves an earlier result looking current (:mod:`.result_files`).
 What can be checked before the minutes of decoding is checked first: the config, the data
@@ -28,8 +30,7 @@ from ..config import ConfigError, validate
 from ..options import PRECISION_HELP, PRECISIONS, number, resolve_precision
 from ..training.launch import visible_gpus
 from . import result_files
-from .decode import EvaluateError, decode
-from .metric import Names, score
+from .steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
 from ... import rouge155, scoring, textfile
 from ...logging_setup import quiet_logging
 
@@ -273,8 +274,6 @@ def evaluate(run, args):
     for name in (f"{subset}.hyp", f"{subset}.ref", f"{subset}.detok.hyp"):
         (eval_dir / name).unlink(missing_ok=True)
 
-    from man_fairseq.averaging import AverageError, average_files, last_n_checkpoints
-
     ckpt_dir = run / "checkpoints"
     if args.checkpoint:
         checkpoint = Path(args.checkpoint).resolve()
@@ -282,18 +281,16 @@ def evaluate(run, args):
             raise EvaluateError(f"--checkpoint {checkpoint}: not found")
         averaged = [str(checkpoint)]
     else:
-        try:
-            averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
-        except AverageError as e:
-            raise EvaluateError(f"cannot average: {e}; evaluate fewer with --avg-last K, or one file with "
-                                f"--checkpoint {ckpt_dir / 'checkpoint_last.pt'}") from e
         checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
         avg_argv = ["--inputs", str(ckpt_dir),
                     "--num-update-checkpoints" if by_update else "--num-epoch-checkpoints", str(n_avg),
                     "--output", str(checkpoint), "--overwrite"]
         print("+ python -m man_fairseq.cli.average_checkpoints " + " ".join(avg_argv), flush=True)
         try:
-            average_files(averaged, str(checkpoint), overwrite=True)  # eval/ is ours: a rerun replaces it
+            averaged = average(ckpt_dir, n_avg, by_update, checkpoint, overwrite=True)  # eval/ is ours
+        except CheckpointsNotFound as e:
+            raise EvaluateError(f"cannot average: {e}; evaluate fewer with --avg-last K, or one file with "
+                                f"--checkpoint {ckpt_dir / 'checkpoint_last.pt'}") from e
         except AverageError as e:
             raise EvaluateError(f"cannot average: {e}") from e
     num_updates, epochs_completed = training_progress(checkpoint)

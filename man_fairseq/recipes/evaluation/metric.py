@@ -1,7 +1,7 @@
 """The score step: :func:`score` is the one place that decides how a metric is computed from
-hypotheses and references, for ``scripts/evaluate.sh`` (the config's ``eval.metric``) and for the
-studies (``scripts/reproduce.sh``: their runs and their lead baselines). The scorers themselves are
-:mod:`man_fairseq.scoring`'s.
+hypotheses and references, for ``scripts/evaluate.sh`` (the config's ``eval.metric``), for the
+studies (``scripts/reproduce.sh``: their runs and their lead baselines) and for ``scripts/demo.py``.
+The scorers themselves are :mod:`man_fairseq.scoring`'s.
 
 Metrics (a config's ``eval.metric``):
 
@@ -11,6 +11,8 @@ Metrics (a config's ``eval.metric``):
   compound splitting, and detokenized sacreBLEU against the untokenized references, or, without
   them, against the Moses-detokenized tokenized references (not the official sacreBLEU setting);
 * ``rouge``: ROUGE-1/2/L F1, ROUGE-1.5.5 as files2rouge runs it unless asked otherwise.
+
+The demo's metric, :data:`DEMO_METRIC`, is no config's: sacreBLEU's default BLEU on the tokenized text.
 """
 
 from dataclasses import dataclass
@@ -18,6 +20,11 @@ from typing import Callable, List, Optional, Sequence
 
 from ... import scoring
 from ..config import METRICS
+
+
+# the demo's BLEU: sacreBLEU's default (exponential smoothing, case-sensitive) on the tokenized text,
+# unrounded (scoring.sacrebleu_tokenized)
+DEMO_METRIC = "sacrebleu_tokenized"
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,8 @@ class Names:
 class Scores:
     """What :func:`score` computed; a field is None where the metric has no such score."""
     metric: str
-    bleu: Optional[dict] = None  # tokenized BLEU (compound-split for bleu_wmt), scoring.tokenized_bleu's dict
+    bleu: Optional[dict] = None  # tokenized BLEU (compound-split for bleu_wmt), scoring.tokenized_bleu's dict;
+    # DEMO_METRIC: {"bleu": its unrounded score}
     bleu_no_compound_split: Optional[dict] = None  # bleu_wmt only
     sacrebleu: Optional[dict] = None  # scoring.sacrebleu_detok's dict
     detokenized: Optional[List[str]] = None  # the hypotheses sacreBLEU scored
@@ -54,7 +62,8 @@ def score(metric: str, hyps: Sequence[str], refs: Sequence[str], *, raw_refs: Op
           target_lang: Optional[str] = None, rouge_order: str = "hyp-ref", rouge_implementation: str = "rouge155",
           rouge_exception_db: Optional[str] = None, names: Names = Names(),
           keep_detokenized: Optional[Callable[[List[str]], object]] = None) -> Scores:
-    """``metric`` (a config's ``eval.metric``, :data:`..config.METRICS`) of ``hyps`` against ``refs``, one per line.
+    """``metric`` (a config's ``eval.metric``, :data:`..config.METRICS`, or :data:`DEMO_METRIC`) of
+    ``hyps`` against ``refs``, one per line.
 
     ``refs``: the references BLEU's tokenized scores and ROUGE read. ``raw_refs``: the untokenized
     references of sacreBLEU (``bleu_ci``: sacreBLEU only when given). ``target_lang``: the Moses
@@ -66,6 +75,8 @@ def score(metric: str, hyps: Sequence[str], refs: Sequence[str], *, raw_refs: Op
         r = scoring.rouge(hyps, refs, implementation=rouge_implementation, order=rouge_order,
                           names=(names.hyps, names.refs), exception_db=rouge_exception_db)
         return Scores(metric, rouge=r, rouge_order=rouge_order)
+    if metric == DEMO_METRIC:
+        return Scores(metric, bleu={"bleu": scoring.sacrebleu_tokenized(hyps, refs, names=(names.hyps, names.refs))})
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {sorted(METRICS)}, not {metric!r}")
     wmt = metric == "bleu_wmt"

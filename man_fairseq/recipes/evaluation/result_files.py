@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ...tables import markdown_table
+from .steps import record
 
 RESULT_FILES = ("results.json", "results.md")
 
@@ -38,12 +39,10 @@ def retire(run):
 
 
 def write(run, result):
-    """``results.json`` and ``results.md``, each written whole (temporary file, rename); then the
+    """``results.json`` and ``results.md``, each written whole (:func:`.steps.record`); then the
     previous ones, moved aside by :func:`retire`, are removed."""
     for name, text in (("results.json", json.dumps(result, indent=2) + "\n"), ("results.md", to_markdown(result))):
-        tmp = Path(run) / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, Path(run) / name)
+        record(Path(run) / name, text)
     for name in RESULT_FILES:
         previous_path(run, name).unlink(missing_ok=True)
 

@@ -1,7 +1,7 @@
-"""One study run's evaluation (``scripts/reproduce.sh``): average the last checkpoints (a run trained
-to convergence: take its best one, :mod:`convergence`), decode
-every test set of the data folder's record, score with the experiment's metric, and assemble the
-run's record (:mod:`study_records`).
+"""One study run's evaluation (``scripts/reproduce.sh``), the steps of :mod:`..evaluation.steps`:
+average the last checkpoints (a run trained to convergence: take its best one, :mod:`convergence`),
+decode every test set of the data folder's record, score with the experiment's metric, and assemble
+the run's record (:mod:`study_records` writes it).
 
 Metrics: ``bleu`` (detokenized sacreBLEU against the raw references and case-insensitive
 tokenized BLEU; the Multi30k studies) and ``rouge`` (ROUGE-1/2/L F1 of ROUGE-1.5.5 as files2rouge
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...provenance import git_commit
 from ..config import REPO
-from ..evaluation.metric import Names, score
+from ..evaluation.steps import AverageError, Names, average, decode, score
 from ..evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
 from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, valid_curve
 from ...textfile import read_lines
@@ -79,19 +79,15 @@ def score_test_set(metric, hyps, refs, raw_refs, ref_path, cfg, manifest, args, 
 def average_checkpoints(cfg, run, avg_last):
     """Average the run's last ``avg_last`` (or the config's) epoch/update checkpoints into
     ``run/eval``; returns (checkpoint, the files averaged)."""
-    from man_fairseq.averaging import AverageError, average_files, last_n_checkpoints
-
     ev = cfg["eval"]
     n_avg = avg_last or ev.get("avg_last", 5)
-    by_update = ev.get("avg_by", "epoch") == "update"
     eval_dir = run / "eval"
     eval_dir.mkdir(exist_ok=True)
-    ckpt_dir = run / "checkpoints"
     checkpoint = eval_dir / f"checkpoint_avg{n_avg}.pt"
     try:
-        averaged = last_n_checkpoints(str(ckpt_dir), n_avg, by_update)
         # eval/ is this run folder's own: each rescoring replaces its average
-        average_files(averaged, str(checkpoint), overwrite=True)
+        averaged = average(run / "checkpoints", n_avg, ev.get("avg_by", "epoch") == "update", checkpoint,
+                           overwrite=True)
     except AverageError as e:
         raise StudyEvalError(f"{run.name}: cannot average: {e}") from e
     return checkpoint, averaged
@@ -114,7 +110,6 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
     """Average (or take the best checkpoint), decode every test set, score; returns (record, {subset:
     hypotheses})."""
     from ..data.subword import read_subword
-    from ..evaluation.decode import decode
 
     checkpoint, averaged = scored_checkpoint(cfg, run, args.avg_last)
     device = "cpu" if args.device == "cpu" else "gpu"

@@ -16,10 +16,10 @@ options give is *stale*: it is never mixed into the table and never stops a retr
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from ...rouge155 import DEFAULT_EXCEPTION_DB
+from ..evaluation.steps import record as record_file
 
 RECORD_VERSION = 1
 # the config keys that decide training and scoring (not name, notes, paths)
@@ -128,12 +128,6 @@ def hypothesis_path(records_dir, family, seed, subset):
     return Path(records_dir) / f"{run_id(family, seed)}.{subset}.hyp"
 
 
-def _write_atomic(path, text):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_record(records_dir, record, hypotheses):
     """Write ``record`` and its hypotheses ({subset: [lines]}); the JSON last, so a record on disk
     always has its hypothesis files."""
@@ -148,9 +142,9 @@ def write_record(records_dir, record, hypotheses):
         n = record["test_sets"][subset]["n_sentences"]
         if len(lines) != n:
             raise RecordError(f"{subset}: {len(lines)} hypotheses for {n} sentences")
-        _write_atomic(hypothesis_path(records_dir, record["family"], record["seed"], subset), "\n".join(lines) + "\n")
+        record_file(hypothesis_path(records_dir, record["family"], record["seed"], subset), "\n".join(lines) + "\n")
     path = record_path(records_dir, record["family"], record["seed"])
-    _write_atomic(path, json.dumps(dict(record, version=RECORD_VERSION), indent=1) + "\n")
+    record_file(path, json.dumps(dict(record, version=RECORD_VERSION), indent=1) + "\n")
     return path
 
 

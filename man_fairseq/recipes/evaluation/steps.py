@@ -1,0 +1,42 @@
+"""The evaluation path of a trained run: average -> decode -> score -> record, one function per step,
+which every entry point that evaluates calls: ``scripts/evaluate.sh`` (:mod:`.evaluate`),
+``scripts/reproduce.sh`` (:mod:`..studies.study_eval`) and ``scripts/demo.py``.
+
+* :func:`average`: the run's last N epoch (or update) checkpoints averaged into one file
+  (:mod:`man_fairseq.averaging`);
+* :func:`decode`: fairseq-generate with a config's beam, length penalty, length limits and n-gram
+  blocking, read back as hypotheses and targets (:mod:`.decode`);
+* :func:`score`: a metric of the hypotheses against the references (:mod:`.metric`);
+* :func:`record`: a result file written whole, so an interrupted write never leaves half of one.
+
+What each entry point records is its own: evaluate.sh's ``results.json`` / ``.md``
+(:mod:`.result_files`), a study's run record (:mod:`..studies.study_records`), the demo's table.
+"""
+
+import os
+from pathlib import Path
+
+from ...averaging import AverageError, CheckpointsNotFound, average_files, last_n_checkpoints  # noqa: F401
+from .decode import EvaluateError, decode  # noqa: F401  (the decode step)
+from .metric import DEMO_METRIC, Names, Scores, score  # noqa: F401  (the score step)
+
+__all__ = ["average", "decode", "score", "record", "AverageError", "CheckpointsNotFound", "EvaluateError",
+           "DEMO_METRIC", "Names", "Scores"]
+
+
+def average(checkpoint_dir, n, by_update, output, overwrite=False):
+    """Average the last ``n`` epoch checkpoints of ``checkpoint_dir`` (``by_update``: its update
+    checkpoints) into ``output`` (``overwrite``: replacing it, for an output in the caller's own
+    folder); returns the files averaged, newest first. :class:`CheckpointsNotFound` when fewer than
+    ``n`` are there, :class:`AverageError` for any other reason."""
+    inputs = last_n_checkpoints(str(checkpoint_dir), n, by_update)
+    average_files(inputs, str(output), overwrite=overwrite)
+    return inputs
+
+
+def record(path, text):
+    """Write ``text`` to ``path`` whole: into a temporary file beside it, renamed over it when complete."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
