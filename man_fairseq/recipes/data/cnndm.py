@@ -29,9 +29,8 @@ from .dataprep import (
     PrepError, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
     tokenize_lines, write_lines,
 )
-from .downloads import find_file, stage
+from .downloads import find_file, staged_work
 from .manifest import write_manifest
-from .steps import Steps
 
 # See et al.'s URL lists (all_train.txt, all_val.txt, all_test.txt), in pairs
 STANDARD_COUNTS = {"train": 287227, "valid": 13368, "test": 11490}
@@ -326,10 +325,7 @@ def tokenize(args, raw, tok, src, tgt):
 
 def prepare_cnndm(args):
     src, tgt = "source", "target"
-    steps = Steps(args.work)
-    roots = stage(args, steps, CNNDM_URLS, ["cnn_stories.tgz", "dailymail_stories.tgz"])
-    tok = steps.work / "tok"
-    tok.mkdir(exist_ok=True)
+    steps, roots, tok = staged_work(args, CNNDM_URLS, ["cnn_stories.tgz", "dailymail_stories.tgz"])
     layout = find_layout(roots)
     log(f"      layout: {layout.describe}")
     outputs = [tok / f"{s}.{l}" for s in SPLITS for l in (src, tgt)] + [tok / f"test.raw.{l}" for l in (src, tgt)]

@@ -14,6 +14,13 @@ from pathlib import Path
 from .dataprep import PrepError
 from .steps import MARKER, is_ours
 
+
+def add_force_option(parser):
+    """A data-prep command's ``--force``: what :func:`check_dest` reads."""
+    parser.add_argument("--force", action="store_true",
+                        help="replace a --dest that data-prep made for another dataset or with other options "
+                             "(default: refused before any step)")
+
 MADE_BY = "man-fairseq data-prep"
 
 

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from .dataprep import PrepError, log
+from .steps import Steps
 
 
 def sha256_of(path, chunk=1 << 20):
@@ -231,3 +232,14 @@ def stage(args, steps, urls, archive_names):
                 extract(steps.work / "downloads" / name, orig / name.split(".")[0])
     steps.run("download", download, options={"urls": [str(u) for u in urls]}, outputs=[orig])
     return [orig, steps.work / "downloads"]
+
+
+def staged_work(args, urls, archive_names):
+    """How a recipe from a released archive starts: its :class:`~.steps.Steps` in ``--work``, the
+    folders of the staged release (:func:`stage`) and the work folder ``tok/`` (made) its tokenized
+    splits go to; returns (steps, roots, tok)."""
+    steps = Steps(args.work)
+    roots = stage(args, steps, urls, archive_names)
+    tok = steps.work / "tok"
+    tok.mkdir(exist_ok=True)
+    return steps, roots, tok

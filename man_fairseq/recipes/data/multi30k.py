@@ -25,9 +25,9 @@ from ..options import number
 from . import subword
 from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import PrepError, log, read_lines, report_counts, tokenize_lines, write_lines
-from .destination import check_dest, making_record
+from .destination import add_force_option, check_dest, making_record
 from .downloads import fetch
-from .steps import Steps, check_paths, interrupted_message, work_lock
+from .steps import Steps, check_paths, run_command, work_lock
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # (our split name, the release's file stem)
@@ -215,14 +215,10 @@ def main(argv=None):
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/multi30k.SRC-TGT)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/multi30k.SRC-TGT)")
     p.add_argument("--workers", type=number("--workers", low=1), default=1)
-    p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
-                   help=f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
-    subword.add_options(p)
+    subword.add_options(p, f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a --dest that data-prep made for another dataset or with other options "
-                        "(default: refused before any step)")
+    add_force_option(p)
     args = p.parse_args(argv)
     subword.check_options(p, args)
     if args.subword == "bpe":
@@ -230,16 +226,12 @@ def main(argv=None):
     pair = f"{args.src}-{args.tgt}"
     args.work = args.work or str(REPO / "data-bin" / "_work" / f"multi30k.{pair}")
     args.dest = args.dest or str(REPO / "data-bin" / f"multi30k.{pair}")
-    try:
+
+    def prepare():
         prepare_multi30k(args)
-    except PrepError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(interrupted_message(e), file=sys.stderr)
-        return 130
-    log(f"binarized data: {args.dest}")
-    return 0
+        return args.dest
+
+    return run_command(prepare)
 
 
 if __name__ == "__main__":

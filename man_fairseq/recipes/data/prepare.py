@@ -21,10 +21,10 @@ from .dataprep import (
     PrepError, check_counts, clean_pairs, log, read_lines, read_seg_lines, refuse_blank_references, report_counts,
     split_counts, tokenize_lines, write_lines,
 )
-from .destination import check_dest, making_record
-from .downloads import find_file, stage
+from .destination import add_force_option, check_dest, making_record
+from .downloads import find_file, staged_work
 from .manifest import write_manifest
-from .steps import Steps, check_paths, interrupted_message, is_ours, work_lock
+from .steps import check_paths, is_ours, run_command, work_lock
 
 # Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
 # / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata
@@ -67,10 +67,7 @@ def split_every_nth(src, tgt, n=23):
 
 def prepare_iwslt14(args):
     src, tgt = "de", "en"
-    steps = Steps(args.work)
-    roots = stage(args, steps, [IWSLT14_URL], ["de-en.tgz"])
-    tok = steps.work / "tok"
-    tok.mkdir(exist_ok=True)
+    steps, roots, tok = staged_work(args, [IWSLT14_URL], ["de-en.tgz"])
 
     def tokenize_train():
         raw = {lang: iwslt_train_lines(find_file(roots, f"train.tags.de-en.{lang}")) for lang in (src, tgt)}
@@ -122,10 +119,7 @@ WMT14_ARCHIVES = ["training-parallel-europarl-v7.tgz", "training-parallel-common
 
 def prepare_wmt14(args):
     src, tgt = "en", "de"
-    steps = Steps(args.work)
-    roots = stage(args, steps, WMT14_URLS, WMT14_ARCHIVES)
-    tok = steps.work / "tok"
-    tok.mkdir(exist_ok=True)
+    steps, roots, tok = staged_work(args, WMT14_URLS, WMT14_ARCHIVES)
     moses = dict(aggressive=True, escape=True, normalize=True, workers=args.workers)
 
     def tokenize_train():
@@ -186,10 +180,7 @@ GIGAWORD_TEST_NAME = "Gigaword test (Rush et al. 2015, Giga/)"
 
 def prepare_gigaword(args):
     src, tgt = "article", "title"
-    steps = Steps(args.work)
-    roots = stage(args, steps, GIGAWORD_URLS, ["summary.tar.gz", "sumdata.tgz"])
-    tok = steps.work / "tok"
-    tok.mkdir(exist_ok=True)
+    steps, roots, tok = staged_work(args, GIGAWORD_URLS, ["summary.tar.gz", "sumdata.tgz"])
 
     def normalize():
         # The release is already tokenized, lowercased, digits -> '#', rare words -> 'UNK' (Rush
@@ -254,9 +245,7 @@ def parse_args(argv=None):
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/DATASET)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/<standard name>)")
     p.add_argument("--workers", type=number("--workers", low=1), default=1)
-    p.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None,
-                   help="BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
-    subword.add_options(p)
+    subword.add_options(p, "BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
     p.add_argument("--max-len", type=number("--max-len", low=1), default=None,
                    help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword; default 175, 250, 200)")
     p.add_argument("--max-source-tokens", type=int, default=None,
@@ -266,9 +255,7 @@ def parse_args(argv=None):
                         "never; default: keep all, as fairseq's BART CNN/DM recipe; See et al. trained on 100)")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="go on when a split's size differs from the standard one (default: error)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a --dest that data-prep made for another dataset or with other options "
-                        "(default: refused before any step)")
+    add_force_option(p)
     args = p.parse_args(argv)
     subword.check_options(p, args)
     # an option the dataset's recipe does not read is refused: it would change nothing, with exit status 0
@@ -334,16 +321,7 @@ def run(argv=None):
 
 
 def main(argv=None):
-    try:
-        dest = run(argv)
-    except PrepError as e:
-        print(f"ERROR: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as e:
-        print(interrupted_message(e), file=sys.stderr)
-        return 130
-    log(f"binarized data: {dest}")
-    return 0
+    return run_command(lambda: run(argv))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,21 @@ def interrupted_message(e):
     step = f" during step {e.step}" if isinstance(e, Interrupted) else ""
     return (f"interrupted{step}; the finished steps are kept (an unfinished one leaves no stamp and is redone): "
             "run the same command again to resume")
+
+
+def run_command(prepare):
+    """A preparation as a data-prep command's exit status: ``prepare()`` returns the binarized folder,
+    logged (0); a :class:`PrepError` is one ``ERROR:`` line (2), Ctrl-C :func:`interrupted_message` (130)."""
+    try:
+        dest = prepare()
+    except PrepError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as e:
+        print(interrupted_message(e), file=sys.stderr)
+        return 130
+    log(f"binarized data: {dest}")
+    return 0
 
 
 # Folders data-prep creates (--work, --dest, their temporary siblings) carry this file; only

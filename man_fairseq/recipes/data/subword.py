@@ -27,8 +27,10 @@ DEFAULT_SPM_VOCAB_SIZE = 8000  # spm_train's default
 SPM_SEED = 1  # sentencepiece's random generator (unigram's sampling), fixed so a rerun gives the same model
 
 
-def add_options(parser):
-    """The ``--subword`` options of a data-prep command."""
+def add_options(parser, bpe_merges_help):
+    """The subword options of a data-prep command: ``--bpe-merges`` (``bpe_merges_help``: its default) and
+    ``--subword`` with its sentencepiece options."""
+    parser.add_argument("--bpe-merges", type=number("--bpe-merges", low=1), default=None, help=bpe_merges_help)
     parser.add_argument("--subword", choices=SUBWORDS, default="bpe",
                         help="subword model: joint subword-nmt BPE (default; the papers' rows) or a joint "
                              f"sentencepiece model trained on the training split, stored as {SPM_MODEL}")
