@@ -27,6 +27,11 @@ from typing import Callable, ClassVar, Dict, Mapping, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer.transformer_legacy import (
+    base_architecture,
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+)
 
 from ..modules.attention_backend import ATTENTION_BACKENDS
 from ..plugin_options import PluginOptionError, add_option_args, as_namespace, check_options, option_flag
@@ -130,6 +135,20 @@ class Size:
     fairseq_arch: Callable
     doc: str
     values: Mapping[str, object] = field(default_factory=dict)
+
+
+def fairseq_sizes(order=("base", "small", "big")) -> Dict[str, Size]:
+    """The sizes of a family that adds nothing of its own at any size: fairseq's Transformer archs,
+    in ``order`` (the order its archs are registered and listed in)."""
+    sizes = {
+        "base": Size(base_architecture, "WMT14 En-De base: fairseq's transformer_wmt_en_de (d=512, 8 heads, "
+                     "FFN 2048, 6+6 layers)."),
+        "small": Size(transformer_iwslt_de_en, "IWSLT size: fairseq's transformer_iwslt_de_en (d=512, 4 heads, "
+                      "FFN 1024)."),
+        "big": Size(transformer_vaswani_wmt_en_de_big, "WMT14 En-De big: fairseq's transformer_vaswani_wmt_en_de_big "
+                    "(d=1024, 16 heads, FFN 4096, dropout 0.3)."),
+    }
+    return {name: sizes[name] for name in order}
 
 
 _ABSENT = object()

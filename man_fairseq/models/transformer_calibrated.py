@@ -10,17 +10,12 @@ from dataclasses import dataclass, field
 from typing import List
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models.transformer.transformer_legacy import (
-    base_architecture,
-    transformer_iwslt_de_en,
-    transformer_vaswani_wmt_en_de_big,
-)
 from torch import nn
 
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
 from ..plugin_options import VALID, Number, PluginOptionError
 from .biased_transformer import BiasedTransformerModel
-from .family import CROSS, AttentionPlan, Size, attention_backend_of, register_family, stack_depths
+from .family import CROSS, AttentionPlan, attention_backend_of, fairseq_sizes, register_family, stack_depths
 
 
 @dataclass
@@ -60,11 +55,7 @@ class TransformerCalibratedModel(BiasedTransformerModel):
     """Transformer with calibrated encoder-decoder attention in every decoder layer."""
 
     config = CalibrationConfig
-    sizes = {
-        "small": Size(transformer_iwslt_de_en, "IWSLT sizes (fairseq's transformer_iwslt_de_en)."),
-        "base": Size(base_architecture, "WMT14 En-De base (fairseq's transformer / transformer_wmt_en_de)."),
-        "big": Size(transformer_vaswani_wmt_en_de_big, "Transformer big (fairseq's transformer_vaswani_wmt_en_de_big)."),
-    }
+    sizes = fairseq_sizes(("small", "base", "big"))
 
     @classmethod
     def check(cls, args):

@@ -13,11 +13,6 @@ import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models.transformer.transformer_legacy import (
-    base_architecture,
-    transformer_iwslt_de_en,
-    transformer_vaswani_wmt_en_de_big,
-)
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, WindowPointers, build_window
 from ..plugin_options import VALID, Choice, Number, PluginOptionError, fit_layers
@@ -27,8 +22,8 @@ from .family import (
     DECODER_SELF,
     ENCODER_SELF,
     AttentionPlan,
-    Size,
     attention_backend_of,
+    fairseq_sizes,
     fill_option_defaults,
     register_family,
     stack_depths,
@@ -139,13 +134,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
     """Transformer with differentiable windows in the lower layers' attentions."""
 
     config = DiffWinConfig
-    sizes = {
-        "base": Size(base_architecture, "WMT14 En-De base (transformer_wmt_en_de sizes: d=512, 8 heads, FFN 2048, "
-                     "6+6 layers)."),
-        "small": Size(transformer_iwslt_de_en, "IWSLT sizes (transformer_iwslt_de_en: d=512, 4 heads, FFN 1024)."),
-        "big": Size(transformer_vaswani_wmt_en_de_big, "transformer_vaswani_wmt_en_de_big sizes (d=1024, 16 heads, "
-                    "FFN 4096)."),
-    }
+    sizes = fairseq_sizes()
 
     @classmethod
     def fill_defaults(cls, args):

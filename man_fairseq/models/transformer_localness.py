@@ -15,11 +15,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models.transformer.transformer_legacy import (
-    base_architecture,
-    transformer_iwslt_de_en,
-    transformer_vaswani_wmt_en_de_big,
-)
 
 from ..modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from ..modules.relative_position import RelativePositionMultiheadAttention
@@ -31,8 +26,8 @@ from .family import (
     DECODER_SELF,
     ENCODER_SELF,
     AttentionPlan,
-    Size,
     attention_backend_of,
+    fairseq_sizes,
     register_family,
     stack_depths,
 )
@@ -126,13 +121,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
     """Transformer with a learnable Gaussian localness bias (and optional relative positions)."""
 
     config = LocalnessConfig
-    sizes = {
-        "base": Size(base_architecture, "WMT14 En-De base: the sizes of fairseq's transformer_wmt_en_de "
-                     "(d=512, 8 heads, FFN 2048)."),
-        "small": Size(transformer_iwslt_de_en, "IWSLT size: fairseq's transformer_iwslt_de_en (d=512, 4 heads, FFN 1024)."),
-        "big": Size(transformer_vaswani_wmt_en_de_big, "WMT14 En-De big: fairseq's transformer_vaswani_wmt_en_de_big "
-                    "(d=1024, 16 heads, dropout 0.3)."),
-    }
+    sizes = fairseq_sizes()
 
     @classmethod
     def make_plan(cls, args):
