@@ -1,6 +1,7 @@
 """Pieces shared by the analysis commands: loading checkpoints, checking count options, batching a
 split, progress, labels, and the rank correlation used by the calibration analysis."""
 
+import argparse
 import contextlib
 import logging
 import math
@@ -77,9 +78,11 @@ def arch_name(cfg) -> str:
     return getattr(cfg.model, "arch", None) or getattr(cfg.model, "_name", "model")
 
 
-def add_model_and_data_arguments(p, default_subset: str, path_help: str, data_help: str) -> None:
-    """The options every teacher-forced analysis command shares: data, checkpoints, labels,
-    split or sentence pairs, output folder, languages, extra user dir, batch size."""
+def analysis_parser(doc: str, default_subset: str, path_help: str, data_help: str) -> argparse.ArgumentParser:
+    """The parser of a teacher-forced analysis command (described by its module's ``doc``'s first line)
+    with the options they all share: data, checkpoints, labels, split or sentence pairs, output
+    folder, languages, extra user dir, batch size, progress interval, CPU."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("data", help=data_help)
     p.add_argument("--path", required=True, help=path_help)
     p.add_argument("--labels", default=None,
@@ -92,6 +95,9 @@ def add_model_and_data_arguments(p, default_subset: str, path_help: str, data_he
     p.add_argument("--target-lang", default=None)
     p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--log-interval", type=int, default=10, help="log progress every N batches")
+    p.add_argument("--cpu", action="store_true")
+    return p
 
 
 def check_counts(args, **minimums: int) -> None:

@@ -36,7 +36,6 @@ Usage::
     # or: man-analyze diffwin ... / python -m man_fairseq.cli.diffwin_windows ...
 """
 
-import argparse
 import json
 import logging
 import os
@@ -48,7 +47,7 @@ import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    Progress, analysis_parser, arch_name, batch_iterator, check_counts, checkpoint_folder,
     load_checkpoint, model_labels,
 )
 from man_fairseq.logging_setup import pyplot, setup_logging
@@ -63,19 +62,11 @@ COLUMNS = ["sample_id", "attention", "layer", "query_position", "expected_left",
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_arguments(p)
-    return p
-
-
-def add_arguments(p):
-    add_model_and_data_arguments(
-        p, "valid", path_help="checkpoint, or comma-separated checkpoints to compare",
-        data_help="fairseq binarized data directory (dictionaries; the split unless --input-pairs)")
+    p = analysis_parser(__doc__, "valid", path_help="checkpoint, or comma-separated checkpoints to compare",
+                        data_help="fairseq binarized data directory (dictionaries; the split unless --input-pairs)")
     p.add_argument("--max-sentences", type=int, default=None, help="only sentences with id < N")
     p.add_argument("--num-heatmaps", type=int, default=3, help="heat maps for sentences with id < N")
-    p.add_argument("--log-interval", type=int, default=10, help="log progress every N batches")
-    p.add_argument("--cpu", action="store_true")
+    return p
 
 
 def window_modules(model):

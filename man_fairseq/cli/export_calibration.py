@@ -41,7 +41,6 @@ Usage::
     # or: man-analyze calibration ... / python -m man_fairseq.cli.export_calibration ...
 """
 
-import argparse
 import json
 import os
 from typing import Dict, List, Optional
@@ -50,7 +49,7 @@ import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, add_model_and_data_arguments, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    Progress, analysis_parser, arch_name, batch_iterator, check_counts, checkpoint_folder,
     load_checkpoint, model_labels,
 )
 from man_fairseq.analysis.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
@@ -62,16 +61,9 @@ from man_fairseq.tables import markdown_table, slug
 
 
 def get_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_arguments(p)
-    return p
-
-
-def add_arguments(p):
-    add_model_and_data_arguments(
-        p, "test", data_help="fairseq binarized data directory",
-        path_help="checkpoint, or comma-separated checkpoints to compare (calibrated models get all "
-                  "analyses, other encoder-decoder models the Kendall-τ of their cross-attention)")
+    p = analysis_parser(__doc__, "test", data_help="fairseq binarized data directory",
+                        path_help="checkpoint, or comma-separated checkpoints to compare (calibrated models get "
+                                  "all analyses, other encoder-decoder models the Kendall-τ of their cross-attention)")
     p.add_argument("--max-sentences", type=int, default=None, help="stop after this many sentences")
     p.add_argument("--num-heatmaps", type=int, default=10, help="PNG heat maps for the first N sentences")
     p.add_argument("--kendall-sentences", type=int, default=200,
@@ -79,8 +71,7 @@ def add_arguments(p):
                         "0 = skip; default 200)")
     p.add_argument("--importance", choices=IMPORTANCE, default="grad_input",
                    help="gradient-based source importance: gradient x input (default) or gradient norm")
-    p.add_argument("--log-interval", type=int, default=10, help="log progress every N batches")
-    p.add_argument("--cpu", action="store_true")
+    return p
 
 
 # ----------------------------------------------------------------------------- capturing
