@@ -5,8 +5,8 @@ Three checks, each with its own log in the output folder:
 1. ``pytest tests/gpu``: every backend against the explicit path (fp32 with TF32 off, fp16, bf16),
    flex recompiles, ``fairseq-train --fp16/--bf16`` and ``fairseq-generate`` per family, n-gram
    blocking on CUDA (fairseq's kernel where built, else the fixed fallback) against the CPU rule;
-2. a short benchmark of every family against fairseq's ``transformer`` (``scripts/speed.sh synthetic``)
-   in the recipes' precision (``--fp16`` by default: the whole model cast, as fairseq does);
+2. a short benchmark of every family's paper config against the Transformer's (``scripts/speed.sh synthetic``,
+   base width, backends auto and flex) in the recipes' precision (``--fp16`` by default: the whole model cast, as fairseq does);
 3. if ``data-bin/multi30k.de-en`` exists, a few hundred ``fairseq-train --bf16`` updates of every
    config of the Multi30k CPU study (``configs/multi30k-cpu/``); the training loss must be finite
    and fall.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from lab.speed import records as speed_records
 from man_fairseq.logging_setup import quiet_logging
 from man_fairseq.provenance import git_commit
 from man_fairseq.tables import markdown_table
@@ -39,8 +40,10 @@ from man_fairseq.recipes.training.launch import train_args
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
 # the Multi30k CPU preset's model size, every family alike
-BENCHMARK_ARGS = ["--device", "cuda", "--width", "base", "--backend", "auto,flex", "--iters", "10", "--warmup", "3",
-                  "--max-tokens", "4096", "--decode-iters", "3", "--memory-iters", "2"]
+# every paper family at base width (scripts/speed.sh synthetic), one repeat, one batch of 4096 tokens an update
+BENCHMARK_ARGS = ["--device", "cuda", "--width", "base", "--backend", "auto,flex", "--threads", "1", "--repeats", "1",
+                  "--updates", "30", "--log-interval", "10", "--decode-sentences", "64"]
+BENCHMARK_FAIRSEQ_ARGS = ["--update-freq", "1", "--max-tokens", "4096"]  # after '--': over every config
 NO_CUDA = ("no CUDA device: torch.cuda.is_available() is False (torch {torch}, built for CUDA {cuda}). "
            "make gpu-check needs a GPU; --cpu-dry-run checks only the report on this machine.")
 
@@ -142,39 +145,35 @@ def run_tests(out: Path, timeout: float) -> Check:
     return pytest_check(results, code, "pytest-gpu.log")
 
 
-def benchmark_check(results: Dict[str, dict], table: str, returncode: int, precision: str) -> Check:
-    """Ratios of every family to its baseline (same width and backend) from the benchmark's JSON."""
-    errors = {k: r["error"] for k, r in results.items() if "error" in r}
-    rows = []
-    for key, r in results.items():
-        if key.startswith("baseline:") or "error" in r:
-            continue
-        name, rest = key.split(":", 1)
-        width, backend = rest.split("@")
-        base = results.get(f"baseline:{width}@{backend}", {})
-        if "error" in base or not base:
-            continue
+def benchmark_check(recs: List[dict], table: str, returncode: int, precision: str, error: str = "") -> Check:
+    """Ratios of every family to the Transformer of its record (one per backend), from the synthetic mode's
+    records; ``error``: the mode's own line on what failed."""
+    def ratio(s):
+        return f"{s['median']:.3f}×" if s else "—"
 
-        def ratio(k, r=r, base=base):
-            return f"{r[k] / base[k]:.3f}×" if r.get(k) and base.get(k) else "—"
-
-        rows.append([name, backend, ratio("train_tok_s"), ratio("train_peak_bytes"), ratio("decode_sent_s")])
-    ok = returncode == 0 and results and not errors
+    rows = [[row["family"], rec.get("synthetic", {}).get("backend", "?")]
+            + [ratio(row[q + "_ratio"]) for q in ("train", "memory", "decode")]
+            for rec in recs for row in speed_records.summarize(rec)[1:]]
+    ok = returncode == 0 and bool(rows)
     summary = (f"{precision} (whole model cast, as fairseq-train --{precision}); "
-               + ("every model trained and decoded" if ok else f"exit code {returncode}, {len(errors)} model(s) failed"))
-    details = markdown_table(["family", "backend", "train tok/s ratio", "peak memory ratio", "decode sent/s ratio"],
-                             rows, "llrrr") + [f"- {k}: {e}" for k, e in errors.items()]
+               + ("every model trained and decoded" if ok else f"exit code {returncode}"
+                  + ("" if rows else ", no record")))
+    details = markdown_table(["family", "backend", "train words/s ratio", "peak memory ratio",
+                              "decode sent/s ratio"], rows, "llrrr") + ([f"- {error}"] if error else [])
     if table:
         details += ["", "<details><summary>the benchmark's full table</summary>", "", table.strip(), "", "</details>"]
     return Check("benchmark against fairseq's transformer", PASS if ok else FAIL, summary, details)
 
 
 def run_benchmark(out: Path, precision: str, timeout: float) -> Check:
-    md, js = out / "benchmark.md", out / "benchmark.json"
-    code = run_logged([sys.executable, "-m", "lab.speed", "synthetic", *BENCHMARK_ARGS, "--dtype", precision,
-                       "--output", md, "--json", js], out / "benchmark.log", timeout)
-    results = json.loads(js.read_text()) if js.exists() else {}
-    return benchmark_check(results, md.read_text() if md.exists() else "", code, precision)
+    log = out / "benchmark.log"
+    code = run_logged([sys.executable, "-m", "lab.speed", "synthetic", *BENCHMARK_ARGS, "--precision", precision,
+                       "--results-dir", out, "--", *BENCHMARK_FAIRSEQ_ARGS], log, timeout)
+    folder = out / "speed" / "synthetic"
+    recs = [speed_records.read_record(p) for p in sorted(folder.glob("*.json"))]
+    tables = "\n".join(p.read_text() for p in sorted(folder.glob("*.md")))
+    said = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("ERROR: ")]
+    return benchmark_check(recs, tables, code, precision, said[-1] if said else "")
 
 
 def training_row(family: str, log_text: str, returncode: int, seconds: float, updates: int) -> Dict[str, object]:

@@ -1,124 +1,85 @@
-"""Smoke test of ``scripts/speed.sh synthetic`` (lab/speed/synthetic.py): the real build/train/decode
-path at a tiny width.
+"""``scripts/speed.sh synthetic`` (lab/speed/synthetic.py): the study mode on random sentences at a paper
+width, each family's paper config against the Transformer's.
 
-No timing assertions (the numbers depend on the machine); it checks that the script runs
-fairseq's Transformer and transformer_man_base on the same batches, prints the ratio table,
-writes it to --output, and skips an unregistered arch with a message instead of failing.
+No timing assertions (the numbers depend on the machine): one real short run at the tiny width checks the
+data folder, that each backend is a record of its own with its Transformer, that the option reaches the
+families and not the Transformer, and that the table is the study's, rebuilt from the records; the rest
+are the refusals and the family table.
 """
 
 import json
-import math
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import call_entry_point
+from lab.speed import records
 from lab.speed.__main__ import main as speed_main
+from man_fairseq.recipes.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_benchmark(*args, timeout=900):
+def test_tiny_width_backends_are_records_with_their_own_transformer(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "lab.speed", "synthetic", *map(str, args)], cwd=REPO, timeout=timeout,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+        [sys.executable, "-m", "lab.speed", "synthetic", "--width", "tiny", "--families", "man", "--backend",
+         "explicit,flex", "--threads", "1", "--repeats", "1", "--updates", "4", "--log-interval", "2",
+         "--decode-sentences", "2", "--sentences", "100", "--results-dir", tmp_path], cwd=REPO, timeout=900,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return proc
+    folder = tmp_path / "speed" / "synthetic"
+    for backend in ("explicit", "flex"):
+        rec = records.read_record(folder / f"synthetic-tiny-{backend}-threads1.json")
+        assert rec["families"] == ["transformer", "man"] and rec["synthetic"]["backend"] == backend
+        assert rec["configs"] == {"transformer": "configs/man/t1-wmt14-transformer-base.yaml",
+                                  "man": "configs/man/t1-wmt14-man-base.yaml"}
+        runs = {run["family"]: run for run in rec["runs"]}
+        # the option reached the family, not fairseq's Transformer (which has none)
+        assert " ".join(runs["man"]["train"]["command"]).count(f"--attention-backend {backend}") == 1
+        assert "--attention-backend" not in runs["transformer"]["train"]["command"]
+        transformer, man = records.summarize(rec)
+        assert man["same_batches"] and man["train_ratio"]["median"] == man["train"]["median"] / transformer["train"]["median"]
+        assert runs["man"]["train"]["peak_rss_mib"] > 0 and runs["man"]["decode"]["sentences"] == 2
+        table = (folder / f"synthetic-tiny-{backend}.md").read_text()
+        assert table in proc.stdout and "| 1 | man (t1-wmt14-man-base) |" in table
+        assert table == records.to_markdown(rec["experiment"], [rec], {"transformer": "transformer (t1-wmt14-transformer-base)",
+                                                                      "man": "man (t1-wmt14-man-base)"}, table.split("\n")[2])
 
 
-def test_tiny_width_prints_ratio_table(tmp_path):
-    out, raw = tmp_path / "bench.md", tmp_path / "bench.json"
-    proc = run_benchmark(
-        "--width", "tiny", "--cases", "man", "--iters", "1", "--warmup", "1", "--decode-iters", "1",
-        "--decode-sentences", "4", "--threads", "1", "--output", out, "--json", raw,
-    )
-    table = proc.stdout
-    assert out.read_text().strip() == table.strip()
-    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
-    assert "baseline (tiny)" in rows and "man" in rows, table
-    cells = [c.strip() for c in rows["man"].split("|")[1:-1]]
-    # model, backend, params, tok/s, ratio, memory, ratio, sent/s, ratio, target, met, kernels, graphs
-    assert cells[1] == "transformer_man_base" and cells[2] == "auto"
-    assert re.fullmatch(r"\d+\.\d\dM", cells[3])
-    train_ratio, decode_ratio = cells[5], cells[9]
-    assert re.fullmatch(r"\d+\.\d{3}×", train_ratio) and re.fullmatch(r"\d+\.\d{3}×", decode_ratio), cells
-    assert re.fullmatch(r"\d+ MiB", cells[6]), cells
-    # CPU: the self-attentions take SDPA with the dispatcher free; fairseq's decoder asks the last
-    # cross-attention for its weights (explicit); nothing is compiled
-    assert cells[12] == "explicit sdpa / explicit sdpa" and cells[13] == "0", cells
+def test_the_random_data_folder(tmp_path):
+    from fairseq.data import Dictionary, data_utils
 
-    results = json.loads(raw.read_text())
-    base, man = results["baseline:tiny@auto"], results["man:tiny@auto"]
-    # the ratio printed is the ratio of the measured rates
-    assert abs(float(train_ratio[:-1]) - man["train_tok_s"] / base["train_tok_s"]) < 1e-3
-    # both models saw the very same batches
-    assert base["batch_tokens"] == man["batch_tokens"] and len(man["batch_tokens"]) == 2
-    assert len(man["train_times"]) == 1 and len(man["decode_times"]) == 1
-    # they are different models, built through fairseq's task with the plugin
-    assert man["params"] != base["params"]
-    assert man["train_peak_bytes"] > 0 and base["train_peak_bytes"] > 0
-    # decoding ran to the forced length (min_len = max_len_b = 5, plus EOS)
-    assert man["decode_hyp_len"] == 6
+    from lab.speed.synthetic import LENGTH, write_data
+
+    write_data(tmp_path, "en", "de", 1000, 50)
+    assert len(Dictionary.load(str(tmp_path / "dict.de.txt"))) == 1000  # the specials included
+    manifest = json.loads((tmp_path / "synthetic.json").read_text())
+    assert manifest["counts"] == {"train": 50, "valid": 5, "test": 5} and manifest["source_lang"] == "en"
+    src = data_utils.load_indexed_dataset(str(tmp_path / "train.en-de.en"), None)
+    tgt = data_utils.load_indexed_dataset(str(tmp_path / "train.en-de.de"), None)
+    assert len(src) == 50 and all(2 <= len(s) <= LENGTH["max"] and s[-1] == 2 and s[:-1].min() >= 4 for s in src)
+    assert all(abs(len(t) - len(s)) <= 0.25 * len(s) + 1 for s, t in zip(src, tgt))
 
 
-def test_a_failed_models_row_has_every_column():
-    """A model (or its baseline) that failed: its error in the params column, the other cells blank,
-    as many columns as the head has (the row once ended in one cell too many)."""
-    from lab.speed.synthetic import CASES, baseline_key, case_key, table
+def test_every_widths_families_are_paper_configs_the_transformer_first():
+    from lab.speed.synthetic import WIDTHS
 
-    runs = [(CASES["man"], "base", "transformer_man_base", "auto")]
-    results = {baseline_key("base", "auto"): {"error": "out of memory"}, case_key("man", "base", "auto"): {}}
-    lines, _, _ = table(runs, results, "cpu")
-    head, baseline, man = lines[0], lines[2], lines[3]
-    for row, name in ((baseline, "baseline (base)"), (man, "man")):
-        cells = [c.strip() for c in row.split("|")[1:-1]]
-        assert len(cells) == len(head.split("|")[1:-1]) == 14, row
-        assert cells[0] == name and cells[3] == "error: out of memory" and cells[4:] == [""] * 10, row
+    for width, (_, configs) in WIDTHS.items():
+        assert next(iter(configs)) == "transformer"
+        cfgs = {f: load_config(CONFIG_DIR / f"{c}.yaml") for f, c in configs.items()}
+        assert {c["paper"] for c in cfgs.values()} == set(configs) - {"transformer"} | {"man"}
+        assert len({(c["source_lang"], c["target_lang"]) for c in cfgs.values()}) == 1  # one data folder
+        suffix = {"tiny": "base"}.get(width, width)
+        assert all(c["arch"].endswith(suffix) for f, c in cfgs.items() if f != "transformer"), width
 
 
-def test_unregistered_arch_is_skipped_with_a_message(tmp_path, monkeypatch):
-    from lab.speed import synthetic as cli
-
-    monkeypatch.setitem(cli.CASES, "ghost", cli.Case("ghost", "transformer_ghost_{w}"))
-    out = tmp_path / "ghost.md"
-    cli.main(["--width", "tiny", "--cases", "ghost", "--output", str(out)])
-    text = out.read_text()
-    assert "transformer_ghost_base is not registered" in text
-    assert "no case could run" in text
-
-
-def test_backends_are_groups_with_their_own_baseline(tmp_path):
-    raw = tmp_path / "bench.json"
-    proc = run_benchmark(
-        "--width", "tiny", "--cases", "man", "--backend", "explicit,flex", "--iters", "1", "--warmup", "1",
-        "--decode-iters", "1", "--decode-sentences", "4", "--threads", "1", "--memory-iters", "0", "--json", raw,
-    )
-    results = json.loads(raw.read_text())
-    assert set(results) == {"baseline:tiny@explicit", "man:tiny@explicit", "baseline:tiny@flex", "man:tiny@flex"}
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| man ")]
-    assert [r.split("|")[3].strip() for r in rows] == ["explicit", "flex"]
-    # the option reached the model: explicit everywhere; flex trains through SDPA on CPU (no flex
-    # backward there) and decodes through flex
-    assert results["man:tiny@explicit"]["train_kernels"] == ["explicit"]
-    assert results["man:tiny@flex"]["train_kernels"] == ["explicit", "sdpa"]
-    assert "flex" in results["man:tiny@flex"]["decode_kernels"]
-
-
-def test_bad_width_and_backend_are_clear_errors():
+def test_bad_width_backend_and_family_are_clear_errors():
     # the command itself, run in this process: argument errors need no process of their own, and each
     # new interpreter would pay the torch/fairseq import
     for args, msg in ((["--width", "huge"], "--width: unknown"), (["--backend", "fast"], "--backend: unknown"),
-                      (["--width", "tiny,base"], "run it alone")):
+                      (["--width", "tiny,base"], "run it alone"), (["--width", "small", "--families", "diffwin"],
+                                                                   "--families: unknown ['diffwin']")):
         proc = call_entry_point(lambda: speed_main(["synthetic", *args]), args, prog="scripts/speed.sh")
-        assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
-
-
-def test_bad_model_args_are_clear_errors():
-    for value, msg in (("--encoder-layers '3", "--model-args: No closing quotation"),
-                       ("encoder-layers 3", "--model-args: expected fairseq options starting with --")):
-        proc = call_entry_point(lambda: speed_main(["synthetic", "--model-args", value]), [], prog="scripts/speed.sh")
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
 
 
@@ -127,30 +88,3 @@ def test_backend_names_are_the_cores():
     from man_fairseq.modules import attention_backend
 
     assert synthetic.ATTENTION_BACKENDS is attention_backend.ATTENTION_BACKENDS  # one list, not a copy
-
-
-def test_half_precision_is_the_recipes_model_cast(tmp_path):
-    """--dtype bf16 measures fairseq-train --bf16: the model itself in bf16, fp32 master weights
-    in fairseq's FP16Optimizer, an update that changes the weights (not autocast on fp32 weights)."""
-    import torch
-    from fairseq.optim import FP16Optimizer
-
-    from lab.speed.model import Built
-    from lab.speed.synthetic import TINY_OVERRIDES
-    from lab.speed.workers import make_batches, write_dictionary
-
-    spec = {"max_tokens": 128, "seed": 1, "dtype": "bf16", "warmup": 0, "iters": 1, "len_mean": 6.0,
-            "len_std": 2.0, "len_max": 12, "decode_sentences": 2}
-    write_dictionary(str(tmp_path), 100)
-    built = Built(spec, {"label": "man", "arch": "transformer_man_base", "criterion": "label_smoothed_cross_entropy",
-                         "extra_args": TINY_OVERRIDES}, str(tmp_path), torch.device("cpu"))
-    assert {p.dtype for p in built.model.parameters()} == {torch.bfloat16}
-    assert isinstance(built.optimizer, FP16Optimizer)
-    before = [p.detach().clone() for p in built.optimizer.fp32_params]
-    train, _ = make_batches(spec, built.task.source_dictionary)
-    (_, _), loss = built.train_step(train[0])
-    # a fresh model predicts near-uniformly: its per-token loss is about ln V nats (V: the dictionary)
-    assert abs(loss - math.log(len(built.task.target_dictionary))) < 1.5, loss
-    assert built.skipped_updates == 0
-    assert all(p.dtype == torch.float32 for p in built.optimizer.fp32_params)
-    assert any(not torch.equal(b, p) for b, p in zip(before, built.optimizer.fp32_params))

@@ -17,11 +17,10 @@ THIS = Path(__file__).resolve()
 CODE_CITATION = re.compile(r"\bdocs/([\w.-]+\.md)(?:#([\w-]+))?")
 MD_LINK = re.compile(r"\]\(((?:docs/)?[\w.-]*?\.md|)#([^)\s]+)\)")
 OUTSIDE = re.compile(r"\bSPEC\b|paper-tables\.md")
-# A line naming one of these is not a citation: ``SPEC`` is the argument of the benchmark worker,
-# and the two files that parse the maintainers' transcription of the paper tables, when it is
-# present beside the repository, name it (tests/test_configs.py skips without it).
+# A line naming one of these is not a citation: the two files that parse the maintainers' transcription
+# of the paper tables, when it is present beside the repository, name it (tests/test_configs.py skips
+# without it).
 NOT_CITATIONS = {
-    "lab/speed/workers.py": "workers SPEC OUT",
     "man_fairseq/recipes/evaluation/paper_rows.py": "paper-tables.md",
     "tests/test_configs.py": "paper-tables.md",
 }

@@ -74,17 +74,23 @@ def test_training_logs_are_judged():
 
 
 def test_benchmark_results_become_ratios():
-    base = {"train_tok_s": 1000.0, "train_peak_bytes": 2 ** 30, "decode_sent_s": 50.0}
-    results = {"baseline:base@auto": base, "man:base@auto": {"train_tok_s": 950.0, "train_peak_bytes": 1.1 * 2 ** 30,
-                                                             "decode_sent_s": 45.0},
-               "baseline:base@flex": base, "man:base@flex": {"error": "build failed: RuntimeError: boom"}}
-    check = gpu_check.benchmark_check(results, "| table |", 0, "fp16")
-    assert check.status == gpu_check.FAIL and "1 model(s) failed" in check.summary
+    """The synthetic mode's records (one per backend) become each family's ratios to the Transformer; a
+    failed run (the mode's ERROR line, its exit code) fails the check and is quoted."""
+    from test_speed import record, run_of
+
+    def backend_record(backend, families=("transformer", "man")):
+        runs = [run_of(1, "transformer", [5, 1000, 1000], 1024.0, 50.0), run_of(1, "man", [5, 950, 950], 1126.4, 45.0)]
+        return dict(record(runs[:len(families)], families=families, experiment=f"synthetic-base-{backend}"),
+                    synthetic={"backend": backend})
+
+    recs = [backend_record("auto"), backend_record("flex")]
+    check = gpu_check.benchmark_check(recs, "| table |", 2, "fp16", "ERROR: training man failed (exit code 1): boom")
+    assert check.status == gpu_check.FAIL and "exit code 2" in check.summary
     assert "| man | auto | 0.950× | 1.100× | 0.900× |" in check.details
     assert any("boom" in line for line in check.details)
-    del results["man:base@flex"]
-    assert gpu_check.benchmark_check(results, "", 0, "fp16").status == gpu_check.PASS
-    assert gpu_check.benchmark_check(results, "", 1, "fp16").status == gpu_check.FAIL
+    assert gpu_check.benchmark_check(recs, "", 0, "fp16").status == gpu_check.PASS
+    assert gpu_check.benchmark_check(recs, "", 1, "fp16").status == gpu_check.FAIL
+    assert gpu_check.benchmark_check([], "", 0, "fp16").status == gpu_check.FAIL  # nothing measured
 
 
 def test_cpu_dry_run_writes_one_report(tmp_path, capsys):

@@ -217,7 +217,7 @@ def test_update_readme_rebuilds_only_its_block(tmp_path, monkeypatch):
     readme.parent.mkdir()
     readme.write_text(f"# Title\n\n{speed_table.BLOCK_BEGIN}\nold\n{speed_table.BLOCK_END}\n\nthe rest\n")
     monkeypatch.setattr(speed, "REPO", tmp_path)
-    md = speed.write_table("gigaword-cpu", records, update_docs=True)
+    md = speed.write_table(speed.experiment_study("gigaword-cpu"), records, update_docs=True)
     block = speed_table.page_block(records, FAMILY_LABELS)
     assert readme.read_text() == f"# Title\n\n{block}\n\nthe rest\n" and "| gigaword-cpu | 1 | MAN" in block
     assert md == records / "gigaword-cpu.md" and "| 1 | MAN (small, DMAN enc.) |" in md.read_text()

@@ -1,3 +1,3 @@
-"""The one speed command, ``python -m lab.speed MODE`` (:mod:`.__main__`): ``study`` (:mod:`.study`, tables:
-:mod:`.records`), ``synthetic`` (:mod:`.synthetic`, :mod:`.workers`), ``profile`` (:mod:`.profile`); one
-model builder (:mod:`.model`)."""
+"""The one speed command, ``python -m lab.speed MODE`` (:mod:`.__main__`): ``study`` (:mod:`.study`) and
+``synthetic`` (:mod:`.synthetic`, the study on random sentences) run fairseq-train and fairseq-generate, their
+records and tables in :mod:`.records`; ``profile`` (:mod:`.profile`) builds the models in process (:mod:`.model`)."""

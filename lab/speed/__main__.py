@@ -2,7 +2,8 @@
 
 * ``study EXPERIMENT``: a study's real batches through fairseq-train and fairseq-generate (:mod:`.study`;
   ``scripts/speed.sh EXPERIMENT`` is this mode);
-* ``synthetic``: random batches at the papers' widths, every family against fairseq's Transformer (:mod:`.synthetic`);
+* ``synthetic``: the study mode on random sentences at the papers' widths, each family's paper config against
+  the Transformer's (:mod:`.synthetic`);
 * ``profile EXPERIMENT``: one update per family by op (torch.profiler) and, ``--passes``, calibration's
   update by phase (:mod:`.profile`).
 """

@@ -139,9 +139,9 @@ def checkpoints(families, cfgs, args, work, setting):
     trained for one update in ``work`` (so that fairseq-generate has a checkpoint to load)."""
     found = {}
     for fam in families:
-        run = args.runs_dir / f"{fam}-seed{args.checkpoint_seed}"
-        trained = run / "checkpoints" / "checkpoint_last.pt"
-        if trained.is_file():
+        run = args.runs_dir / f"{fam}-seed{args.checkpoint_seed}" if args.runs_dir else None
+        trained = run / "checkpoints" / "checkpoint_last.pt" if run else None
+        if trained and trained.is_file():
             stat = trained.stat()
             found[fam] = {"path": str(trained), "trained": True, "seed": args.checkpoint_seed,
                           "finished": (run / ".train.done").is_file(),
@@ -150,7 +150,7 @@ def checkpoints(families, cfgs, args, work, setting):
             if args.fairseq_args:  # training takes them, the study's checkpoint was trained without them
                 log(f"note: {fam} decodes the study's checkpoint {trained}, not a model of the options after '--'")
             continue
-        log(f"no trained checkpoint of {fam} ({trained}): decoding a model trained for one update")
+        log(f"no trained checkpoint of {fam} ({trained or 'no runs'}): decoding a model trained for one update")
         save = work / f"untrained-{fam}"
         extra = ["--seed", SEED, "--max-update", 1, "--max-epoch", 0, "--disable-validation",
                  "--no-epoch-checkpoints"] + list(args.fairseq_args)
@@ -159,7 +159,7 @@ def checkpoints(families, cfgs, args, work, setting):
                                       thread_env(setting["threads"]))
         if rc != 0 or not (save / "checkpoint_last.pt").is_file():
             raise failure(f"the one-update model of {fam}", rc, text, save / "train.log")
-        found[fam] = {"path": str(save / "checkpoint_last.pt"), "trained": False, "missing": str(trained),
+        found[fam] = {"path": str(save / "checkpoint_last.pt"), "trained": False, "missing": str(trained or "no runs"),
                       "instead": "a model trained for one update (seed 1) in the measurement's temporary folder"}
     return found
 
@@ -212,13 +212,13 @@ def now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_table(experiment, records_dir, update_docs):
-    recs = records.read_records(records_dir, experiment)
+def write_table(study, records_dir, update_docs):
+    recs = records.read_records(records_dir, study["name"])
     if not recs:
-        raise SpeedError(f"no speed record of {experiment} in {records_dir}: measure first "
-                         f"(scripts/speed.sh {experiment})")
-    md = records_dir / f"{experiment}.md"
-    md.write_text(records.to_markdown(experiment, recs, FAMILY_LABELS, EXPERIMENTS[experiment]["title"]))
+        raise SpeedError(f"no speed record of {study['name']} in {records_dir}: measure first "
+                         f"({study['command']})")
+    md = records_dir / f"{study['name']}.md"
+    md.write_text(records.to_markdown(study["name"], recs, study["labels"], study["title"]))
     log(f"wrote {md}")
     if update_docs:
         page = REPO / records.PAGE
@@ -229,13 +229,14 @@ def write_table(experiment, records_dir, update_docs):
     return md
 
 
-def parser():
+def measure_parser(prog="scripts/speed.sh", description=None):
+    """The options of every measurement on fairseq-train and fairseq-generate (this mode's and the synthetic
+    mode's); the study mode adds its experiment and data (:func:`parser`)."""
     p = argparse.ArgumentParser(
-        prog="scripts/speed.sh",
-        description="Measure each family of a study against its Transformer on the study's real batches: "
-                    "training words/s, peak training memory, decoding sentences/s, interleaved, on each thread "
-                    "count; write one record per thread count and rebuild the table from the records.")
-    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
+        prog=prog,
+        description=description or "Measure each family of a study against its Transformer on the study's real "
+                    "batches: training words/s, peak training memory, decoding sentences/s, interleaved, on each "
+                    "thread count; write one record per thread count and rebuild the table from the records.")
     p.add_argument("--families", default=None,
                    help="comma-separated subset of the study's families (default: all it has configs for; the "
                         "Transformer is always measured, first: it is every ratio's baseline)")
@@ -256,17 +257,23 @@ def parser():
                    help="test pairs decoded per run (a fixed sample of the first test set)")
     p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128,
                    help="fairseq-generate sentences per batch (the studies' default)")
+    p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
+    p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
+    p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
+    p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
+    return p
+
+
+def parser():
+    p = measure_parser()
+    p.add_argument("experiment", choices=sorted(EXPERIMENTS))
     p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
     p.add_argument("--runs-dir", default=None, help="the study's runs, for trained checkpoints (default runs/EXPERIMENT)")
     p.add_argument("--checkpoint-seed", type=number("--checkpoint-seed", low=1), default=1,
                    help="decode the study's runs of this seed (RUNS/FAMILY-seedS; default %(default)s)")
-    p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
-    p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
-    p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     p.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
                    help=f"also rebuild the real-batch speed table of {records.PAGE} from every record in "
                         "RESULTS/speed/ (--update-readme: the old spelling, from when the table was in the README)")
-    p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     return p
 
 
@@ -276,7 +283,7 @@ def settings(args, p):
     if args.skip_decoding:
         unread = [f"--{d.replace('_', '-')} {getattr(args, d)}" for d in ("decode_sentences", "batch_size",
                                                                            "checkpoint_seed")
-                  if getattr(args, d) != p.get_default(d)]
+                  if d in vars(args) and getattr(args, d) != p.get_default(d)]
         if unread:
             p.error(f"{', '.join(unread)}: nothing is decoded with --skip-decoding")
     if args.device == "cpu":
@@ -291,32 +298,52 @@ def settings(args, p):
     return [{"device": "cuda", "precision": prec, "threads": threads[0]} for prec in args.precision or ["bf16", "fp16"]]
 
 
-def main(argv=None):
-    quiet_logging()
-    p = parser()
+def parse(p, argv):
+    """(args, the fairseq options after '--') with the checks every mode shares; usage errors exit 2."""
     full = list(sys.argv[1:] if argv is None else argv)
     ours, fairseq_args = split_fairseq_args(full)
     args = p.parse_args(ours)
-    args.fairseq_args, args.command = fairseq_args, "scripts/speed.sh " + shlex.join(str(a) for a in full)
-    exp = EXPERIMENTS[args.experiment]
+    args.fairseq_args, args.command = fairseq_args, f"{p.prog} " + shlex.join(str(a) for a in full)
     if args.updates < (WARMUP_INTERVALS + 1) * args.log_interval:
         p.error(f"--updates {args.updates} with --log-interval {args.log_interval}: need at least "
                 f"{(WARMUP_INTERVALS + 1) * args.log_interval} updates (the first interval is warm-up)")
+    args.settings = settings(args, p)
+    for folder in (Path(args.results_dir).resolve(), Path(args.results_dir).resolve() / "speed"):
+        if folder.exists() and not folder.is_dir():
+            p.error(f"--results-dir: {folder} is a file, not a folder")
+    return args
+
+
+def main(argv=None):
+    quiet_logging()
+    p = parser()
+    args = parse(p, argv)
+    exp = EXPERIMENTS[args.experiment]
     try:
         families = parse_families(args.experiment, args.families)[1]
     except ValueError as e:
         p.error(str(e))
-    args.settings = settings(args, p)
     args.data = Path(args.data or exp["data"]).resolve()
     args.runs_dir = Path(args.runs_dir or REPO / "runs" / args.experiment).resolve()
-    records_dir = Path(args.results_dir).resolve() / "speed"
-    for folder in (records_dir.parent, records_dir):
-        if folder.exists() and not folder.is_dir():
-            p.error(f"--results-dir: {folder} is a file, not a folder")
+    return measure_and_tabulate(args, experiment_study(args.experiment, families, args.data),
+                                Path(args.results_dir).resolve() / "speed")
+
+
+def experiment_study(experiment, families=None, data=None):
+    """What :func:`run_study` measures of a study of scripts/reproduce.sh: its name, title, labels, dataset,
+    the command that prepares ``data`` and {family: config}, the Transformer first."""
+    exp = EXPERIMENTS[experiment]
+    return {"name": experiment, "title": exp["title"], "labels": FAMILY_LABELS, "dataset": exp["dataset"],
+            "command": f"scripts/speed.sh {experiment}", "prepare": prepare_line(experiment, data),
+            "configs": {f: exp["configs"] / f"{f}.yaml" for f in families or []}}
+
+
+def measure_and_tabulate(args, study, records_dir):
+    """Measure (unless --table-only), rebuild the table and print it: 0, or 2 with one line saying what failed."""
     try:
         if not args.table_only:
-            run_study(args, families, records_dir)
-        md = write_table(args.experiment, records_dir, args.update_docs)
+            run_study(args, study, records_dir)
+        md = write_table(study, records_dir, getattr(args, "update_docs", False))
         print(md.read_text())
     except (SpeedError, LogError, PrepError, ConfigError, EvaluateError, records.SpeedRecordError, OSError) as e:
         print(f"ERROR: {e}", file=sys.stderr)
@@ -324,10 +351,11 @@ def main(argv=None):
     return 0
 
 
-def run_study(args, families, records_dir):
-    """Measure every setting, writing each one's record as it completes."""
-    exp = EXPERIMENTS[args.experiment]
-    targets = [records.record_path(records_dir, args.experiment, s["threads"], s["device"], s["precision"])
+def run_study(args, study, records_dir):
+    """Measure every setting, writing each one's record as it completes. ``study``: its name, dataset, the
+    command that prepares its data, and {family: config path}, the Transformer first; ``study["model"]``,
+    when given, {family: model options over its config}."""
+    targets = [records.record_path(records_dir, study["name"], s["threads"], s["device"], s["precision"])
                for s in args.settings]
     for path in targets:  # before any work: nothing measured for an hour is then refused
         if path.exists():
@@ -338,8 +366,11 @@ def run_study(args, families, records_dir):
             if not args.force:
                 raise SpeedError(f"{path} exists (measured {old.get('date')} on {old.get('cpu')}); pass --force "
                                  "to replace it")
-    manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
-    cfgs = {f: load_config(exp["configs"] / f"{f}.yaml") for f in families}
+    manifest = read_manifest(args.data, study["dataset"], study["prepare"])
+    cfgs = {f: load_config(path) for f, path in study["configs"].items()}
+    for fam, options in study.get("model", {}).items():
+        cfgs[fam]["model"] = dict(cfgs[fam].get("model") or {}, **options)
+    families = list(cfgs)
     records_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="man-fairseq-speed-"))
     try:
@@ -349,10 +380,11 @@ def run_study(args, families, records_dir):
                                     work / "sample")
         ckpts = {} if args.skip_decoding else checkpoints(families, cfgs, args, work, args.settings[0])
         for setting, target in zip(args.settings, targets):
-            record = measure(args.experiment, families, cfgs, args, setting, (subset, sample_data, ids), ckpts, work)
+            record = measure(study["name"], families, cfgs, args, setting, (subset, sample_data, ids), ckpts, work)
+            record.update(study.get("record", {}))
             records.write_json(target, record)
             log(f"wrote {target}")
-            write_table(args.experiment, records_dir, False)  # the table never lags its records
+            write_table(study, records_dir, False)  # the table never lags its records
     except BaseException:
         log(f"stopped; the logs of its runs are kept in {work}")
         raise
