@@ -65,7 +65,9 @@ test: install
 smoke: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.checks.smoke $(SMOKE_ARGS)
 
-# Synthetic batches at the papers' widths, every family against fairseq's Transformer (scripts/speed.sh synthetic).
+# Random sentences at the papers' base width, each family's paper config against the Transformer's
+# (scripts/speed.sh synthetic): a few minutes' run on an idle 2-core CPU; more repeats and updates for decisions.
+BENCH_ARGS ?= --threads 2 --repeats 1 --updates 20 --log-interval 5 --decode-sentences 16 -- --update-freq 1 --max-tokens 1024
 bench: install
 	PYTHON=$(CURDIR)/$(PY) scripts/speed.sh synthetic $(BENCH_ARGS)
 
