@@ -35,8 +35,15 @@ def average(checkpoint_dir, n, by_update, output, overwrite=False):
 
 
 def record(path, text):
-    """Write ``text`` to ``path`` whole: into a temporary file beside it, renamed over it when complete."""
+    """Write ``text`` to ``path`` whole: into a temporary file of its own beside it (no fixed name that
+    could be someone else's file), renamed over it when complete, removed when the write fails."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    f = open(tmp, "x", encoding="utf-8")  # "x": an existing file of that name is never replaced
+    try:
+        with f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
