@@ -18,7 +18,6 @@ runs what a CPU can (the environment, ``pytest tests/gpu``, which then skips) an
 
 import argparse
 import datetime
-import json
 import math
 import platform
 import subprocess

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO
-from lab.speed import profile as cp
+from lab.speed import profile as cp, records
 from test_calibration import build_model, make_batch, make_criterion, make_dictionary
 
 
@@ -42,10 +42,13 @@ def test_a_short_run_records_every_part_and_keeps_an_earlier_record(gigaword_lik
            "--warmup", "0", "--data", str(gigaword_like_bin), "--output", str(out)]
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rec = json.loads(out.read_text())
-    assert rec["experiment"] == "gigaword-cpu" and rec["batches"] == 2 and len(rec["target_tokens"]) == 2
+    rec = records.read_record(out)  # the study's record format, its runs each batch's phases
+    assert rec["experiment"] == "gigaword-cpu" and rec["settings"]["batches"] == 2
+    assert rec["families"] == list(cp.PHASES) and rec["configs"]["calibration"] == "configs/gigaword-cpu/calibration.yaml"
     for fam, phases in cp.PHASES.items():
-        assert len(rec["times"][fam]) == 2 and all(list(b) == phases for b in rec["times"][fam])
+        runs = [r for r in rec["runs"] if r["family"] == fam]
+        assert [r["batch"] for r in runs] == [1, 2] and all(list(r["phases"]) == phases for r in runs)
+        assert all(r["target_tokens"] > 0 for r in runs)
     assert "| calibration | perturbation forward |" in proc.stdout and "| calibration | **all** |" in proc.stdout
 
     again = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)

@@ -11,21 +11,19 @@ against it a family's ratio is its method's cost. On CUDA the model is cast to `
 ``--passes`` times calibration's parts against the Transformer's: the calibrated pass forward, the
 perturbation pass forward (the decoder again, on the detached encoder output), then each term's backward
 on its own; the two terms share no graph, so the two backwards write the gradients one joint
-``backward()`` writes (tests/test_calibration_passes.py). Record:
-``RESULTS/speed/EXPERIMENT-calibration-passes.json``, written whole or not at all.
+``backward()`` writes (tests/test_calibration_passes.py). Record: the study's (:mod:`.records`), its runs
+each batch's phases, ``RESULTS/speed/EXPERIMENT-calibration-passes.json``, written whole or not at all.
 """
 
 import argparse
-import datetime
-import os
+import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from lab.speed import records
 from lab.speed.model import build, config_argv
-from lab.speed.records import write_json
-from man_fairseq.provenance import cpu_model, git_commit
 from man_fairseq.recipes.config import REPO, load_config
 from man_fairseq.recipes.options import number
 from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
@@ -122,13 +120,14 @@ def op_table(model, criterion, samples, device, n_batches, row_limit, sync):
             {e.key: e.count / n_batches for e in events if e.key in SYNC_OPS})
 
 
-def profile_markdown(meta, built, times, tables):
+def profile_markdown(record, built, times, tables):
     ms = {fam: [sum(b.values()) * 1000 for b in times[fam]] for fam in built}
     base = statistics.median(ms["transformer"]) if "transformer" in ms else None
-    lines = [f"# One training update per family: {meta['experiment']}, {meta['device']} {meta['precision']}", "",
-             f"`{meta['command']}`, commit {meta['commit']}, {meta['cpu']}, {meta['date']}; {meta['batches']} profiled "
-             f"updates after {meta['warmup']} warm-up ones, the same batches for every family (forward, loss, "
-             "backward; no optimizer step).", ""]
+    device = record["gpu"] or f"CPU, {record['threads']} thread(s)"
+    lines = [f"# One training update per family: {record['experiment']}, {device} {record['precision']}", "",
+             f"`{record['command']}`, commit {record['commit']}, {record['cpu']}, {record['date']}; "
+             f"{record['settings']['batches']} profiled updates after {record['settings']['warmup']} warm-up ones, "
+             "the same batches for every family (forward, loss, backward; no optimizer step).", ""]
     rows = [[fam, f"{sum(p.numel() for p in built[fam][1].parameters()):,}",
              f"{statistics.median(m):.1f} ({min(m):.1f}-{max(m):.1f})",
              f"{base / statistics.median(m):.2f}×" if base else "—",
@@ -143,10 +142,12 @@ def profile_markdown(meta, built, times, tables):
 
 def passes_markdown(record):
     """Median seconds per batch of each phase, and its share of the Transformer's forward + backward."""
-    med = {fam: {ph: statistics.median(b[ph] for b in record["times"][fam]) for ph in PHASES[fam]} for fam in PHASES}
+    med = {fam: {ph: statistics.median(r["phases"][ph] for r in record["runs"] if r["family"] == fam)
+                 for ph in PHASES[fam]} for fam in PHASES}
     base, total = sum(med["transformer"].values()), sum(med["calibration"].values())
     lines = [f"Calibration's training update by part, {record['experiment']}: median seconds over "
-             f"{record['batches']} real batches (after {record['warmup']} warm-up), {record['threads']} thread(s), "
+             f"{record['settings']['batches']} real batches (after {record['settings']['warmup']} warm-up), "
+             f"{record['threads']} thread(s), "
              f"{record['cpu']}, commit {record['commit']}, load average {record['loadavg_before'][0]:.2f} before, "
              f"{record['loadavg_after'][0]:.2f} after; forward and backward only (no optimizer step).", ""]
     lines += markdown_table(["model", "part", "seconds", "× Transformer's forward + backward"],
@@ -223,15 +224,19 @@ def main(argv=None, prog="scripts/speed.sh profile"):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv, prog)
     torch.set_num_threads(args.threads)
-    commit, loadavg = git_commit(), list(os.getloadavg())  # the code measured, the machine before
-    built = {}
+    built, configs = {}, {}
     for fam in args.families:
         print(f"[profile] {fam} ...", file=sys.stderr, flush=True)
         cfg, extra = family_config(args.experiment, fam)
-        built[fam] = build(config_argv(cfg, str(args.data), extra))
+        built[fam], configs[fam] = build(config_argv(cfg, str(args.data), extra)), cfg["_path"]
+    cuda = args.device == "cuda"
+    # the study's record (the code measured, the machine before): --passes adds each batch's phases as its runs
+    record = records.new_record(args.experiment, {"threads": args.threads, "device": args.device,
+                                                  "precision": args.precision}, f"{prog} " + shlex.join(argv),
+                                args.data, configs, {"batches": args.batches, "warmup": args.warmup, "seed": 1},
+                                torch.cuda.get_device_name() if cuda else None)
     first = next(iter(built.values()))
     samples = batches(first[0], first[1], first[3], args.warmup + args.batches)
-    cuda = args.device == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         samples = [utils.move_to_cuda(s) for s in samples]
@@ -242,21 +247,15 @@ def main(argv=None, prog="scripts/speed.sh profile"):
     times = time_updates(built, samples, args.warmup, sync, args.passes)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     if args.passes:
-        record = {"kind": "calibration-passes", "experiment": args.experiment, "threads": args.threads, "commit": commit,
-                  "cpu": cpu_model(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "loadavg_before": loadavg,
-                  "loadavg_after": list(os.getloadavg()), "batches": args.batches, "warmup": args.warmup,
-                  "data": str(args.data), "target_tokens": [int(s["ntokens"]) for s in samples[args.warmup:]],
-                  "times": {fam: times[fam] for fam in PHASES}}
-        write_json(args.output, record)
+        record["runs"] = [{"batch": i + 1, "family": fam, "target_tokens": int(samples[args.warmup + i]["ntokens"]),
+                           "phases": phases} for fam in PHASES for i, phases in enumerate(times[fam])]
+        records.finish(record)
+        records.write_json(args.output, record)
         print(passes_markdown(record))
         print(f"record: {args.output}", file=sys.stderr)
         return 0
     tables = {fam: op_table(model, criterion, samples[args.warmup:], args.device, args.batches, args.rows, sync)
               for fam, (_, model, criterion, _) in built.items()}
-    meta = {"experiment": args.experiment, "precision": args.precision, "command": f"{prog} " + " ".join(argv),
-            "device": torch.cuda.get_device_name() if cuda else f"CPU, {args.threads} thread(s)", "commit": commit,
-            "cpu": cpu_model(), "batches": args.batches, "warmup": args.warmup,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    args.output.write_text(profile_markdown(meta, built, times, tables))
+    args.output.write_text(profile_markdown(record, built, times, tables))
     print(f"wrote {args.output}", file=sys.stderr)
     return 0

@@ -4,10 +4,14 @@ setting of one study) and the block of ``docs/speed.md`` (:data:`PAGE`, every st
 repeats (min–max) and as a ratio to the Transformer *of the same repeat* (a load drift hits a repeat alike).
 """
 
+import datetime
 import json
+import os
 import statistics
 from pathlib import Path
 
+from man_fairseq.provenance import cpu_model, git_commit
+from man_fairseq.recipes.config import REPO
 from man_fairseq.tables import markdown_table
 
 RECORD_KIND = "man-fairseq real-batch speed"
@@ -60,6 +64,27 @@ def read_record(path):
         raise SpeedRecordError(f"{path}: not a readable speed record ({e})") from e
     if not isinstance(record, dict) or record.get("kind") != RECORD_KIND:
         raise SpeedRecordError(f"{path}: not a speed record of scripts/speed.sh (no kind {RECORD_KIND!r})")
+    return record
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_record(experiment, setting, command, data, configs, settings, gpu=None):
+    """What every mode's record starts with: the setting measured ({threads, device, precision}), the
+    command, the code and the machine before, the data, {family: config path} (the Transformer first) and
+    the mode's ``settings``; the mode adds its ``runs`` (study, synthetic: ``train`` and ``decode`` of each
+    repeat and family; profile --passes: ``phases`` of each batch and family), then :func:`finish`."""
+    return {"kind": RECORD_KIND, "version": RECORD_VERSION, "experiment": experiment, "threads": setting["threads"],
+            "device": setting["device"], "precision": setting["precision"], "gpu": gpu, "command": command,
+            "commit": git_commit(), "cpu": cpu_model(), "cpu_count": os.cpu_count(), "date": now(),
+            "loadavg_before": list(os.getloadavg()), "data": str(data), "families": list(configs),
+            "configs": {f: os.path.relpath(path, REPO) for f, path in configs.items()}, "settings": settings}
+
+
+def finish(record):
+    record.update(loadavg_after=list(os.getloadavg()), finished=now())
     return record
 
 
@@ -275,10 +300,7 @@ def page_block(records_dir, labels):
 
 def replace_page_block(text, block, where=PAGE):
     """``text`` with its generated block replaced by ``block``."""
-    start, end = text.find(BLOCK_BEGIN), text.find(BLOCK_END)
-    if start < 0 or end < start:
-        raise SpeedRecordError(f"{where}: no speed-table block (the lines {BLOCK_BEGIN!r} ... {BLOCK_END!r})")
-    return text[:start] + block + text[end + len(BLOCK_END):]
+    return text.replace(page_section(text, where), block, 1)
 
 
 def page_section(text, where=PAGE):

@@ -22,7 +22,6 @@ from pathlib import Path
 from lab.speed import records
 from lab.speed.cuda_peak import PEAK_LINE
 from man_fairseq.logging_setup import quiet_logging
-from man_fairseq.provenance import cpu_model, git_commit
 from man_fairseq.recipes.config import REPO, ConfigError, load_config
 from man_fairseq.recipes.data.dataprep import PrepError
 from man_fairseq.recipes.data.manifest import read_manifest
@@ -174,20 +173,14 @@ def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
     """The record of one setting (a thread count; on a GPU, a precision): every family in every repeat,
     the Transformer first."""
     subset, sample_data, ids = sample
-    threads = setting["threads"]
-    record = {"kind": records.RECORD_KIND, "version": records.RECORD_VERSION, "experiment": experiment,
-              "threads": threads, "device": setting["device"], "precision": setting["precision"],
-              "gpu": gpu_name() if setting["device"] == "cuda" else None,
-              "command": args.command, "commit": git_commit(), "cpu": cpu_model(),
-              "cpu_count": os.cpu_count(), "date": now(), "loadavg_before": list(os.getloadavg()),
-              "data": str(args.data), "families": families,
-              "configs": {f: os.path.relpath(cfgs[f]["_path"], REPO) for f in families},
-              "settings": {"repeats": args.repeats, "updates": args.updates, "log_interval": args.log_interval,
-                           "warmup_intervals": WARMUP_INTERVALS, "seed": SEED, "test_set": subset,
-                           "decode_sentences": len(ids), "sample_seed": SAMPLE_SEED, "batch_size": args.batch_size,
-                           "fairseq_args": list(args.fairseq_args), "skip_decoding": args.skip_decoding,
-                           "checkpoint_seed": args.checkpoint_seed},
-              "checkpoints": ckpts, "runs": []}
+    record = records.new_record(
+        experiment, setting, args.command, args.data, {f: cfgs[f]["_path"] for f in families},
+        {"repeats": args.repeats, "updates": args.updates, "log_interval": args.log_interval,
+         "warmup_intervals": WARMUP_INTERVALS, "seed": SEED, "test_set": subset, "decode_sentences": len(ids),
+         "sample_seed": SAMPLE_SEED, "batch_size": args.batch_size, "fairseq_args": list(args.fairseq_args),
+         "skip_decoding": args.skip_decoding, "checkpoint_seed": args.checkpoint_seed},
+        gpu_name() if setting["device"] == "cuda" else None)
+    record.update(checkpoints=ckpts, runs=[])
     name = records.setting_name(record)
     for repeat in range(1, args.repeats + 1):
         for fam in families:
@@ -203,13 +196,7 @@ def measure(experiment, families, cfgs, args, setting, sample, ckpts, work):
                 f"{values['memory']:,.0f} MiB" + ("" if decode is None else f"; decoding {values['decode']:.1f} "
                                                                               "sentences/s")
                 + ("" if decode is None or ckpts[fam]["trained"] else " (untrained model)"))
-    record["loadavg_after"] = list(os.getloadavg())
-    record["finished"] = now()
-    return record
-
-
-def now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return records.finish(record)
 
 
 def write_table(study, records_dir, update_docs):

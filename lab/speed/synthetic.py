@@ -1,10 +1,7 @@
-"""``scripts/speed.sh synthetic``: the study mode (:mod:`.study`) on random sentences at a paper width. Each
-family's paper config (configs/man/, localness/, diffwin/, calibration/: its arch, options and batch) trains
-with fairseq-train and decodes with fairseq-generate against the MAN paper's Transformer of that width, on a
-data folder of random token sentences written here (:func:`write_data`: a joint dictionary of the paper's
-size, IWSLT14 10k at the small width, WMT14 37k at base and big); ``--backend`` sets every family's
-``--attention-backend`` (one record each, the Transformer measured in each). Records and tables: the
-study's (:mod:`.records`), in ``RESULTS/speed/synthetic/``. Method: docs/benchmarks.md.
+"""``scripts/speed.sh synthetic``: the study mode (:mod:`.study`, its records and tables in
+``RESULTS/speed/synthetic/``) on random sentences (:func:`write_data`, a joint dictionary of the paper's
+size), each family's paper config at a width (:data:`WIDTHS`) against the MAN paper's Transformer config;
+``--backend``: every family's ``--attention-backend``, one record each. Method: docs/benchmarks.md.
 """
 
 import shutil
@@ -104,8 +101,8 @@ def width_study(width, backend, families, sentences):
 
 def main(argv=None):
     quiet_logging()
-    p = synthetic_options(study.measure_parser("scripts/speed.sh synthetic",
-                                               __doc__.split("\n\n")[0].replace("``", "")))
+    p = synthetic_options(study.measure_parser("scripts/speed.sh synthetic", "The study mode on random sentences: "
+                                               "each family's paper config against the Transformer's."))
     args = study.parse(p, argv)
     widths = comma_list(p, "--width", args.width, WIDTHS)
     if "tiny" in widths and len(widths) > 1:
