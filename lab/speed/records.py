@@ -1,4 +1,4 @@
-"""The study mode's records and the tables rebuilt from them alone: ``results/speed/<experiment>.md`` (every
+"""Every mode's records (:func:`new_record`) and the tables rebuilt from them: ``<experiment>.md`` (every
 setting of one study) and the block of ``docs/speed.md`` (:data:`PAGE`, every study). Per family: words/s
 (median of the logged ``wps`` after the warm-up intervals), peak memory, sentences/s, each the median over
 repeats (min–max) and as a ratio to the Transformer *of the same repeat* (a load drift hits a repeat alike).
