@@ -66,7 +66,7 @@ smoke: install
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.checks.smoke $(SMOKE_ARGS)
 
 # Random sentences at the papers' base width, each family's paper config against the Transformer's
-# (scripts/speed.sh synthetic): a few minutes' run on an idle 2-core CPU; more repeats and updates for decisions.
+# (scripts/speed.sh synthetic): a short run, 20 updates of 1,024 tokens a family; more for decisions.
 BENCH_ARGS ?= --threads 2 --repeats 1 --updates 20 --log-interval 5 --decode-sentences 16 -- --update-freq 1 --max-tokens 1024
 bench: install
 	PYTHON=$(CURDIR)/$(PY) scripts/speed.sh synthetic $(BENCH_ARGS)
