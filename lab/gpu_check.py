@@ -5,8 +5,9 @@ Three checks, each with its own log in the output folder:
 1. ``pytest tests/gpu``: every backend against the explicit path (fp32 with TF32 off, fp16, bf16),
    flex recompiles, ``fairseq-train --fp16/--bf16`` and ``fairseq-generate`` per family, n-gram
    blocking on CUDA (fairseq's kernel where built, else the fixed fallback) against the CPU rule;
-2. a short benchmark of every family's paper config against the Transformer's (``scripts/speed.sh synthetic``,
-   base width, backends auto and flex) in the recipes' precision (``--fp16`` by default: the whole model cast, as fairseq does);
+2. a short benchmark of every family's paper config against the Transformer's (``scripts/speed.sh
+   synthetic``, base width, backends auto and flex) in the recipes' precision (``--fp16`` by default: the
+   whole model cast, as fairseq does);
 3. if ``data-bin/multi30k.de-en`` exists, a few hundred ``fairseq-train --bf16`` updates of every
    config of the Multi30k CPU study (``configs/multi30k-cpu/``); the training loss must be finite
    and fall.

@@ -42,6 +42,9 @@ def test_tiny_width_backends_are_records_with_their_own_transformer(tmp_path):
         assert runs["man"]["train"]["peak_rss_mib"] > 0 and runs["man"]["decode"]["sentences"] == 2
         table = (folder / f"synthetic-tiny-{backend}.md").read_text()
         assert table in proc.stdout and "| 1 | man (t1-wmt14-man-base) |" in table
+        assert table.startswith(f"# Speed on random batches: synthetic-tiny-{backend}\n")
+        # the tiny width's options after '--' reach every fairseq-train run
+        assert all("--encoder-embed-dim 32" in " ".join(run["train"]["command"]) for run in rec["runs"])
         assert table == records.to_markdown(rec["experiment"], [rec], {"transformer": "transformer (t1-wmt14-transformer-base)",
                                                                       "man": "man (t1-wmt14-man-base)"}, table.split("\n")[2])
 

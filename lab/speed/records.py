@@ -250,7 +250,7 @@ def short_setting(record):
 def to_markdown(experiment, records, labels, title=None):
     """``results/speed/<experiment>.md`` from the experiment's records."""
     summaries = [summarize(r) for r in records]
-    lines = [f"# Speed on real batches: {experiment}", ""]
+    lines = [f"# Speed on {'random' if records and records[0].get('synthetic') else 'real'} batches: {experiment}", ""]
     if title:
         lines += [title, ""]
     lines += ["Written by `scripts/speed.sh` from the records beside this file (never by hand). Each family "
