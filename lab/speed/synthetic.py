@@ -108,7 +108,7 @@ def main(argv=None):
     if "tiny" in widths and len(widths) > 1:
         p.error("--width tiny is a smoke test: run it alone")
     backends = comma_list(p, "--backend", args.backend, ATTENTION_BACKENDS)
-    known = {f for w in widths for f in WIDTHS[w][1]}
+    known = list(dict.fromkeys(f for w in widths for f in WIDTHS[w][1]))  # in the configs' order
     named = comma_list(p, "--families", args.families or ",".join(known), known)
     if args.width == "tiny":
         args.fairseq_args = TINY_ARGS + args.fairseq_args
