@@ -250,11 +250,11 @@ def short_setting(record):
 def to_markdown(experiment, records, labels, title=None):
     """``results/speed/<experiment>.md`` from the experiment's records."""
     summaries = [summarize(r) for r in records]
-    lines = [f"# Speed on {'random' if records and records[0].get('synthetic') else 'real'} batches: {experiment}", ""]
-    if title:
-        lines += [title, ""]
+    synthetic = bool(records and records[0].get("synthetic"))
+    lines = [f"# Speed on {'random' if synthetic else 'real'} batches: {experiment}", ""] + ([title, ""] if title else [])
+    where = "a folder of random sentences" if synthetic else "the study's data-bin"
     lines += ["Written by `scripts/speed.sh` from the records beside this file (never by hand). Each family "
-              "trains fairseq-train on the study's data-bin with its own config (the same batches: seed 1) "
+              f"trains fairseq-train on {where} with its own config (the same batches: seed 1) "
               "and decodes a fixed test sample with fairseq-generate at its config's beam, length penalty and "
               "length limits, interleaved with the Transformer of the same study in every repeat. Training "
               "words/s: fairseq's `wps` (target tokens per second), median over the logged intervals after "
@@ -264,8 +264,7 @@ def to_markdown(experiment, records, labels, title=None):
               "median (min–max).", ""]
     lines += [f"- {provenance(r)}" for r in records] + [""]
     lines += table([lead_name(records)], [cells for record, rows in zip(records, summaries)
-                                           for cells in table_rows(rows, labels, lead=[setting_name(record)])])
-    lines += [""]
+                                           for cells in table_rows(rows, labels, lead=[setting_name(record)])]) + [""]
     lines += [n + "\n" for n in footnotes(summaries)]
     if any(on_gpu(r) for r in records):
         lines += [GPU_RATIO_NOTE + "\n"]
