@@ -2,7 +2,7 @@
 # A short, time-boxed session on a borrowed GPU node without a package registry (Python with its
 # own CUDA torch, no fairseq), run from the checkout's root:
 #
-#   BUDGET=560 OUT=results-dir scripts/gpu_session.sh WHEELHOUSE [CNNDM_DATA]
+#   BUDGET=560 OUT=results-dir lab/gpu_session.sh WHEELHOUSE [CNNDM_DATA]
 #
 # WHEELHOUSE holds what the node lacks of `make wheelhouse`'s folder (on the H200 nodes of
 # results/gpu/: 19 packages with the folder's pins.txt and wheelhouse.json, 18 MiB, listed in
@@ -17,7 +17,7 @@
 #   3. pytest tests/gpu (-n 16);
 #   4. scripts/speed.sh multi30k-cpu in bf16 and cnndm-cpu in bf16, training only, one repeat.
 set -u
-WH=${1:?usage: scripts/gpu_session.sh WHEELHOUSE [CNNDM_DATA]}; CNNDM=${2:-data-bin/cnndm-sub}
+WH=${1:?usage: lab/gpu_session.sh WHEELHOUSE [CNNDM_DATA]}; CNNDM=${2:-data-bin/cnndm-sub}
 OUT=${OUT:?set OUT to the results folder}; mkdir -p "$OUT"
 START=$(date +%s); BUDGET=${BUDGET:-560}
 left() { echo $(( START + BUDGET - $(date +%s) )); }
