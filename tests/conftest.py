@@ -49,6 +49,12 @@ TINY_TRAIN = [
 ]
 
 
+def default_ctrl_c():
+    """``preexec_fn`` of a child that a test interrupts with SIGINT: Ctrl-C acts as in a terminal even
+    when the tests themselves run as a background job (whose children inherit SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_bounded(args, timeout, input=None, **kwargs):
     """subprocess.run in its own process group; on timeout the whole group (torchrun's workers,
     fairseq's spawned processes) is killed, not only the direct child."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_files2rouge
+from conftest import default_ctrl_c, run_files2rouge
 from pausing import pause_env, wait_for
 from test_cnndm_layouts import example, record, write_bin, write_see_text
 from test_data_prep import MERGES, PREP, WORDS_EN, make_iwslt_archive, make_sumdata, prep_in_process, sentence
@@ -270,7 +270,8 @@ def test_ctrl_c_during_binarize_is_one_line_and_the_rerun_resumes(tmp_path):
     env = {"PATH": str(Path(sys.executable).parent) + ":/usr/bin:/bin", "PYTHON": sys.executable,
            "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.Popen(["bash", str(PREP / "prepare-iwslt14.sh"), *map(str, args)], env={**env, **hook},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_ctrl_c)
     try:
         wait_for(reached, proc)  # fairseq-preprocess has written the dictionaries
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group

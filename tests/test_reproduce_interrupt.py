@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, TINY_MODEL, child_env
+from conftest import REPO, TINY_MODEL, child_env, default_ctrl_c
 
 
 def test_ctrl_c_while_training_is_one_line(gigaword_like_bin, tmp_path):
@@ -16,7 +16,7 @@ def test_ctrl_c_while_training_is_one_line(gigaword_like_bin, tmp_path):
            "--results-dir", str(tmp_path / "results"), "--", *TINY_MODEL, "--max-epoch", "200", "--max-tokens", "500"]
     # its own process group, as a terminal's foreground job: Ctrl-C reaches fairseq-train too
     proc = subprocess.Popen(cmd, cwd=REPO, env=child_env({"OMP_NUM_THREADS": "1"}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_ctrl_c)
     checkpoint = tmp_path / "runs" / "transformer-seed1" / "checkpoints" / "checkpoint_last.pt"
     deadline = time.time() + 300
     while not checkpoint.is_file() and proc.poll() is None and time.time() < deadline:
