@@ -89,10 +89,11 @@ def finish(record):
 
 
 def write_json(path, content):
-    """Written whole or not at all: a run stopped midway leaves the earlier record as it was."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(content, indent=1) + "\n")
-    partial.replace(path)
+    """Written whole or not at all (:func:`man_fairseq.recipes.evaluation.steps.record`): a run stopped
+    midway leaves the earlier record as it was."""
+    from man_fairseq.recipes.evaluation.steps import record as write_whole  # here: steps imports torch
+
+    write_whole(path, json.dumps(content, indent=1) + "\n")
 
 
 def read_records(records_dir, experiment=None):
