@@ -81,7 +81,8 @@ def test_bad_width_backend_and_family_are_clear_errors():
     # new interpreter would pay the torch/fairseq import
     for args, msg in ((["--width", "huge"], "--width: unknown"), (["--backend", "fast"], "--backend: unknown"),
                       (["--width", "tiny,base"], "run it alone"), (["--width", "small", "--families", "diffwin"],
-                                                                   "--families: unknown ['diffwin']")):
+                                                                   "--families: unknown ['diffwin']"),
+                      (["--width", "small,base", "--families", "localness"], "no paper config at width small")):
         proc = call_entry_point(lambda: speed_main(["synthetic", *args]), args, prog="scripts/speed.sh")
         assert proc.returncode == 2 and msg in proc.stderr, proc.stderr[-2000:]
 

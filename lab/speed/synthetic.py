@@ -110,6 +110,11 @@ def main(argv=None):
     backends = comma_list(p, "--backend", args.backend, ATTENTION_BACKENDS)
     known = list(dict.fromkeys(f for w in widths for f in WIDTHS[w][1]))  # in the configs' order
     named = comma_list(p, "--families", args.families or ",".join(known), known)
+    asked = set(named) - {"transformer"} if args.families else set()
+    for width in widths:  # a width with none of the named families would measure the Transformer alone
+        if asked and not asked & set(WIDTHS[width][1]):
+            p.error(f"--families {args.families}: no paper config at width {width} (its families: "
+                    f"{', '.join(WIDTHS[width][1])})")
     if args.width == "tiny":
         args.fairseq_args = TINY_ARGS + args.fairseq_args
     args.runs_dir, args.checkpoint_seed = None, 1  # no trained checkpoint: each family decodes a one-update model
