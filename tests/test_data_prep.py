@@ -26,7 +26,7 @@ import pytest
 
 from conftest import REPO
 from pausing import pause_env, wait_for
-from man_fairseq.recipes.data import moses
+from man_fairseq.recipes.data import moses, prepare
 from man_fairseq.recipes.data.dataprep import PrepError
 from man_fairseq.recipes.data.steps import MARKER
 
@@ -615,6 +615,11 @@ def check_gigaword_run(tmp_path, art, ttl):
     counts = json.loads((work / "tok" / "counts.json").read_text())
     assert counts == {"train": 400, "valid": 100, "test": 100}  # the empty-article pair is cleaned
     assert lines(work / "tok" / "test.title") == [" ".join(t.split()) for t in ttl[500:600]]
+    # the dev set's raw text lies beside the data too, named in the record (a checkpoint's ROUGE on it)
+    record = json.loads((tmp_path / "bin" / "gigaword.json").read_text())
+    assert record["dev_sets"] == {"valid": prepare.GIGAWORD_DEV_NAME} and list(record["test_sets"]) == ["test"]
+    assert lines(tmp_path / "bin" / record["references"]["valid"]) == [" ".join(t.split()) for t in ttl[400:500]]
+    assert lines(tmp_path / "bin" / record["sources"]["valid"]) == [" ".join(a.split()) for a in art[400:500]]
     assert "standard: 1,951, DIFFERS" in out and "train: 401 pairs (standard: 3,803,957, DIFFERS)" in out
 
 

@@ -71,6 +71,7 @@ def test_gigaword_30k_layout_and_record(shared_data, tmp_path):
     assert (dest / record["references"]["test"]).read_text().splitlines() == [
         " ".join(t.lower().split()) for t in (giga / "task1_ref0.txt").read_text().splitlines()]
     assert len((dest / record["sources"]["test"]).read_text().splitlines()) == 1951
+    assert [len((dest / record[side]["valid"]).read_text().splitlines()) for side in ("sources", "references")] == [1000, 1000]
 
 
 def tiny_release(root, seed=5):
@@ -141,6 +142,42 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     again = run(cmd[:cmd.index("--")] + ["--rouge-exception-db", "wordnet", "--table-only"] + cmd[cmd.index("--"):],
                 check=False)
     assert again.returncode == 2 and "stale record man-seed1" in again.stdout
+    check_dev_set_rouge(cmd, results, data)
+
+
+def check_dev_set_rouge(study_cmd, results, data):
+    """lab/dev_set_rouge.py on the study's runs: the checkpoints each record scored, decoded on the dev
+    set (30 pairs), scored and tested against the Transformer; its arguments are the study's."""
+    args = study_cmd[study_cmd.index("gigaword-cpu"):]
+    dev = run([sys.executable, "-m", "lab.dev_set_rouge", *args])
+    table = json.loads((results / "gigaword-cpu-dev.json").read_text())
+    runs = {r["family"]: r for r in table["runs"]}
+    assert set(runs) == {"man", "transformer"} and table["subset"] == "valid"
+    refs = (data / "valid.raw.title").read_text().splitlines()
+    for fam, r in runs.items():
+        hyps = (results / "gigaword-cpu-dev" / f"{fam}-seed1.valid.hyp").read_text().splitlines()
+        assert len(hyps) == len(refs) == 30 and r["checkpoint"] == "checkpoint_avg1.pt"
+        again = rouge155_scores(hyps, refs)
+        assert {k: r["dev"][k] for k in again} == again  # its hypotheses score what it says
+        assert r["test"]["rouge1"] == json.loads((results / "gigaword-cpu" / f"{fam}-seed1.json").read_text())[
+            "test_sets"]["test"]["rouge1"]
+    tests = runs["man"]["paired_randomization"]["rouge1"]
+    assert tests["n_documents"] == 30 and tests["system"] == pytest.approx(runs["man"]["dev"]["rouge1"], abs=1.0)
+    assert "paired_randomization" not in runs["transformer"] and "| transformer | 1 |" in dev.stdout
+    # another scoring option has no record to compare with; the test set is not a dev set: one line each
+    other = run([sys.executable, "-m", "lab.dev_set_rouge", *args[:args.index("--")], "--avg-last", "2",
+                 *args[args.index("--"):]], check=False)
+    assert other.returncode == 2 and "transformer-seed1: no record of today's config" in other.stdout
+    test_set = run([sys.executable, "-m", "lab.dev_set_rouge", *args[:args.index("--")], "--subset", "test",
+                    *args[args.index("--"):]], check=False)
+    assert test_set.returncode == 2 and "names no dev set 'test' (dev sets: valid)" in test_set.stdout
+
+
+def rouge155_scores(hyps, refs):
+    from man_fairseq import scoring
+
+    scored = scoring.rouge(hyps, refs, order="hyp-ref")
+    return {k: scored[k] for k in ("rouge1", "rouge2", "rougeL")}
 
 
 def test_the_table_says_which_checkpoint_was_scored():
@@ -151,3 +188,19 @@ def test_the_table_says_which_checkpoint_was_scored():
     assert scored_checkpoints([last, last]) == "Each run is scored on its last checkpoint (no averaging)."
     assert scored_checkpoints([five]) == "Each run is scored on the average of its last 5 checkpoints."
     assert scored_checkpoints([last, five]) == "Each run is scored on the average of its last 1 or 5 checkpoints."
+
+
+def test_dev_set_rouge_refuses_a_checkpoint_its_record_did_not_score(tmp_path):
+    import torch
+
+    from lab.dev_set_rouge import DevSetError, scored_again
+    from man_fairseq.recipes.config import load_config
+
+    cfg = load_config(REPO / "configs" / "gigaword-cpu-converge" / "man.yaml")
+    (tmp_path / "man-seed1" / "checkpoints").mkdir(parents=True)
+    torch.save({"optimizer_history": [{"num_updates": 4428}]}, tmp_path / "man-seed1" / "checkpoints" / "checkpoint_best.pt")
+    record = {"protocol": "to-convergence", "best_updates": 4428}
+    assert scored_again(cfg, tmp_path / "man-seed1", record, None).name == "checkpoint_best.pt"
+    # trained on after its record: the best checkpoint moved
+    with pytest.raises(DevSetError, match="saved at update 4428, but the record of man-seed1 scored .* update 3690"):
+        scored_again(cfg, tmp_path / "man-seed1", dict(record, best_updates=3690), None)

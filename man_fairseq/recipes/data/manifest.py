@@ -29,9 +29,11 @@ def manifest_path(dest, dataset):
 
 
 def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_counts, test_sets, subword=None,
-                   **options):
+                   dev_sets=None, **options):
     """Write ``<dest>/<dataset>.json``; returns its path. ``subword``: the folder's subword model
-    (:func:`.subword.subword_record`)."""
+    (:func:`.subword.subword_record`). ``dev_sets`` (binarized split name -> what it is): dev sets
+    whose raw references and sources data-prep also copied, to score a checkpoint on them; the
+    studies decode the ``test_sets`` only."""
     key = (dataset, tuple(release_counts.get(s) for s in ("train", "valid", "test")))
     nonstandard = any(release_counts.get(k) != v for k, v in standard_counts.items() if v is not None)
     manifest = {
@@ -39,12 +41,14 @@ def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_cou
         "counts": counts, "release_counts": release_counts, "standard_counts": standard_counts,
         "nonstandard": nonstandard,
         "subset": KNOWN_SUBSETS.get(key, "a nonstandard sample" if nonstandard else "the standard splits"),
-        "references": {split: f"{split}.raw.{tgt}" for split in test_sets},
-        "sources": {split: f"{split}.raw.{src}" for split in test_sets},
+        "references": {split: f"{split}.raw.{tgt}" for split in [*test_sets, *(dev_sets or {})]},
+        "sources": {split: f"{split}.raw.{src}" for split in [*test_sets, *(dev_sets or {})]},
         "options": options,
     }
     if subword is not None:
         manifest["subword"] = subword
+    if dev_sets:
+        manifest["dev_sets"] = dict(dev_sets)
     path = manifest_path(dest, dataset)
     path.write_text(json.dumps(manifest, indent=1) + "\n")
     return path

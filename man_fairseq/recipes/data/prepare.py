@@ -176,6 +176,8 @@ GIGAWORD_FILES = {  # (folder the file must be in, article file, title file); tr
 
 
 GIGAWORD_TEST_NAME = "Gigaword test (Rush et al. 2015, Giga/)"
+GIGAWORD_DEV_NAME = "Gigaword dev set (the release's valid.*.filter.txt as prepared; its loss picks the checkpoints)"
+RAW_SPLITS = ("valid", "test")  # the splits whose raw text data-prep copies beside the binarized data
 
 
 def prepare_gigaword(args):
@@ -204,15 +206,17 @@ def prepare_gigaword(args):
                 a, t = clean_pairs(a, t, 1, args.max_len or 200, ratio=None, factor_separator=False)
             write_lines(tok / f"{split}.{src}", a)
             write_lines(tok / f"{split}.{tgt}", t)
-        # ROUGE's references (the release's test titles as normalized above; fairseq-generate's
-        # targets would show <unk> for an unseen BPE symbol) and the test articles (lead baselines),
-        # copied next to the binarized data
-        for lang, lines in zip((src, tgt), splits["test"]):
-            write_lines(tok / f"test.raw.{lang}", lines)
+        # ROUGE's references (the release's titles as normalized above; fairseq-generate's targets
+        # would show <unk> for an unseen BPE symbol) and the articles (lead baselines) of the test set
+        # and of the dev set (uncleaned, as binarized: a checkpoint's ROUGE on it), copied next to the
+        # binarized data
+        for split in RAW_SPLITS:
+            for lang, lines in zip((src, tgt), splits[split]):
+                write_lines(tok / f"{split}.raw.{lang}", lines)
         (tok / "release_counts.json").write_text(json.dumps(counts) + "\n")
     steps.run("normalize", normalize, options={"max_len": args.max_len or 200},
               outputs=[tok / f"{s}.{l}" for s in GIGAWORD_FILES for l in (src, tgt)]
-              + [tok / f"test.raw.{l}" for l in (src, tgt)] + [tok / "release_counts.json"])
+              + [tok / f"{s}.raw.{l}" for s in RAW_SPLITS for l in (src, tgt)] + [tok / "release_counts.json"])
 
     merges = args.bpe_merges or 32000
     split_counts(tok, src, tgt)  # an empty split is named here, before BPE and binarize
@@ -220,7 +224,7 @@ def prepare_gigaword(args):
     counts = report_counts(tok, src, tgt)
     write_manifest(args.dest, "gigaword", src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
                    EXPECTED["gigaword"], {"test": GIGAWORD_TEST_NAME}, source=str(args.from_path or GIGAWORD_URLS[0][0]),
-                   subword=args.record["subword"], **subword.manifest_options(args, merges),
+                   subword=args.record["subword"], dev_sets={"valid": GIGAWORD_DEV_NAME}, **subword.manifest_options(args, merges),
                    max_len=args.max_len or 200,
                    tokenizer="none: the release is tokenized, lowercased, digits as '#', rare words as 'UNK' "
                              "(Rush et al. 2015); whitespace and case normalized only")

@@ -284,6 +284,11 @@ def run_study(args, cfgs, manifest):
                 log(f"wrote record {write_record(records_dir, record, hyps)}")
 
 
+# what a study's steps raise for bad input or a missing file: one ERROR line, exit status 2
+STUDY_ERRORS = (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
+                RecordError, TableError, OSError)
+
+
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     args = parse_args(argv)
@@ -309,8 +314,7 @@ def main(argv=None):
             run_study(args, cfgs, manifest)
         md = build_table(args.experiment, args, manifest, args.results_dir, log)
         print(md.read_text())
-    except (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateError, ScoreInputError, NotUtf8Error,
-            RecordError, TableError, OSError) as e:
+    except STUDY_ERRORS as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

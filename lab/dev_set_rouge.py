@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""A summarization study's runs scored on the dev set as well: ROUGE of the very checkpoint each run's
+record scored on the test set, and the two paired tests over documents against the Transformer of the
+same seed (the studies' own: sacreBLEU's bootstrap, approximate randomization for the verdicts).
+
+The studies decode the test set only. A difference between two families that holds on the dev set
+too is less likely an accident of the test set's documents; the dev set is not held out from
+training decisions, though (its loss picks a run-to-convergence's checkpoint, and its epochs), which
+the table says::
+
+    OMP_NUM_THREADS=1 .venv/bin/python -m lab.dev_set_rouge gigaword-cpu-converge --seeds 1, --families man
+
+The arguments are scripts/reproduce.sh's (the experiment, --seeds, --families, --data, --runs-dir,
+--results-dir, options after ``--``): they select the records and their fingerprints exactly as the
+study does; ``--subset`` (default ``valid``) is a dev set the data folder's record names. A run
+without a current record, or whose checkpoint is no longer the one its record scored (trained on
+since), is an error, never a score of another checkpoint. Decodes every run afresh (about two
+minutes a run for Gigaword's 1,000 dev pairs at one thread); writes ``RESULTS/<experiment>-dev.md``,
+``.json`` and the hypotheses in ``RESULTS/<experiment>-dev/``.
+"""
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+class DevSetError(RuntimeError):
+    pass
+
+
+KEYS = ("rouge1", "rouge2", "rougeL")
+NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
+
+
+def split_args(argv):
+    """(scripts/reproduce.sh's arguments, the dev set's name): ``--subset NAME`` taken out."""
+    argv = list(argv)
+    subset = "valid"
+    before = argv[:argv.index("--")] if "--" in argv else argv
+    if "--subset" in before:
+        i = argv.index("--subset")
+        if i + 1 >= len(before):
+            raise DevSetError("--subset: expected the name of a dev set")
+        subset = argv[i + 1]
+        del argv[i:i + 2]
+    return argv, subset
+
+
+def scored_again(cfg, run, record, avg_last):
+    """The checkpoint ``record`` scored, as the study finds it in ``run``: refused when the run folder's
+    is another one (a run to convergence trained on after its record, another average)."""
+    from man_fairseq.recipes.studies.convergence import checkpoint_updates, record_protocol
+    from man_fairseq.recipes.studies.experiments import TO_CONVERGENCE
+    from man_fairseq.recipes.studies.study_eval import scored_checkpoint
+
+    checkpoint, averaged = scored_checkpoint(cfg, run, avg_last)
+    if record_protocol(record) == TO_CONVERGENCE:
+        updates = checkpoint_updates(checkpoint)
+        if updates != record["best_updates"]:
+            raise DevSetError(f"{checkpoint}: saved at update {updates}, but the record of {run.name} scored its "
+                              f"best checkpoint of update {record['best_updates']}; rerun the study for this run first")
+    elif [Path(c).name for c in averaged] != record["averaged_checkpoints"]:
+        raise DevSetError(f"{run.name}: averages {[Path(c).name for c in averaged]}, its record "
+                          f"{record['averaged_checkpoints']}")
+    return checkpoint
+
+
+def decode_run(cfg, run, checkpoint, subset, args, refs):
+    """The hypotheses of ``checkpoint`` on ``subset``, one per reference, in order."""
+    from man_fairseq.recipes.data.subword import read_subword
+    from man_fairseq.recipes.evaluation.steps import decode
+
+    device = "cpu" if args.device == "cpu" else "gpu"
+    cmd, ids, hyps, _ = decode(cfg, args.data, checkpoint, subset, device, args.precision, args.batch_size,
+                               run / "eval" / f"generate-{subset}.txt", sources_only=True,
+                               subword=read_subword(args.data))
+    if ids != list(range(len(refs))):
+        raise DevSetError(f"{run.name} {subset}: {len(ids)} hypotheses for {len(refs)} references")
+    return cmd, hyps
+
+
+def dev_scores(args, subset, log):
+    """{(family, seed): entry} of every selected run with a current record: its dev-set scores and
+    per-document F1, the checkpoint scored, the record's test-set scores."""
+    from man_fairseq.recipes.data.manifest import read_manifest
+    from man_fairseq.recipes.evaluation.rouge_significance import scored_documents
+    from man_fairseq.recipes.studies.convergence import record_protocol
+    from man_fairseq.recipes.studies.experiments import EXPERIMENTS, prepare_line
+    from man_fairseq.recipes.studies.study_eval import read_references
+    from man_fairseq.recipes.studies.study_records import matching_record, record_fingerprint
+    from man_fairseq.recipes.studies.table_build import experiment_configs
+
+    exp = EXPERIMENTS[args.experiment]
+    if exp["metric"] != "rouge":
+        raise DevSetError(f"{args.experiment} scores BLEU; this scores the summarization studies' ROUGE")
+    manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
+    if subset not in (manifest.get("dev_sets") or {}):
+        raise DevSetError(f"{args.data}: its record names no dev set {subset!r} "
+                          f"(dev sets: {', '.join(manifest.get('dev_sets') or {}) or 'none'}); prepare the data "
+                          f"again (data-prep copies the dev set's raw text): {prepare_line(args.experiment, args.data)}")
+    ref_path, refs = read_references(args.data, manifest, subset)
+    if ref_path.resolve().is_relative_to(REPO):  # the record names a file of the checkout, not of a machine
+        ref_path = ref_path.resolve().relative_to(REPO)
+    cfgs = experiment_configs(args.experiment, args, manifest, args.families)
+    records_dir = args.results_dir / args.experiment
+    out = {}
+    for seed in args.seeds:
+        for fam in args.families:
+            record = matching_record(records_dir, fam, seed, record_fingerprint(cfgs[fam], args, seed))
+            if record is None:
+                raise DevSetError(f"{fam}-seed{seed}: no record of today's config in {records_dir}; "
+                                  f"run the study first: scripts/reproduce.sh {args.experiment} --seeds {seed}, "
+                                  f"--families {fam}")
+            run = args.runs_dir / f"{fam}-seed{seed}"
+            checkpoint = scored_again(cfgs[fam], run, record, args.avg_last)
+            log(f"decode {run.name} on {subset} ({len(refs):,} documents) from {checkpoint}")
+            cmd, hyps = decode_run(cfgs[fam], run, checkpoint, subset, args, refs)
+            test = next(iter(record["test_sets"].values()))
+            scored = scored_documents(hyps, refs, test["rouge_order"], test["exception_db"])
+            out[(fam, seed)] = {"family": fam, "seed": seed, "hypotheses": hyps, "documents": scored["documents"],
+                                "dev": {k: scored[k] for k in KEYS}, "protocol": record_protocol(record),
+                                "checkpoint": checkpoint.name, "best_epoch": record.get("best_epoch"),
+                                "best_valid_loss": record.get("best_valid_loss"),
+                                "test": {k: test[k] for k in KEYS}, "generate_command": [str(c) for c in cmd]}
+            log(f"      {run.name}: " + " / ".join(f"{NAMES[k]} {scored[k]:.2f}" for k in KEYS))
+    return out, ref_path, manifest["dev_sets"][subset]
+
+
+def paired_tests(runs, n_samples):
+    """Each non-Transformer run's two tests per metric against the Transformer of the same seed."""
+    from man_fairseq.recipes.evaluation.rouge_significance import paired_bootstrap, paired_randomization
+    from man_fairseq.recipes.studies.experiments import BASELINE
+
+    for (fam, seed), r in runs.items():
+        base = runs.get((BASELINE, seed))
+        if fam == BASELINE or base is None:
+            continue
+        b, s = base["documents"], r["documents"]
+        r["paired_bootstrap"] = {k: paired_bootstrap(b[k], s[k], n_samples) for k in KEYS}
+        r["paired_randomization"] = {k: paired_randomization(b[k], s[k]) for k in KEYS}
+
+
+def to_markdown(runs, args, subset, subset_name, ref_path):
+    from man_fairseq.recipes.studies.experiments import BASELINE
+    from man_fairseq.recipes.studies.study_table import fmt_p
+    from man_fairseq.tables import markdown_table
+
+    rows = []
+    for (fam, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0] != BASELINE, kv[0][0])):
+        base = runs.get((BASELINE, seed))
+        delta = {where: "–" if base is None or fam == BASELINE else
+                 " / ".join(f"{r[where][k] - base[where][k]:+.2f}" for k in KEYS) for where in ("dev", "test")}
+        p = {t: ("baseline" if fam == BASELINE else " / ".join(fmt_p(r[t][k]["p_value"]) for k in KEYS)
+                 if t in r else "–") for t in ("paired_bootstrap", "paired_randomization")}
+        epoch = f"best epoch {r['best_epoch']}, dev loss {r['best_valid_loss']:.3f}" if r["best_epoch"] else r["checkpoint"]
+        rows.append([fam, str(seed), epoch, " / ".join(f"{r['dev'][k]:.2f}" for k in KEYS), delta["dev"],
+                     p["paired_bootstrap"], p["paired_randomization"],
+                     " / ".join(f"{r['test'][k]:.2f}" for k in KEYS), delta["test"]])
+    n = len(next(iter(runs.values()))["hypotheses"])
+    lines = [f"# {args.experiment}: the runs' checkpoints on the dev set", "",
+             f"`{subset}`: {subset_name}; {n:,} documents, references `{ref_path}`. Each run's checkpoint is the one "
+             f"its record scored on the test set (`results/{args.experiment}/`); decoded with the study's options, "
+             "ROUGE-1.5.5 as files2rouge runs it (the record's order and exception database). The dev set is not "
+             "held out: its loss picked the checkpoints of the runs to convergence.", "",
+             "p: paired bootstrap / approximate randomization over documents against the Transformer of the same "
+             "seed (R-1 / R-2 / R-L; as the study tables). Test: the record's scores.", ""]
+    lines += markdown_table(["family", "seed", "checkpoint", f"{subset} R-1 / R-2 / R-L", "Δ vs Transformer",
+                             "p bootstrap", "p randomization", "test R-1 / R-2 / R-L", "test Δ"], rows)
+    return "\n".join(lines) + "\n\nMade by `python -m lab.dev_set_rouge " + " ".join(args.argv) + "`.\n"
+
+
+def write(runs, args, subset, subset_name, ref_path):
+    from man_fairseq.provenance import git_commit
+
+    out_dir = args.results_dir / f"{args.experiment}-dev"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for (fam, seed), r in runs.items():
+        (out_dir / f"{fam}-seed{seed}.{subset}.hyp").write_text("\n".join(r["hypotheses"]) + "\n")
+    payload = {"experiment": args.experiment, "subset": subset, "name": subset_name, "references": str(ref_path),
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "commit": git_commit(), "command": ["python", "-m", "lab.dev_set_rouge", *args.argv],
+               "runs": [{k: v for k, v in r.items() if k not in ("hypotheses", "documents")} for r in runs.values()]}
+    md = args.results_dir / f"{args.experiment}-dev.md"
+    (args.results_dir / f"{args.experiment}-dev.json").write_text(json.dumps(payload, indent=1) + "\n")
+    md.write_text(to_markdown(runs, args, subset, subset_name, ref_path))
+    return md
+
+
+def main(argv=None):
+    from man_fairseq.logging_setup import quiet_logging
+    from man_fairseq.recipes.studies import reproduce
+
+    quiet_logging()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        reproduce_argv, subset = split_args(argv)
+        args = reproduce.parse_args(reproduce_argv)
+        args.argv = argv
+        runs, ref_path, subset_name = dev_scores(args, subset, reproduce.log)
+        paired_tests(runs, args.bootstrap_samples)
+        md = write(runs, args, subset, subset_name, ref_path)
+    except (DevSetError, *reproduce.STUDY_ERRORS) as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 2
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
