@@ -154,4 +154,8 @@ def test_cnndm_study_end_to_end_on_a_test_sample(tmp_path, rouge155_perl):
     assert lead["rouge1"] == pytest.approx(expected["rouge1"])
     md = (results / "cnndm-cpu.md").read_text()
     assert "Lead-3 (first 3 sentences of the article)" in md and "standard 11,490-article test split" in md
-    assert "`scripts/reproduce.sh cnndm-cpu --seeds 1, --families FAMILY --test-sample 12 -- " in md
+    # the command of one run reads and writes where this table's runs did: another data folder, results folder
+    assert (f"`scripts/reproduce.sh cnndm-cpu --seeds 1, --families FAMILY --data {data} --results-dir {results} "
+            "--test-sample 12 -- ") in md
+    assert md.splitlines()[0].endswith(f"[data `{data}`, bpe subwords] [with fairseq options `{' '.join(cmd[cmd.index('--') + 1:])}`, "
+                                       "which override the configs' values above]")

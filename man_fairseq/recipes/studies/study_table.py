@@ -13,6 +13,7 @@ are listed below the table, never mixed into it. Writes ``<prefix>.md``, ``<pref
 import datetime
 import json
 import os
+from pathlib import Path
 
 from ...scoring import check_aligned, sacrebleu_detok
 from ..config import REPO
@@ -221,18 +222,48 @@ def table_meta(exp, records, records_dir, args):
     """The head of a study table's ``meta``: title, build date, where the records are, their devices
     and commits, the configs and the extra fairseq options."""
     return {"title": exp["title"] + overrides_note(args), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "records": os.path.relpath(records_dir, REPO) if records_dir.is_relative_to(REPO) else str(records_dir),
+            "records": shown_path(records_dir),
             "devices": sorted({f"{r['device']} (threads {r.get('threads')})" for r in records}),
             "commits": sorted({r["commit"] for r in records}),
             "configs": os.path.relpath(exp["configs"], REPO), "fairseq_args": args.fairseq_args}
 
 
 def overrides_note(args):
-    """What a study's headings add when its runs had fairseq options after ``--``: the experiment's title
-    says the configs' sizes and budget ("d=256, 3+3 layers"), which those options may override."""
-    if not getattr(args, "fairseq_args", None):
-        return ""
-    return f" [with fairseq options `{' '.join(args.fairseq_args)}`, which override the configs' values above]"
+    """What a study's headings add when its runs read another data folder than the experiment's (its
+    path and subword model: the title names the experiment's data) or had fairseq options after ``--``
+    (the title says the configs' sizes and budget, "d=256, 3+3 layers", which those options may override)."""
+    note = ""
+    if other_data(args):
+        from ..data.subword import read_subword
+
+        note += f" [data `{shown_path(args.data)}`, {read_subword(args.data)['kind']} subwords]"
+    if getattr(args, "fairseq_args", None):
+        note += f" [with fairseq options `{' '.join(args.fairseq_args)}`, which override the configs' values above]"
+    return note
+
+
+def other_data(args):
+    """Whether ``args.data`` is another folder than the experiment's default."""
+    from .experiments import EXPERIMENTS
+
+    exp = EXPERIMENTS.get(getattr(args, "experiment", None))
+    return exp is not None and Path(args.data).resolve() != Path(exp["data"]).resolve()
+
+
+def shown_path(path):
+    """``path`` relative to the checkout when inside it (a table names no machine's folders)."""
+    path = Path(path).resolve()
+    return os.path.relpath(path, REPO) if path.is_relative_to(REPO) else str(path)
+
+
+def one_run_command(study, seeds, flags, args):
+    """The table's command for one run of it: the study, the options that change a score (``flags``)
+    and where the table's runs read and write when not at the defaults (``--data``, ``--results-dir``)."""
+    where = f" --data {shown_path(args.data)}" if other_data(args) else ""
+    if Path(args.results_dir).resolve() != (REPO / "results").resolve():
+        where += f" --results-dir {shown_path(args.results_dir)}"
+    return (f"scripts/reproduce.sh {study} --seeds {seeds} --families FAMILY{where}{flags}"
+            + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""))
 
 
 def header_lines(meta, sources):

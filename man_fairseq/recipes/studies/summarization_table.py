@@ -21,8 +21,8 @@ from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
 from .study_records import check_score, option_flags, read_hypotheses
-from .study_table import (STALE_WHY, TESTS, _params, _pm, family_rows, family_runs, fmt_p, header_lines, overrides_note,
-                          same_seed_pairs, seed_tests, stale_lines, table_meta, write_table)
+from .study_table import (STALE_WHY, TESTS, _params, _pm, family_rows, family_runs, fmt_p, header_lines, one_run_command,
+                          overrides_note, same_seed_pairs, seed_tests, stale_lines, table_meta, write_table)
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -231,9 +231,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     plot_study(current, families, labels, panels, png,
                f"{exp['title'].split(':')[0]}{overrides_note(args)}\nscored on: {manifest['test_sets'][subset]}", conv)
     meta = dict(table_meta(exp, current, records_dir, args), subset=manifest.get("subset"), **{
-            "command": f"scripts/reproduce.sh {experiment} --seeds 1, --families FAMILY"
-                       + option_flags(args, exp.get("device"))
-                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
+            "command": one_run_command(experiment, "1,", option_flags(args, exp.get("device")), args),
             "test_sets": manifest["test_sets"], "rouge": first["rouge_implementation"],
             "bootstrap": (f"{args.bootstrap_samples} resamples of the documents (numpy default_rng seed {BOOTSTRAP_SEED}), "
                           "each run's per-document F1 of ROUGE-1.5.5 (-d), sacreBLEU's paired-bootstrap statistic"),

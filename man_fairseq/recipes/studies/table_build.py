@@ -103,9 +103,7 @@ def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_
                exp["title"].split(":")[0] + study_table.overrides_note(args), conv)
     first = next(iter(current[0]["test_sets"].values()))
     meta = dict(study_table.table_meta(exp, current, records_dir, args), **{
-            "command": f"scripts/reproduce.sh {study} --seeds 1 --families FAMILY"
-                       + flags
-                       + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""),
+            "command": study_table.one_run_command(study, "1", flags, args),
             "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
             **{f"{name}_signature": next((b[test]["signature"] for b in boot.values()), "–")
                for name, test in (("bootstrap", "paired_bootstrap"), ("randomization", "paired_randomization"))},
