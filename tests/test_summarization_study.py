@@ -6,11 +6,13 @@ import gzip
 import json
 import random
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from man_fairseq import rouge155
+from man_fairseq.recipes.evaluation.copying import copying
 from man_fairseq.recipes.evaluation.rouge_significance import lead_words, paired_bootstrap
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run
@@ -143,6 +145,32 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
                 check=False)
     assert again.returncode == 2 and "stale record man-seed1" in again.stdout
     check_dev_set_rouge(cmd, results, data)
+    check_both_protocols(cmd, results, data)
+
+
+def check_both_protocols(study_cmd, results, data):
+    """The same runs trained to convergence (here the cap of the study's one epoch stops them) join the
+    table beside the fixed budget's, each with its ROUGE and how much of its summaries its articles hold."""
+    cmd = [c if c != "gigaword-cpu" else "gigaword-cpu-converge" for c in study_cmd]
+    i = cmd.index("--avg-last")  # a run to convergence is scored on its best checkpoint, never an average
+    del cmd[i:i + 2]
+    cmd[cmd.index("--runs-dir") + 1] = Path(str(cmd[cmd.index("--runs-dir") + 1]) + "-converge")
+    run(cmd)
+    table = json.loads((results / "gigaword-cpu.json").read_text())
+    converged = {r["family"]: r for r in table["to_convergence"]["runs"]}
+    assert set(converged) == {"man", "transformer"} and converged["man"]["stopped_by"] == "cap"
+    for fam, r in converged.items():
+        copied = r["copying"]["test"]
+        hyps = (results / "gigaword-cpu-converge" / f"{fam}-seed1.test.hyp").read_text().splitlines()
+        assert copied == copying(hyps, (data / "test.raw.article").read_text().splitlines())
+    md = (results / "gigaword-cpu.md").read_text()
+    (row,) = [line for line in md.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    fixed_copied = table["summary"]["man"]["test_sets"]["test"]["copying"][0]
+    assert cells[4].endswith(f"; {fixed_copied['words']:.2f} / {fixed_copied['bigrams']:.2f}")
+    conv_copied = converged["man"]["copying"]["test"]
+    assert cells[8] == " / ".join(f"{converged['man']['test_sets']['test'][k]:.2f}" for k in ("rouge1", "rouge2", "rougeL")) \
+        + f"; {conv_copied['words']:.2f} / {conv_copied['bigrams']:.2f}"
 
 
 def check_dev_set_rouge(study_cmd, results, data):

@@ -16,7 +16,7 @@ from ..evaluation.metric import score
 from ..evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
 from ..evaluation.test_sample import sample_ids
-from .convergence import protocol_payload, side_by_side
+from .convergence import protocol_payload, record_protocol, side_by_side
 from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
@@ -217,7 +217,9 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     conv_tests = significance(conv, conv_dir, refs, args.bootstrap_samples) if conv else {}
     articles = {subset: read_test_lines(args.data, manifest["sources"][subset], f"the articles of {subset}",
                                         samples[subset])[1] for subset in manifest["test_sets"]}
-    summary = summarize(current, families, labels, boot, copying_of_runs(current, records_dir, articles))
+    copied = {**{(FIXED_BUDGET, *k): v for k, v in copying_of_runs(current, records_dir, articles).items()},
+              **{(TO_CONVERGENCE, *k): v for k, v in copying_of_runs(conv, conv_dir, articles).items()}}
+    summary = summarize(current, families, labels, boot, {k[1:]: v for k, v in copied.items() if k[0] == FIXED_BUDGET})
     reference_copying = {subset: copying(refs[subset], articles[subset]) for subset in manifest["test_sets"]}
     first = next(iter(current[0]["test_sets"].values()))
     reference_rows = references_table(exp["dataset"], manifest, first["exception_db"], first["rouge_order"], articles,
@@ -239,15 +241,25 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
                               "swapping each document's two per-document F1 with probability 1/2; p = (trials with "
                               "|mean difference| at least the observed + 1) / (trials + 1)"),
             "png": png.name, "scored": scored_checkpoints(current)})
+    def score_cell(r):  # its ROUGE and how much of its summaries its articles hold (the main table's column)
+        if subset not in r["test_sets"]:
+            return "–"
+        c = copied.get((record_protocol(r), r["family"], r["seed"], subset))
+        return " / ".join(f"{r['test_sets'][subset][k]:.2f}" for k in KEYS) + (
+            f"; {c['words']:.2f} / {c['bigrams']:.2f}" if c else "")
+
     protocol_lines = side_by_side(
-        current, conv, conv_stale, families, labels,
-        lambda r: " / ".join(f"{r['test_sets'][subset][k]:.2f}" for k in KEYS) if subset in r["test_sets"] else "–",
+        current, conv, conv_stale, families, labels, score_cell,
         lambda r, tests: "; ".join(" / ".join(fmt_p(tests[t][k]["p_value"]) for k in KEYS) for t in TESTS),
         {**{(FIXED_BUDGET, *k): v for k, v in boot.items()}, **{(TO_CONVERGENCE, *k): v for k, v in conv_tests.items()}},
-        subset, "R-1 / R-2 / R-L; p per test R-1 / R-2 / R-L") if conv or conv_stale else []
+        subset, "R-1 / R-2 / R-L; from its article: words / bigrams (the share of the summaries' words and bigrams "
+                "found in their own article, as the main table counts them); p per test R-1 / R-2 / R-L"
+    ) if conv or conv_stale else []
     payload = {"meta": meta, "summary": summary, "references": reference_rows, "references_copying": reference_copying}
     if conv or conv_stale:
         payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS)
+        for r in payload["to_convergence"]["runs"]:
+            r["copying"] = {s: copied.get((TO_CONVERGENCE, r["family"], r["seed"], s)) for s in r["test_sets"]}
     return write_table(results_dir, experiment,
                        to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines),
                        payload, boot, current, stale, png, log)
