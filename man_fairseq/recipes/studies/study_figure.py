@@ -1,5 +1,5 @@
 """A study's figure, taken in at a glance: each family's score with every seed as a dot, the
-Transformer's seeds as a grey band, beside every run's validation loss zoomed on the second half of
+Transformer's seeds as a grey band (and each run to convergence as a star beside them), beside every run's validation loss zoomed on the second half of
 training, where the curves separate (from the start they overlap: the first epochs' losses are
 several bits above the last ones); where the study has runs to convergence, a last panel with every
 such run's whole curve to its stop and its best (scored) checkpoint marked."""
@@ -44,25 +44,30 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
             ax.annotate(f"{label} {value:.2f}", (0, value), xycoords=("axes fraction", "data"), xytext=(3, 3),
                         textcoords="offset points", fontsize=7, color="0.25")
         for i, fam in enumerate(fams):
-            vals = [v for v in (score(r) for r in sorted(records, key=lambda r: r["seed"]) if r["family"] == fam)
-                    if v is not None]
-            # seeds side by side, so that equal scores stay visible as separate dots
-            ax.scatter([i + 0.12 * (k - (len(vals) - 1) / 2) for k in range(len(vals))], vals, color=colors(i % 10),
-                       zorder=2, s=28)
+            # seeds side by side, so that equal scores stay visible as separate dots; the runs to
+            # convergence as stars to their right: where each family ends beside how fast it learns
+            for runs, dx, style in ((records, 0, {"s": 28}),
+                                    (converged, 0.3, {"s": 80, "marker": "*", "edgecolors": "0.2", "linewidths": 0.4})):
+                vals = [v for v in (score(r) for r in sorted(runs, key=lambda r: r["seed"]) if r["family"] == fam)
+                        if v is not None]
+                ax.scatter([i + dx + 0.12 * (k - (len(vals) - 1) / 2) for k in range(len(vals))], vals,
+                           color=colors(families.index(fam) % 10), zorder=2, **style)
         ax.set_xticks(range(len(fams)))
         ax.set_xticklabels([_short(labels.get(f, f)) for f in fams], rotation=40, ha="right", fontsize=8)
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("score (a dot per seed; grey: the Transformer's seeds)", fontsize=8)
+    axes[0].set_ylabel("score (a dot per seed; grey: the Transformer's seeds)" if not converged else
+                       "score: fixed budget (dots), to convergence (stars),\na mark per seed; grey: the Transformer's seeds",
+                       fontsize=8)
     ax = axes[-1]
     tail, last = [], 0
-    for i, fam in enumerate(fams):
+    for fam in fams:
         for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
             if r.get("valid_curve"):
                 x, y = zip(*r["valid_curve"])
                 last = max(last, x[-1])
                 tail += [v for u, v in r["valid_curve"] if u >= x[-1] / 2]
-                ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(i % 10), marker=".",
+                ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10), marker=".",
                         label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
     if tail:
         lo, hi = min(tail), max(tail)
