@@ -224,7 +224,8 @@ def prepare_gigaword(args):
     counts = report_counts(tok, src, tgt)
     write_manifest(args.dest, "gigaword", src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
                    EXPECTED["gigaword"], {"test": GIGAWORD_TEST_NAME}, source=str(args.from_path or GIGAWORD_URLS[0][0]),
-                   subword=args.record["subword"], dev_sets={"valid": GIGAWORD_DEV_NAME}, **subword.manifest_options(args, merges),
+                   subword=args.record["subword"], dev_sets={"valid": GIGAWORD_DEV_NAME},
+                   **subword.manifest_options(args, merges),
                    max_len=args.max_len or 200,
                    tokenizer="none: the release is tokenized, lowercased, digits as '#', rare words as 'UNK' "
                              "(Rush et al. 2015); whitespace and case normalized only")

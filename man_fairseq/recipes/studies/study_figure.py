@@ -1,8 +1,9 @@
-"""A study's figure, taken in at a glance: each family's score with every seed as a dot, the
-Transformer's seeds as a grey band (and each run to convergence as a star beside them), beside every run's validation loss zoomed on the second half of
-training, where the curves separate (from the start they overlap: the first epochs' losses are
-several bits above the last ones); where the study has runs to convergence, a last panel with every
-such run's whole curve to its stop and its best (scored) checkpoint marked."""
+"""A study's figure, taken in at a glance: each family's score with every seed as a dot (each run to
+convergence as a star beside them), the Transformer's seeds as a grey band, beside every run's
+validation loss zoomed on the second half of training, where the curves separate (from the start
+they overlap: the first epochs' losses are several bits above the last ones); where the study has
+runs to convergence, a last panel with every such run's whole curve to its stop and its best
+(scored) checkpoint marked."""
 
 import os
 from pathlib import Path
@@ -67,8 +68,8 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
                 x, y = zip(*r["valid_curve"])
                 last = max(last, x[-1])
                 tail += [v for u, v in r["valid_curve"] if u >= x[-1] / 2]
-                ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10), marker=".",
-                        label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
+                ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10),
+                        marker=".", label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
     if tail:
         lo, hi = min(tail), max(tail)
         pad = 0.08 * (hi - lo) or 0.05
