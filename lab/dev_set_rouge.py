@@ -27,13 +27,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from man_fairseq.recipes.studies.summarization_table import KEYS, NAMES  # noqa: E402  (after the path insert)
+
 
 class DevSetError(RuntimeError):
     pass
-
-
-KEYS = ("rouge1", "rouge2", "rougeL")
-NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
 
 
 def split_args(argv):
@@ -92,6 +90,7 @@ def dev_scores(args, subset, log):
     from man_fairseq.recipes.studies.experiments import EXPERIMENTS, prepare_line
     from man_fairseq.recipes.studies.study_eval import read_references
     from man_fairseq.recipes.studies.study_records import matching_record, record_fingerprint
+    from man_fairseq.recipes.studies.study_table import shown_path
     from man_fairseq.recipes.studies.table_build import experiment_configs
 
     exp = EXPERIMENTS[args.experiment]
@@ -103,8 +102,7 @@ def dev_scores(args, subset, log):
                           f"(dev sets: {', '.join(manifest.get('dev_sets') or {}) or 'none'}); prepare the data "
                           f"again (data-prep copies the dev set's raw text): {prepare_line(args.experiment, args.data)}")
     ref_path, refs = read_references(args.data, manifest, subset)
-    if ref_path.resolve().is_relative_to(REPO):  # the record names a file of the checkout, not of a machine
-        ref_path = ref_path.resolve().relative_to(REPO)
+    ref_path = shown_path(ref_path)  # the record names a file of the checkout, not of a machine
     cfgs = experiment_configs(args.experiment, args, manifest, args.families)
     records_dir = args.results_dir / args.experiment
     out = {}

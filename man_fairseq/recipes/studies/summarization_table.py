@@ -217,9 +217,9 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     conv_tests = significance(conv, conv_dir, refs, args.bootstrap_samples) if conv else {}
     articles = {subset: read_test_lines(args.data, manifest["sources"][subset], f"the articles of {subset}",
                                         samples[subset])[1] for subset in manifest["test_sets"]}
-    copied = {**{(FIXED_BUDGET, *k): v for k, v in copying_of_runs(current, records_dir, articles).items()},
-              **{(TO_CONVERGENCE, *k): v for k, v in copying_of_runs(conv, conv_dir, articles).items()}}
-    summary = summarize(current, families, labels, boot, {k[1:]: v for k, v in copied.items() if k[0] == FIXED_BUDGET})
+    copied = {FIXED_BUDGET: copying_of_runs(current, records_dir, articles),
+              TO_CONVERGENCE: copying_of_runs(conv, conv_dir, articles)}
+    summary = summarize(current, families, labels, boot, copied[FIXED_BUDGET])
     reference_copying = {subset: copying(refs[subset], articles[subset]) for subset in manifest["test_sets"]}
     first = next(iter(current[0]["test_sets"].values()))
     reference_rows = references_table(exp["dataset"], manifest, first["exception_db"], first["rouge_order"], articles,
@@ -244,7 +244,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     def score_cell(r):  # its ROUGE and how much of its summaries its articles hold (the main table's column)
         if subset not in r["test_sets"]:
             return "–"
-        c = copied.get((record_protocol(r), r["family"], r["seed"], subset))
+        c = copied[record_protocol(r)].get((r["family"], r["seed"], subset))
         return " / ".join(f"{r['test_sets'][subset][k]:.2f}" for k in KEYS) + (
             f"; {c['words']:.2f} / {c['bigrams']:.2f}" if c else "")
 
@@ -259,7 +259,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     if conv or conv_stale:
         payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS)
         for r in payload["to_convergence"]["runs"]:
-            r["copying"] = {s: copied.get((TO_CONVERGENCE, r["family"], r["seed"], s)) for s in r["test_sets"]}
+            r["copying"] = {s: copied[TO_CONVERGENCE].get((r["family"], r["seed"], s)) for s in r["test_sets"]}
     return write_table(results_dir, experiment,
                        to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines),
                        payload, boot, current, stale, png, log)
