@@ -13,10 +13,12 @@ the table says::
 The arguments are scripts/reproduce.sh's (the experiment, --seeds, --families, --data, --runs-dir,
 --results-dir, options after ``--``): they select the records and their fingerprints exactly as the
 study does; ``--subset`` (default ``valid``) is a dev set the data folder's record names. A run
-without a current record, or whose checkpoint is no longer the one its record scored (trained on
-since), is an error, never a score of another checkpoint. Decodes every run afresh (about 40 s a
-run for Gigaword's 1,000 dev pairs at one thread); writes ``RESULTS/<experiment>-dev.md``,
-``.json`` and the hypotheses in ``RESULTS/<experiment>-dev/``.
+whose checkpoint is no longer the one its record scored (trained on since) is an error, never a
+score of another checkpoint, and so is a seed without a Transformer record (its runs are tested
+against it); a selected run without a record (not trained yet) is left out, and the table names
+it. Every run is checked before any is decoded. Decodes every run afresh (about 40 s a run for
+Gigaword's 1,000 dev pairs at one thread); writes ``RESULTS/<experiment>-dev.md``, ``.json`` and
+the hypotheses in ``RESULTS/<experiment>-dev/``.
 """
 
 import datetime
@@ -82,12 +84,13 @@ def decode_run(cfg, run, checkpoint, subset, args, refs):
 
 
 def dev_scores(args, subset, log):
-    """{(family, seed): entry} of every selected run with a current record: its dev-set scores and
-    per-document F1, the checkpoint scored, the record's test-set scores."""
+    """({(family, seed): entry} of every selected run with a current record: its dev-set scores and
+    per-document F1, the checkpoint scored, the record's test-set scores; the runs left out, without a
+    record; the references; the dev set's name). The Transformer of every selected seed must have one."""
     from man_fairseq.recipes.data.manifest import read_manifest
     from man_fairseq.recipes.evaluation.rouge_significance import scored_documents
     from man_fairseq.recipes.studies.convergence import record_protocol
-    from man_fairseq.recipes.studies.experiments import EXPERIMENTS, prepare_line
+    from man_fairseq.recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
     from man_fairseq.recipes.studies.study_eval import read_references
     from man_fairseq.recipes.studies.study_records import matching_record, record_fingerprint
     from man_fairseq.recipes.studies.study_table import shown_path
@@ -105,27 +108,34 @@ def dev_scores(args, subset, log):
     ref_path = shown_path(ref_path)  # the record names a file of the checkout, not of a machine
     cfgs = experiment_configs(args.experiment, args, manifest, args.families)
     records_dir = args.results_dir / args.experiment
-    out = {}
+    # every run's record and checkpoint first: what is refused is refused before minutes of decoding
+    selected, left_out = [], []
     for seed in args.seeds:
         for fam in args.families:
             record = matching_record(records_dir, fam, seed, record_fingerprint(cfgs[fam], args, seed))
+            if record is None and fam != BASELINE:  # not trained yet: the table says so
+                log(f"{fam}-seed{seed}: no record of today's config in {records_dir}; left out")
+                left_out.append(f"{fam}-seed{seed}")
+                continue
             if record is None:
-                raise DevSetError(f"{fam}-seed{seed}: no record of today's config in {records_dir}; "
-                                  f"run the study first: scripts/reproduce.sh {args.experiment} --seeds {seed}, "
-                                  f"--families {fam}")
+                raise DevSetError(f"{fam}-seed{seed}: no record of today's config in {records_dir}, and the "
+                                  f"seed's other runs are tested against it; run the study first: "
+                                  f"scripts/reproduce.sh {args.experiment} --seeds {seed}, --families {fam}")
             run = args.runs_dir / f"{fam}-seed{seed}"
-            checkpoint = scored_again(cfgs[fam], run, record, args.avg_last)
-            log(f"decode {run.name} on {subset} ({len(refs):,} documents) from {checkpoint}")
-            cmd, hyps = decode_run(cfgs[fam], run, checkpoint, subset, args, refs)
-            test = next(iter(record["test_sets"].values()))
-            scored = scored_documents(hyps, refs, test["rouge_order"], test["exception_db"])
-            out[(fam, seed)] = {"family": fam, "seed": seed, "hypotheses": hyps, "documents": scored["documents"],
-                                "dev": {k: scored[k] for k in KEYS}, "protocol": record_protocol(record),
-                                "checkpoint": checkpoint.name, "best_epoch": record.get("best_epoch"),
-                                "best_valid_loss": record.get("best_valid_loss"),
-                                "test": {k: test[k] for k in KEYS}, "generate_command": [str(c) for c in cmd]}
-            log(f"      {run.name}: " + " / ".join(f"{NAMES[k]} {scored[k]:.2f}" for k in KEYS))
-    return out, ref_path, manifest["dev_sets"][subset]
+            selected.append((fam, seed, run, record, scored_again(cfgs[fam], run, record, args.avg_last)))
+    out = {}
+    for fam, seed, run, record, checkpoint in selected:
+        log(f"decode {run.name} on {subset} ({len(refs):,} documents) from {checkpoint}")
+        cmd, hyps = decode_run(cfgs[fam], run, checkpoint, subset, args, refs)
+        test = next(iter(record["test_sets"].values()))
+        scored = scored_documents(hyps, refs, test["rouge_order"], test["exception_db"])
+        out[(fam, seed)] = {"family": fam, "seed": seed, "hypotheses": hyps, "documents": scored["documents"],
+                            "dev": {k: scored[k] for k in KEYS}, "protocol": record_protocol(record),
+                            "checkpoint": checkpoint.name, "best_epoch": record.get("best_epoch"),
+                            "best_valid_loss": record.get("best_valid_loss"),
+                            "test": {k: test[k] for k in KEYS}, "generate_command": [str(c) for c in cmd]}
+        log(f"      {run.name}: " + " / ".join(f"{NAMES[k]} {scored[k]:.2f}" for k in KEYS))
+    return out, left_out, ref_path, manifest["dev_sets"][subset]
 
 
 def paired_tests(runs, n_samples):
@@ -142,7 +152,7 @@ def paired_tests(runs, n_samples):
         r["paired_randomization"] = {k: paired_randomization(b[k], s[k]) for k in KEYS}
 
 
-def to_markdown(runs, args, subset, subset_name, ref_path):
+def to_markdown(runs, left_out, args, subset, subset_name, ref_path):
     from man_fairseq.recipes.studies.experiments import BASELINE
     from man_fairseq.recipes.studies.study_table import fmt_p
     from man_fairseq.tables import markdown_table
@@ -165,13 +175,15 @@ def to_markdown(runs, args, subset, subset_name, ref_path):
              "ROUGE-1.5.5 as files2rouge runs it (the record's order and exception database). The dev set is not "
              "held out: its loss picked the checkpoints of the runs to convergence.", "",
              "p: paired bootstrap / approximate randomization over documents against the Transformer of the same "
-             "seed (R-1 / R-2 / R-L; as the study tables). Test: the record's scores.", ""]
+             "seed (R-1 / R-2 / R-L; as the study tables). Test: the record's scores."
+             + (f" Selected but without a current record (not trained yet), left out: {', '.join(left_out)}."
+                if left_out else ""), ""]
     lines += markdown_table(["family", "seed", "checkpoint", f"{subset} R-1 / R-2 / R-L", "Δ vs Transformer",
                              "p bootstrap", "p randomization", "test R-1 / R-2 / R-L", "test Δ"], rows)
     return "\n".join(lines) + "\n\nMade by `python -m lab.dev_set_rouge " + " ".join(args.argv) + "`.\n"
 
 
-def write(runs, args, subset, subset_name, ref_path):
+def write(runs, left_out, args, subset, subset_name, ref_path):
     from man_fairseq.provenance import git_commit
 
     out_dir = args.results_dir / f"{args.experiment}-dev"
@@ -181,10 +193,11 @@ def write(runs, args, subset, subset_name, ref_path):
     payload = {"experiment": args.experiment, "subset": subset, "name": subset_name, "references": str(ref_path),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "commit": git_commit(), "command": ["python", "-m", "lab.dev_set_rouge", *args.argv],
-               "runs": [{k: v for k, v in r.items() if k not in ("hypotheses", "documents")} for r in runs.values()]}
+               "runs": [{k: v for k, v in r.items() if k not in ("hypotheses", "documents")} for r in runs.values()],
+               "left_out": left_out}
     md = args.results_dir / f"{args.experiment}-dev.md"
     (args.results_dir / f"{args.experiment}-dev.json").write_text(json.dumps(payload, indent=1) + "\n")
-    md.write_text(to_markdown(runs, args, subset, subset_name, ref_path))
+    md.write_text(to_markdown(runs, left_out, args, subset, subset_name, ref_path))
     return md
 
 
@@ -198,9 +211,9 @@ def main(argv=None):
         reproduce_argv, subset = split_args(argv)
         args = reproduce.parse_args(reproduce_argv)
         args.argv = argv
-        runs, ref_path, subset_name = dev_scores(args, subset, reproduce.log)
+        runs, left_out, ref_path, subset_name = dev_scores(args, subset, reproduce.log)
         paired_tests(runs, args.bootstrap_samples)
-        md = write(runs, args, subset, subset_name, ref_path)
+        md = write(runs, left_out, args, subset, subset_name, ref_path)
     except (DevSetError, *reproduce.STUDY_ERRORS) as e:
         print(f"ERROR: {e}", file=sys.stderr)
         return 2

@@ -196,6 +196,17 @@ def check_dev_set_rouge(study_cmd, results, data):
     other = run([sys.executable, "-m", "lab.dev_set_rouge", *args[:args.index("--")], "--avg-last", "2",
                  *args[args.index("--"):]], check=False)
     assert other.returncode == 2 and "transformer-seed1: no record of today's config" in other.stdout
+    # a seed without a Transformer is refused before any run is decoded (seed 1's are there)
+    seeds = args.index("--seeds") + 1
+    missing = run([sys.executable, "-m", "lab.dev_set_rouge", *args[:seeds], "1,2", *args[seeds + 1:]], check=False)
+    assert missing.returncode == 2 and "transformer-seed2: no record of today's config" in missing.stdout
+    assert "decode " not in missing.stdout
+    # a family not trained yet is left out, and the table names it
+    fams = args.index("--families") + 1
+    run([sys.executable, "-m", "lab.dev_set_rouge", *args[:fams], "man,localness", *args[fams + 1:]])
+    table = json.loads((results / "gigaword-cpu-dev.json").read_text())
+    assert {r["family"] for r in table["runs"]} == {"man", "transformer"} and table["left_out"] == ["localness-seed1"]
+    assert "left out: localness-seed1." in (results / "gigaword-cpu-dev.md").read_text()
     test_set = run([sys.executable, "-m", "lab.dev_set_rouge", *args[:args.index("--")], "--subset", "test",
                     *args[args.index("--"):]], check=False)
     assert test_set.returncode == 2 and "names no dev set 'test' (dev sets: valid)" in test_set.stdout
