@@ -105,8 +105,50 @@ def test_a_study_trained_to_convergence_beside_its_fixed_budget(tmp_path):
         ("man", "to-convergence"), ("transformer", "to-convergence")]
     assert set(table["to_convergence"]["runs"][0]["paired_randomization"]) == {"test", "test_2017_flickr"}
     assert "## Fixed budget | to convergence" in md
-    (row,) = [line for line in md.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
+    per_seed, per_family = md.split("## Fixed budget | to convergence")[1].split("Per family, over the seeds")
+    (row,) = [line for line in per_seed.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "6" and cells[6] == "4 (best 1)" and cells[7] == f"{converged['best_valid_loss']:.3f}"
     assert cells[8] == f"{converged['test_sets']['test']['sacrebleu']:.2f}" and cells[9].count("/") == 1
+    # the family summary of the one seed run both ways: its BLEU and its difference to the Transformer
+    (row,) = [line for line in per_family.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    base = {r["protocol"]: r for r in [json.loads((results / e / "transformer-seed1.json").read_text())
+                                        for e in ("multi30k-cpu", "multi30k-cpu-converge")]}
+    delta = converged["test_sets"]["test"]["sacrebleu"] - base["to-convergence"]["test_sets"]["test"]["sacrebleu"]
+    assert cells[5] == f"{converged['test_sets']['test']['sacrebleu']:.2f}" and cells[6] == f"{delta:+.2f}"
+    (summary,) = [f for f in table["to_convergence"]["families"] if f["family"] == "man"]
+    assert summary["seeds"] == [1] and summary["to-convergence"]["randomization_p"]["sacreBLEU"] == [
+        table["to_convergence"]["runs"][0]["paired_randomization"]["test"]["p_value"]]
     assert "multi30k-cpu.md" in out or "Fixed budget | to convergence" in out
+
+
+def _record(protocol, family, seed, bleu):
+    return {"protocol": protocol, "family": family, "seed": seed, "test_sets": {"test": {"bleu": bleu}}}
+
+
+def test_the_family_summary_compares_both_protocols_on_the_same_seeds():
+    """Means, spreads and differences over the seeds a family and its Transformer ran both ways; a seed
+    one protocol lacks (MAN seed 3 to convergence) leaves both protocols' means of that family (the
+    Transformer keeps its three); * marks p < 0.05."""
+    from man_fairseq.recipes.studies.convergence import family_summary, family_summary_lines
+
+    scores = {("fixed-budget", "transformer"): [25, 24, 26], ("to-convergence", "transformer"): [26, 27, 28],
+              ("fixed-budget", "man"): [23, 21, 30], ("to-convergence", "man"): [29, 25]}
+    runs = {(p, f, seed): _record(p, f, seed, v) for (p, f), values in scores.items()
+            for seed, v in enumerate(values, 1)}
+    p_values = {1: 0.0001, 2: 0.2, 3: 0.0001}
+    tests = {(p, "man", seed, "test"): {"paired_randomization": {"p_value": p_values[seed]}}
+             for (p, f, seed) in runs if f == "man"}
+    metrics = [("BLEU", lambda r: r["test_sets"]["test"]["bleu"], lambda t: t["paired_randomization"]["p_value"])]
+    transformer, man = family_summary(runs, ["transformer", "man"], metrics, tests, "test")
+    assert transformer["seeds"] == [1, 2, 3] and man["seeds"] == [1, 2]
+    assert transformer["fixed-budget"]["mean_std"]["BLEU"] == (25, 1) and "delta" not in transformer["fixed-budget"]
+    assert man["fixed-budget"]["delta"]["BLEU"] == [-2, -3] and man["to-convergence"]["delta"]["BLEU"] == [3, -2]
+    assert man["to-convergence"]["randomization_p"]["BLEU"] == [0.0001, 0.2]
+    lines = family_summary_lines([transformer, man], {"man": "MAN"}, ["BLEU"])
+    assert "| MAN | 1, 2 | 22.00 ± 1.41 | -2.50 | -2.00*, -3.00 | 27.00 ± 2.83 | +0.50 | +3.00*, -2.00 |" in lines
+    assert "| transformer | 1, 2, 3 | 25.00 ± 1.00 | baseline | baseline | 27.00 ± 1.00 | baseline | baseline |" in lines
+    # no seed run both ways: no row
+    assert family_summary({k: v for k, v in runs.items() if k[0] == "fixed-budget"}, ["man"], metrics, tests,
+                          "test") == []

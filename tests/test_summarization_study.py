@@ -164,13 +164,21 @@ def check_both_protocols(study_cmd, results, data):
         hyps = (results / "gigaword-cpu-converge" / f"{fam}-seed1.test.hyp").read_text().splitlines()
         assert copied == copying(hyps, (data / "test.raw.article").read_text().splitlines())
     md = (results / "gigaword-cpu.md").read_text()
-    (row,) = [line for line in md.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
+    per_seed, per_family = md.split("## Fixed budget | to convergence")[1].split("Per family, over the seeds")
+    (row,) = [line for line in per_seed.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     fixed_copied = table["summary"]["man"]["test_sets"]["test"]["copying"][0]
     assert cells[4].endswith(f"; {fixed_copied['words']:.2f} / {fixed_copied['bigrams']:.2f}")
     conv_copied = converged["man"]["copying"]["test"]
-    assert cells[8] == " / ".join(f"{converged['man']['test_sets']['test'][k]:.2f}" for k in ("rouge1", "rouge2", "rougeL")) \
+    scores = {fam: r["test_sets"]["test"] for fam, r in converged.items()}
+    assert cells[8] == " / ".join(f"{scores['man'][k]:.2f}" for k in ("rouge1", "rouge2", "rougeL")) \
         + f"; {conv_copied['words']:.2f} / {conv_copied['bigrams']:.2f}"
+    # the family summary: one seed run both ways, its ROUGE and its difference to the Transformer's
+    (row,) = [line for line in per_family.splitlines() if line.startswith("| MAN (small, DMAN enc.) | 1 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == " / ".join(f"{scores['man'][k]:.2f}" for k in ("rouge1", "rouge2", "rougeL"))
+    assert cells[6] == " / ".join(f"{scores['man'][k] - scores['transformer'][k]:+.2f}"
+                                  for k in ("rouge1", "rouge2", "rougeL"))
 
 
 def check_dev_set_rouge(study_cmd, results, data):

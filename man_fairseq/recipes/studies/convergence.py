@@ -12,7 +12,7 @@ each protocol's runs are compared with the Transformer of the same seed *and pro
 import json
 from pathlib import Path
 
-from ...tables import markdown_table
+from ...tables import markdown_table, mean_std
 from ..training.fairseq_log import valid_epochs
 from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE, protocol
 
@@ -85,11 +85,70 @@ def dev_loss(record):
     return str(record.get("epochs", len(curve))), (curve[-1][1] if curve else None)
 
 
-def side_by_side(fixed, converged, converged_stale, families, labels, score_cells, p_cells, tests, subset, scores):
-    """Markdown lines: per family and seed, the fixed-budget run beside the run to convergence (epochs,
-    dev loss, ``scores`` on ``subset``, the two p's against the Transformer of the same seed and protocol).
-    ``score_cells(record)`` gives a record's score cell, ``p_cells(record, its tests)`` its p cell;
-    ``tests`` maps (protocol, family, seed, subset) to the tests of a run. A run one protocol lacks is a dash."""
+# a seed whose run differs from its Transformer at this randomization p is marked in the family summary
+SIGNIFICANT = 0.05
+
+
+def family_summary(runs, families, metrics, tests, subset):
+    """Per family, over the seeds trained both ways (and whose Transformer was too, so that both
+    protocols are compared on the same seeds): each protocol's mean and sample standard deviation of
+    every metric, its mean difference to the Transformer of the same seed, and each seed's difference
+    on the first metric with its randomization p. ``runs``: {(protocol, family, seed): record};
+    ``metrics``: (name, value of a record, randomization p of a run's tests) per metric."""
+    out = []
+    for fam in families:
+        seeds = sorted(seed for (proto, f, seed) in runs if proto == FIXED_BUDGET and f == fam
+                       and all((p, g, seed) in runs for p in (FIXED_BUDGET, TO_CONVERGENCE) for g in (fam, BASELINE))
+                       and all(value(runs[(p, g, seed)]) is not None for _, value, _ in metrics
+                               for p in (FIXED_BUDGET, TO_CONVERGENCE) for g in (fam, BASELINE)))
+        if not seeds:
+            continue
+        entry = {"family": fam, "seeds": seeds}
+        for proto in (FIXED_BUDGET, TO_CONVERGENCE):
+            values = {name: [value(runs[(proto, fam, s)]) for s in seeds] for name, value, _ in metrics}
+            part = {"mean_std": {name: mean_std(v) for name, v in values.items()}}
+            if fam != BASELINE:
+                part["delta"] = {name: [value(runs[(proto, fam, s)]) - value(runs[(proto, BASELINE, s)]) for s in seeds]
+                                 for name, value, _ in metrics}
+                part["randomization_p"] = {name: [p_of(tests[(proto, fam, s, subset)]) for s in seeds]
+                                           for name, _, p_of in metrics}
+            entry[proto] = part
+        out.append(entry)
+    return out
+
+
+def family_summary_lines(summary, labels, metric_names):
+    """The Markdown of :func:`family_summary`."""
+    first = metric_names[0]
+
+    def cells(part):
+        spread = " / ".join(f"{m:.2f}" + (f" ± {sd:.2f}" if sd is not None else "")
+                            for m, sd in (part["mean_std"][n] for n in metric_names))
+        if "delta" not in part:
+            return [spread, "baseline", "baseline"]
+        mean_delta = " / ".join(f"{sum(d) / len(d):+.2f}" for d in (part["delta"][n] for n in metric_names))
+        per_seed = ", ".join(f"{d:+.2f}" + ("*" if p < SIGNIFICANT else "")
+                             for d, p in zip(part["delta"][first], part["randomization_p"][first]))
+        return [spread, mean_delta, per_seed]
+
+    rows = [[labels.get(e["family"], e["family"]), ", ".join(map(str, e["seeds"])),
+             *cells(e[FIXED_BUDGET]), *cells(e[TO_CONVERGENCE])] for e in summary]
+    names = " / ".join(metric_names)
+    return ["Per family, over the seeds trained both ways (the Transformer's too): mean ± sample standard deviation "
+            f"of {names}, the mean difference to the Transformer of the same seed and protocol, and each seed's "
+            f"difference in {first} (* randomization p < {SIGNIFICANT}).", "",
+            *markdown_table(["family", "seeds", "fixed budget: mean", "Δ (mean)", f"Δ {first} per seed",
+                             "to convergence: mean", "Δ (mean)", f"Δ {first} per seed"], rows), ""]
+
+
+def side_by_side(fixed, converged, converged_stale, families, labels, score_cells, p_cells, tests, subset, scores,
+                 metrics):
+    """(Markdown lines, per-family summary): per family and seed, the fixed-budget run beside the run to convergence (epochs,
+    dev loss, ``scores`` on ``subset``, the two p's against the Transformer of the same seed and protocol),
+    then per family the two protocols' means over the seeds run both ways (:func:`family_summary` of
+    ``metrics``). ``score_cells(record)`` gives a record's score cell, ``p_cells(record, its tests)`` its
+    p cell; ``tests`` maps (protocol, family, seed, subset) to the tests of a run. A run one protocol
+    lacks is a dash."""
     runs = {(record_protocol(r), r["family"], r["seed"]): r for r in fixed + converged}
     lines = ["## Fixed budget | to convergence", "",
              "Each run beside the same family and seed trained to convergence (`scripts/reproduce.sh "
@@ -113,14 +172,18 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
             rows.append([labels.get(fam, fam), f"{seed}", *cells])
     lines += markdown_table(["family", "seed", "fixed budget: epochs", "dev loss", "scores", "p",
                              "to convergence: epochs (best)", "best dev loss", "scores", "p"], rows)
+    summary = family_summary(runs, families, metrics, tests, subset)
+    if summary:
+        lines += [""] + family_summary_lines(summary, labels, [name for name, _, _ in metrics])[:-1]
     if converged_stale:
         lines += ["", "Stale to-convergence records (another config or options; not in the table): "
                   + ", ".join(f"{r['family']}-seed{r['seed']} (`{r.get('fingerprint')}`)" for r in converged_stale) + "."]
-    return lines + [""]
+    return lines + [""], summary
 
 
-def protocol_payload(converged, converged_stale, tests, names):
-    """The JSON of a study table's to-convergence runs: each with its tests (``names``), and the stale ones."""
+def protocol_payload(converged, converged_stale, tests, names, summary):
+    """The JSON of a study table's to-convergence runs: each with its tests (``names``), the stale ones
+    and the per-family ``summary`` of the two protocols (:func:`family_summary`)."""
     runs = [dict(r, **{name: {k[2]: v[name] for k, v in tests.items() if k[:2] == (r["family"], r["seed"])}
                        for name in names}) for r in converged]
-    return {"runs": runs, "stale": [f"{r['family']}-seed{r['seed']}" for r in converged_stale]}
+    return {"runs": runs, "stale": [f"{r['family']}-seed{r['seed']}" for r in converged_stale], "families": summary}

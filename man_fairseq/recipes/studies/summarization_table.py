@@ -248,16 +248,18 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
         return " / ".join(f"{r['test_sets'][subset][k]:.2f}" for k in KEYS) + (
             f"; {c['words']:.2f} / {c['bigrams']:.2f}" if c else "")
 
-    protocol_lines = side_by_side(
+    protocol_lines, family_means = side_by_side(
         current, conv, conv_stale, families, labels, score_cell,
         lambda r, tests: "; ".join(" / ".join(fmt_p(tests[t][k]["p_value"]) for k in KEYS) for t in TESTS),
         {**{(FIXED_BUDGET, *k): v for k, v in boot.items()}, **{(TO_CONVERGENCE, *k): v for k, v in conv_tests.items()}},
         subset, "R-1 / R-2 / R-L; from its article: words / bigrams (the share of the summaries' words and bigrams "
-                "found in their own article, as the main table counts them); p per test R-1 / R-2 / R-L"
-    ) if conv or conv_stale else []
+                "found in their own article, as the main table counts them); p per test R-1 / R-2 / R-L",
+        [(NAMES[k], lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None,
+          lambda tests, k=k: tests["paired_randomization"][k]["p_value"]) for k in KEYS]
+    ) if conv or conv_stale else ([], [])
     payload = {"meta": meta, "summary": summary, "references": reference_rows, "references_copying": reference_copying}
     if conv or conv_stale:
-        payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS)
+        payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS, family_means)
         for r in payload["to_convergence"]["runs"]:
             r["copying"] = {s: copied[TO_CONVERGENCE].get((r["family"], r["seed"], s)) for s in r["test_sets"]}
     return write_table(results_dir, experiment,

@@ -109,14 +109,16 @@ def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_
                for name, test in (("bootstrap", "paired_bootstrap"), ("randomization", "paired_randomization"))},
             "png": png.name})
     subset = next(iter(manifest["test_sets"]))
-    protocol_lines = side_by_side(
+    protocol_lines, family_means = side_by_side(
         current, conv, conv_stale, families_of(study), FAMILY_LABELS,
         lambda r: f"{r['test_sets'][subset]['sacrebleu']:.2f}" if subset in r["test_sets"] else "–",
         lambda r, tests: " / ".join(study_table.fmt_p(tests[t]["p_value"]) for t in study_table.TESTS),
         {**{(FIXED_BUDGET, *k): v for k, v in boot.items()}, **{(TO_CONVERGENCE, *k): v for k, v in conv_tests.items()}},
-        subset, f"sacreBLEU, {manifest['test_sets'][subset]}") if conv or conv_stale else []
+        subset, f"sacreBLEU, {manifest['test_sets'][subset]}",
+        [("sacreBLEU", lambda r: r["test_sets"][subset]["sacrebleu"] if subset in r["test_sets"] else None,
+          lambda tests: tests["paired_randomization"]["p_value"])]) if conv or conv_stale else ([], [])
     payload = {"meta": meta, "summary": summary}
     if conv or conv_stale:
-        payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, study_table.TESTS)
+        payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, study_table.TESTS, family_means)
     return study_table.write_table(results_dir, study, study_table.to_markdown(summary, meta, stale, protocol_lines),
                                    payload, boot, current, stale, png, log)
