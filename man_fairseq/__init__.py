@@ -13,12 +13,13 @@ from .dependencies import require  # noqa: E402
 
 require()
 
-from . import fairseq_fixes, known_warnings, patience_resume  # noqa: E402
+from . import fairseq_fixes, known_warnings, patience_resume, resume_batches  # noqa: E402
 from .checkpoint_compat import register_safe_globals  # noqa: E402
 
 register_safe_globals()
 fairseq_fixes.apply()
 patience_resume.apply()
+resume_batches.apply()
 known_warnings.silence()
 
 from . import criterions, models  # noqa: E402,F401  (registers archs and criterions)
