@@ -143,12 +143,12 @@ def family_summary_lines(summary, labels, metric_names):
 
 def side_by_side(fixed, converged, converged_stale, families, labels, score_cells, p_cells, tests, subset, scores,
                  metrics):
-    """(Markdown lines, per-family summary): per family and seed, the fixed-budget run beside the run to convergence (epochs,
-    dev loss, ``scores`` on ``subset``, the two p's against the Transformer of the same seed and protocol),
-    then per family the two protocols' means over the seeds run both ways (:func:`family_summary` of
-    ``metrics``). ``score_cells(record)`` gives a record's score cell, ``p_cells(record, its tests)`` its
-    p cell; ``tests`` maps (protocol, family, seed, subset) to the tests of a run. A run one protocol
-    lacks is a dash."""
+    """(Markdown lines, per-family summary): per family and seed, the fixed-budget run beside the run
+    to convergence (epochs, dev loss, ``scores`` on ``subset``, the two p's against the Transformer of
+    the same seed and protocol), then per family the two protocols' means over the seeds run both ways
+    (:func:`family_summary` of ``metrics``). ``score_cells(record)`` gives a record's score cell,
+    ``p_cells(record, its tests)`` its p cell; ``tests`` maps (protocol, family, seed, subset) to the
+    tests of a run. A run one protocol lacks is a dash."""
     runs = {(record_protocol(r), r["family"], r["seed"]): r for r in fixed + converged}
     lines = ["## Fixed budget | to convergence", "",
              "Each run beside the same family and seed trained to convergence (`scripts/reproduce.sh "
