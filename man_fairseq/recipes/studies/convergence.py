@@ -95,12 +95,13 @@ def family_summary(runs, families, metrics, tests, subset):
     every metric, its mean difference to the Transformer of the same seed, and each seed's difference
     on the first metric with its randomization p. ``runs``: {(protocol, family, seed): record};
     ``metrics``: (name, value of a record, randomization p of a run's tests) per metric."""
+    def scored_both_ways(fam, seed):
+        keys = [(p, g, seed) for p in (FIXED_BUDGET, TO_CONVERGENCE) for g in (fam, BASELINE)]
+        return all(k in runs and all(value(runs[k]) is not None for _, value, _ in metrics) for k in keys)
+
     out = []
     for fam in families:
-        seeds = sorted(seed for (proto, f, seed) in runs if proto == FIXED_BUDGET and f == fam
-                       and all((p, g, seed) in runs for p in (FIXED_BUDGET, TO_CONVERGENCE) for g in (fam, BASELINE))
-                       and all(value(runs[(p, g, seed)]) is not None for _, value, _ in metrics
-                               for p in (FIXED_BUDGET, TO_CONVERGENCE) for g in (fam, BASELINE)))
+        seeds = sorted({seed for (_, f, seed) in runs if f == fam and scored_both_ways(fam, seed)})
         if not seeds:
             continue
         entry = {"family": fam, "seeds": seeds}
@@ -138,7 +139,7 @@ def family_summary_lines(summary, labels, metric_names):
             f"of {names}, the mean difference to the Transformer of the same seed and protocol, and each seed's "
             f"difference in {first} (* randomization p < {SIGNIFICANT}).", "",
             *markdown_table(["family", "seeds", "fixed budget: mean", "Δ (mean)", f"Δ {first} per seed",
-                             "to convergence: mean", "Δ (mean)", f"Δ {first} per seed"], rows), ""]
+                             "to convergence: mean", "Δ (mean)", f"Δ {first} per seed"], rows)]
 
 
 def side_by_side(fixed, converged, converged_stale, families, labels, score_cells, p_cells, tests, subset, scores,
@@ -174,7 +175,7 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
                              "to convergence: epochs (best)", "best dev loss", "scores", "p"], rows)
     summary = family_summary(runs, families, metrics, tests, subset)
     if summary:
-        lines += [""] + family_summary_lines(summary, labels, [name for name, _, _ in metrics])[:-1]
+        lines += [""] + family_summary_lines(summary, labels, [name for name, _, _ in metrics])
     if converged_stale:
         lines += ["", "Stale to-convergence records (another config or options; not in the table): "
                   + ", ".join(f"{r['family']}-seed{r['seed']} (`{r.get('fingerprint')}`)" for r in converged_stale) + "."]
