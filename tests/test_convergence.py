@@ -95,6 +95,8 @@ def test_a_study_trained_to_convergence_beside_its_fixed_budget(tmp_path):
         converged["test_sets"]["test"]["generate_command"]
     assert [converged["best_updates"], converged["best_valid_loss"]] == converged["valid_curve"][0]
     assert len(converged["valid_curve"]) == 4 and fixed["fingerprint"] != converged["fingerprint"]
+    # one training loss per epoch, at the updates of its validation
+    assert [u for u, _ in converged["train_curve"]] == [u for u, _ in converged["valid_curve"]]
     epochs, early = valid_epochs(tmp_path / "runs" / "multi30k-cpu-converge" / "man-seed1" / "train.log")
     assert [e for e, _, _ in epochs] == [1, 2, 3, 4] and early
     # one table: the fixed budget's rows as before, and the two protocols side by side

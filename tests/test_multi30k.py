@@ -224,9 +224,14 @@ def test_mean_std_and_log_parsing(tmp_path):
         "INFO | train_inner | epoch 001:     10 / 118 loss=9.1, num_updates=10, lr=1e-05, train_wall=19, wall=20.0\n"
         "INFO | train_inner | epoch 001:     30 / 118 loss=8.1, num_updates=30, lr=3e-05, train_wall=38, wall=60.0\n"
         "INFO | valid | epoch 001 | valid on 'valid' subset | loss 7.5 | nll_loss 6.9 | ppl 119 | wps 1 | num_updates 118\n"
-        "INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.25 | nll_loss 5.9 | ppl 59 | wps 1 | num_updates 236\n")
+        "INFO | train | epoch 001 | loss 8.5 | nll_loss 8.1 | ppl 274 | wps 9 | num_updates 118 | lr 1e-4\n"
+        "INFO | valid | epoch 002 | valid on 'valid' subset | loss 6.25 | nll_loss 5.9 | ppl 59 | wps 1 | num_updates 236\n"
+        "INFO | train | epoch 002 | loss 7.0 | nll_loss 6.5 | ppl 90 | wps 9 | num_updates 236 | lr 1e-4\n"
+        # resumed from epoch 1's checkpoint: epoch 2 again, the later line wins
+        "INFO | train | epoch 002 | loss 6.75 | nll_loss 6.2 | ppl 74 | wps 9 | num_updates 236 | lr 1e-4\n")
     assert fairseq_log.model_params(log) == 1234567
     assert fairseq_log.valid_curve(log) == [(118, 7.5), (236, 6.25)]
+    assert fairseq_log.train_curve(log) == [(118, 8.5), (236, 6.75)]
     assert fairseq_log.seconds_per_update(log) == (2.0, 118)
 
 

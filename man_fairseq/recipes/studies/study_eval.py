@@ -19,7 +19,7 @@ from ...provenance import git_commit
 from ..config import REPO
 from ..evaluation.steps import AverageError, Names, average, decode, score
 from ..evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
-from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, valid_curve
+from ..training.fairseq_log import epoch_seconds, epochs_ended, model_params, train_curve, valid_curve
 from ...textfile import read_lines
 from .convergence import ConvergenceError, best_checkpoint, record_fields
 from .experiments import TO_CONVERGENCE, protocol
@@ -150,7 +150,7 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
               "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
               "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
               "epochs": epochs_ended(run / "train.log"), "averaged_checkpoints": [Path(c).name for c in averaged],
-              "valid_curve": curve, "test_sets": results}
+              "valid_curve": curve, "train_curve": train_curve(run / "train.log"), "test_sets": results}
     try:
         record.update(record_fields(cfg, run, checkpoint))
     except ConvergenceError as e:

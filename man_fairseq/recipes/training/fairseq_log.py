@@ -57,6 +57,20 @@ def valid_curve(train_log):
     return sorted(points.items())
 
 
+TRAIN_POINT_RE = re.compile(r"\| train \| epoch \d+ \| loss ([0-9.]+) .*?\| num_updates (\d+)")
+
+
+def train_curve(train_log):
+    """[(num_updates, the epoch's mean training loss)] of each epoch's summary line in a fairseq-train
+    log (label-smoothed, dropout on, as trained; a resumed run appends: last wins). Beside
+    :func:`valid_curve` it says how far a run overfits: its dev loss at a given training loss."""
+    points = {}
+    if Path(train_log).is_file():
+        for m in TRAIN_POINT_RE.finditer(Path(train_log).read_text(errors="replace")):
+            points[int(m.group(2))] = float(m.group(1))
+    return sorted(points.items())
+
+
 VALID_EPOCH_RE = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
 EARLY_STOP = "early stop since valid performance hasn't improved"
 
