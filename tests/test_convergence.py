@@ -154,3 +154,25 @@ def test_the_family_summary_compares_both_protocols_on_the_same_seeds():
     # no seed run both ways: no row
     assert family_summary({k: v for k, v in runs.items() if k[0] == "fixed-budget"}, ["man"], metrics, tests,
                           "test") == []
+
+
+def test_the_generalisation_panel_plots_dev_loss_against_training_loss():
+    """Each run's (training loss, dev loss) pairs, matched by update count, its first quarter left out,
+    a star on its best checkpoint, training loss falling to the right."""
+    from man_fairseq.logging_setup import pyplot
+    from man_fairseq.recipes.studies.study_figure import plot_generalisation
+
+    plt = pyplot()
+    run = {"family": "man", "seed": 2, "best_updates": 30,
+           "train_curve": [[10, 9.0], [20, 8.0], [30, 7.0], [40, 6.5]],
+           "valid_curve": [[10, 9.5], [20, 8.5], [30, 7.8], [40, 7.9]]}
+    fig, ax = plt.subplots()
+    plot_generalisation(ax, [run, dict(run, family="transformer", train_curve=[])], ["transformer", "man"], {},
+                        plt.get_cmap("tab10"))
+    curve, star = ax.get_lines()  # the run without a training loss draws nothing
+    assert list(curve.get_xdata()) == [8.0, 7.0, 6.5] and list(curve.get_ydata()) == [8.5, 7.8, 7.9]
+    assert (list(star.get_xdata()), list(star.get_ydata())) == ([7.0], [7.8])
+    left, right = ax.get_xlim()
+    assert left > 8.0 > 6.5 > right
+    assert ax.get_legend_handles_labels()[1] == ["man s2"]
+    plt.close(fig)

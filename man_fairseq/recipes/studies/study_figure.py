@@ -2,8 +2,8 @@
 convergence as a star beside them), the Transformer's seeds as a grey band, beside every run's
 validation loss zoomed on the second half of training, where the curves separate (from the start
 they overlap: the first epochs' losses are several bits above the last ones); where the study has
-runs to convergence, a last panel with every such run's whole curve to its stop and its best
-(scored) checkpoint marked."""
+runs to convergence, a panel with every such run's whole curve to its stop and its best (scored)
+checkpoint marked, and one with its dev loss against its training loss (how far each overfits)."""
 
 import os
 from pathlib import Path
@@ -29,9 +29,13 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
     plt = pyplot()
     fams = [f for f in families if any(r["family"] == f for r in records)]
     colors = plt.get_cmap("tab10")
-    extra = [1.7] if converged else []
+    gaps = [r for r in converged if r.get("train_curve")]  # records before 2026-11-29 lack the training loss
+    extra = [1.7] * (bool(converged) + bool(gaps))
     fig, axes = plt.subplots(1, len(panels) + 1 + len(extra), figsize=(4 * len(panels) + 6.5 + 6 * len(extra), 4.8),
                              dpi=110, gridspec_kw={"width_ratios": [1] * len(panels) + [1.7] + extra})
+    if gaps:
+        plot_generalisation(axes[-1], gaps, families, labels, colors)
+        axes = axes[:-1]
     if converged:
         plot_converged(axes[-1], converged, families, labels, colors)
         axes = axes[:-1]
@@ -109,6 +113,40 @@ def plot_converged(ax, records, families, labels, colors):
         ax.set_ylim(lo - pad, hi + pad)
     ax.set_title("to convergence: whole curves, * best checkpoint (scored)", fontsize=10)
     ax.set_xlabel("updates")
+    ax.set_ylabel("validation loss (label-smoothed CE, base 2)", fontsize=8)
+    ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+
+
+def plot_generalisation(ax, records, families, labels, colors):
+    """Every run to convergence that recorded its training loss: its dev loss at the end of each epoch
+    against that epoch's mean training loss, training running left to right, a star at the best
+    (scored) checkpoint. At the same training loss a lower curve generalises better; where a curve
+    turns up, the run overfits. The first quarter of each run is left out, as in :func:`plot_converged`."""
+    lo_x, hi_x, tail = [], [], []
+    for fam in [f for f in families if any(r["family"] == f for r in records)]:
+        for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
+            dev = dict(r["valid_curve"])
+            points = [(t, dev[u], u) for u, t in r["train_curve"] if u in dev]
+            points = points[len(points) // 4:]
+            if not points:
+                continue
+            x, y, updates = zip(*points)
+            lo_x.append(min(x)), hi_x.append(max(x))
+            tail += y
+            color = colors(families.index(fam) % 10)
+            ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=color, marker=".", ms=3,
+                    label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
+            if r.get("best_updates") in updates:
+                k = updates.index(r["best_updates"])
+                ax.plot([x[k]], [y[k]], "*", color=color, ms=11)
+    if tail:
+        lo, hi = min(tail), max(tail)
+        pad = 0.08 * (hi - lo) or 0.05
+        ax.set_ylim(lo - pad, hi + pad)
+        ax.set_xlim(max(hi_x) + 0.05, min(lo_x) - 0.05)  # training loss falls: time runs left to right
+    ax.set_title("to convergence: dev loss at each training loss (lower: generalises better)", fontsize=10)
+    ax.set_xlabel("training loss, epoch mean (label-smoothed, dropout on; falls to the right)")
     ax.set_ylabel("validation loss (label-smoothed CE, base 2)", fontsize=8)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(alpha=0.3)
