@@ -23,23 +23,29 @@ def _short(label):
 
 def plot_study(records, families, labels, panels, path, title, converged=()):
     """``panels``: [(title, score of a record or None[, (label, value) of a baseline line or None])], one dot
-    panel each, then the loss panel, then (``converged``: records of runs to convergence) their curves."""
+    panel each, then the loss panel, then (``converged``: records of runs to convergence) their curves
+    and their dev loss against their training loss, these three on a second row."""
     from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
     fams = [f for f in families if any(r["family"] == f for r in records)]
     colors = plt.get_cmap("tab10")
     gaps = [r for r in converged if r.get("train_curve")]  # records before 2026-11-29 lack the training loss
-    extra = [1.7] * (bool(converged) + bool(gaps))
-    fig, axes = plt.subplots(1, len(panels) + 1 + len(extra), figsize=(4 * len(panels) + 6.5 + 6 * len(extra), 4.8),
-                             dpi=110, gridspec_kw={"width_ratios": [1] * len(panels) + [1.7] + extra})
-    if gaps:
-        plot_generalisation(axes[-1], gaps, families, labels, colors)
-        axes = axes[:-1]
+    curves = 1 + bool(converged) + bool(gaps)
+    if curves == 1:
+        fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4 * len(panels) + 6.5, 4.8), dpi=110,
+                                 gridspec_kw={"width_ratios": [1] * len(panels) + [1.7]})
+        score_axes, curve_axes = axes[:-1], axes[-1:]
+    else:  # the loss panels on a row of their own: one row of six is too wide to read
+        fig = plt.figure(figsize=(max(4 * len(panels), 6.5 * curves), 9.6), dpi=110)
+        rows = fig.add_gridspec(2, 1)
+        score_axes = [fig.add_subplot(cell) for cell in rows[0].subgridspec(1, len(panels))]
+        curve_axes = [fig.add_subplot(cell) for cell in rows[1].subgridspec(1, curves)]
     if converged:
-        plot_converged(axes[-1], converged, families, labels, colors)
-        axes = axes[:-1]
-    for ax, (name, score, *line) in zip(axes[:-1], panels):
+        plot_converged(curve_axes[1], converged, families, labels, colors)
+    if gaps:
+        plot_generalisation(curve_axes[2], gaps, families, labels, colors)
+    for ax, (name, score, *line) in zip(score_axes, panels):
         base = [v for v in (score(r) for r in records if r["family"] == BASELINE) if v is not None]
         if base:
             ax.axhspan(min(base), max(base), color="0.85", zorder=0)
@@ -61,10 +67,10 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
         ax.set_xticklabels([_short(labels.get(f, f)) for f in fams], rotation=40, ha="right", fontsize=8)
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].set_ylabel("score (a dot per seed; grey: the Transformer's seeds)" if not converged else
-                       "score: fixed budget (dots), to convergence (stars),\na mark per seed; grey: the Transformer's seeds",
-                       fontsize=8)
-    ax = axes[-1]
+    score_axes[0].set_ylabel("score (a dot per seed; grey: the Transformer's seeds)" if not converged else
+                             "score: fixed budget (dots), to convergence (stars),\na mark per seed; grey: the "
+                             "Transformer's seeds", fontsize=8)
+    ax = curve_axes[0]
     tail, last = [], 0
     for fam in fams:
         for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
