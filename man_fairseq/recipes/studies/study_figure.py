@@ -85,6 +85,8 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
         pad = 0.08 * (hi - lo) or 0.05
         ax.set_xlim(last / 2 * 0.95, last * 1.02)
         ax.set_ylim(lo - pad, hi + pad)
+    if converged:  # beside the panels of the runs to convergence, say which runs these are
+        ax.set_title("fixed budget: each run's validation loss", fontsize=10)
     ax.set_xlabel("updates (second half of training)")
     ax.set_ylabel("validation loss (label-smoothed CE, base 2)", fontsize=8)
     ax.legend(fontsize=6.5, ncol=2)
