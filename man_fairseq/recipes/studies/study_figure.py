@@ -140,7 +140,8 @@ def plot_generalisation(ax, records, families, labels, colors):
             if not points:
                 continue
             x, y, updates = zip(*points)
-            lo_x.append(min(x)), hi_x.append(max(x))
+            lo_x.append(min(x))
+            hi_x.append(max(x))
             tail += y
             color = colors(families.index(fam) % 10)
             ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=color, marker=".", ms=3,

@@ -48,13 +48,16 @@ EVENT_RE = re.compile(STAMP + r"(?:fairseq_cli\.train \| (\{)'_name'|fairseq\.tr
                       r"|fairseq\.checkpoint_utils \| (Saved) checkpoint|fairseq_cli\.train \| (end) of epoch \d+)", re.M)
 
 
+def _curve(train_log, pattern):
+    """[(num_updates, loss)] of each match of ``pattern`` (groups: loss, num_updates); a resumed run
+    appends to the same log, so the last line of an update count wins."""
+    text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
+    return sorted({int(m.group(2)): float(m.group(1)) for m in pattern.finditer(text)}.items())
+
+
 def valid_curve(train_log):
-    """[(num_updates, valid loss)] from a fairseq-train log (a resumed run appends: last wins)."""
-    points = {}
-    if Path(train_log).is_file():
-        for m in VALID_POINT_RE.finditer(Path(train_log).read_text(errors="replace")):
-            points[int(m.group(2))] = float(m.group(1))
-    return sorted(points.items())
+    """[(num_updates, valid loss)] from a fairseq-train log."""
+    return _curve(train_log, VALID_POINT_RE)
 
 
 TRAIN_POINT_RE = re.compile(r"\| train \| epoch \d+ \| loss ([0-9.]+) .*?\| num_updates (\d+)")
@@ -62,13 +65,9 @@ TRAIN_POINT_RE = re.compile(r"\| train \| epoch \d+ \| loss ([0-9.]+) .*?\| num_
 
 def train_curve(train_log):
     """[(num_updates, the epoch's mean training loss)] of each epoch's summary line in a fairseq-train
-    log (label-smoothed, dropout on, as trained; a resumed run appends: last wins). Beside
-    :func:`valid_curve` it says how far a run overfits: its dev loss at a given training loss."""
-    points = {}
-    if Path(train_log).is_file():
-        for m in TRAIN_POINT_RE.finditer(Path(train_log).read_text(errors="replace")):
-            points[int(m.group(2))] = float(m.group(1))
-    return sorted(points.items())
+    log (label-smoothed, dropout on, as trained). Beside :func:`valid_curve` it says how far a run
+    overfits: its dev loss at a given training loss."""
+    return _curve(train_log, TRAIN_POINT_RE)
 
 
 VALID_EPOCH_RE = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
