@@ -17,6 +17,13 @@ def figure_path(results_dir, experiment, metric):
     return results_dir / (f"{experiment}.png" if metric == "rouge" else f"{experiment}-valid-loss.png")
 
 
+def _fit_ylim(ax, values):
+    """The y axis to ``values`` with a margin of 8 % of their range (0.05 where they are all equal)."""
+    lo, hi = min(values), max(values)
+    pad = 0.08 * (hi - lo) or 0.05
+    ax.set_ylim(lo - pad, hi + pad)
+
+
 def _short(label):
     return label.split(" (")[0]
 
@@ -81,10 +88,8 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
                 ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10),
                         marker=".", label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
     if tail:
-        lo, hi = min(tail), max(tail)
-        pad = 0.08 * (hi - lo) or 0.05
         ax.set_xlim(last / 2 * 0.95, last * 1.02)
-        ax.set_ylim(lo - pad, hi + pad)
+        _fit_ylim(ax, tail)
     if converged:  # beside the panels of the runs to convergence, say which runs these are
         ax.set_title("fixed budget: each run's validation loss", fontsize=10)
     ax.set_xlabel("updates (second half of training)")
@@ -116,9 +121,7 @@ def plot_converged(ax, records, families, labels, colors):
             if r.get("best_updates") is not None:
                 ax.plot([r["best_updates"]], [r["best_valid_loss"]], "*", color=colors(families.index(fam) % 10), ms=11)
     if tail:
-        lo, hi = min(tail), max(tail)
-        pad = 0.08 * (hi - lo) or 0.05
-        ax.set_ylim(lo - pad, hi + pad)
+        _fit_ylim(ax, tail)
     ax.set_title("to convergence: whole curves, * best checkpoint (scored)", fontsize=10)
     ax.set_xlabel("updates")
     ax.set_ylabel("validation loss (label-smoothed CE, base 2)", fontsize=8)
@@ -150,9 +153,7 @@ def plot_generalisation(ax, records, families, labels, colors):
                 k = updates.index(r["best_updates"])
                 ax.plot([x[k]], [y[k]], "*", color=color, ms=11)
     if tail:
-        lo, hi = min(tail), max(tail)
-        pad = 0.08 * (hi - lo) or 0.05
-        ax.set_ylim(lo - pad, hi + pad)
+        _fit_ylim(ax, tail)
         ax.set_xlim(max(hi_x) + 0.05, min(lo_x) - 0.05)  # training loss falls: time runs left to right
     ax.set_title("to convergence: dev loss at each training loss (lower: generalises better)", fontsize=10)
     ax.set_xlabel("training loss, epoch mean (label-smoothed, dropout on; falls to the right)")
