@@ -13,6 +13,7 @@ from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_
 from fairseq.data import Dictionary
 from man_fairseq.criterions.calibrated_label_smoothed_cross_entropy import (
     CalibratedLabelSmoothedCrossEntropyCriterion,
+    MaskSaturation,
     unwrap_model,
 )
 from man_fairseq.modules.biased_attention import AttentionContext
@@ -326,6 +327,43 @@ def test_perturbation_weight_reaches_gradients(capsys):
     with pytest.raises(SystemExit):  # the declared range, checked by argparse
         make_criterion(d, alpha=-1.0)
     assert "argument --perturbation-weight: invalid value '-1.0': must be >= 0" in capsys.readouterr().err
+
+
+def test_a_saturated_mask_is_reported_once_in_training(caplog, monkeypatch):
+    """A mask at m = 1 everywhere makes calibration a no-op (a^c = a): training says so, once;
+    a live mask and validation batches say nothing."""
+    monkeypatch.setattr(MaskSaturation, "window", 3)
+    d = make_dictionary()
+    sample = make_batch(d)
+
+    def warnings():
+        return [r for r in caplog.records if "perturbation mask has saturated" in r.getMessage()]
+
+    torch.manual_seed(0)
+    live = build_model(dictionary=d)
+    crit = make_criterion(d)
+    for _ in range(4):
+        crit(live, sample)
+    assert crit.saturation.batches == 1 and not warnings()  # one window checked; at initialisation m is near 0.5
+
+    saturated = build_model(dictionary=d)
+    for t in calibration_modules(saturated):
+        for proj in (t.perturbation.q_proj, t.perturbation.k_proj):
+            torch.nn.init.zeros_(proj.weight)
+            torch.nn.init.constant_(proj.bias, 10.0)  # every logit 100 * sqrt(head_dim): m = 1
+    crit = make_criterion(d)
+    saturated.eval()
+    for _ in range(4):
+        crit(saturated, sample)
+    assert not warnings()  # validation batches do not count
+    saturated.train()
+    for _ in range(2):
+        crit(saturated, sample)
+    assert not warnings()  # not a whole window yet
+    for _ in range(7):
+        crit(saturated, sample)
+    [record] = warnings()
+    assert "--perturbation-weight (now 0.7)" in record.getMessage()
 
 
 def test_low_precision_training_step_float16():

@@ -232,6 +232,15 @@ def test_mean_std_and_log_parsing(tmp_path):
     assert fairseq_log.model_params(log) == 1234567
     assert fairseq_log.valid_curve(log) == [(118, 7.5), (236, 6.25)]
     assert fairseq_log.train_curve(log) == [(118, 8.5), (236, 6.75)]
+    assert fairseq_log.train_curve(log, "mask_mean") == []
+    calibrated = tmp_path / "calibrated.log"
+    calibrated.write_text(
+        "INFO | train | epoch 001 | loss 11.203 | nll_loss 10.868 | perturbed_loss 11.204 | mask_penalty 0.247 "
+        "| mask_mean 0.956 | ppl 1869.37 | num_updates 246 | lr 0.0016\n"
+        "INFO | train | epoch 002 | loss 9.886 | nll_loss 9.356 | perturbed_loss 9.887 | mask_penalty 0.002 "
+        "| mask_mean 1 | ppl 655.21 | num_updates 492 | lr 0.0015\n")
+    assert fairseq_log.train_curve(calibrated) == [(246, 11.203), (492, 9.886)]
+    assert fairseq_log.train_curve(calibrated, "mask_mean") == [(246, 0.956), (492, 1.0)]
     assert fairseq_log.seconds_per_update(log) == (2.0, 118)
 
 

@@ -28,6 +28,7 @@ mask penalty is summed over the real target tokens too: ``alpha * sum_t mean_{la
 translation loss ``L_NMT(a^comb)`` (used for validation and the best checkpoint).
 """
 
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Optional
@@ -60,6 +61,8 @@ class CalibratedLabelSmoothedCrossEntropyCriterionConfig(LabelSmoothedCrossEntro
     # No help text: fairseq then adds no second --arch to the command line.
     arch: Optional[str] = II("model._name")
 
+
+logger = logging.getLogger(__name__)
 
 PERTURBATION_WEIGHT = CalibratedLabelSmoothedCrossEntropyCriterionConfig.__dataclass_fields__[
     "perturbation_weight"].metadata[VALID]
@@ -97,6 +100,7 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
         if problem:
             raise PluginOptionError(f"--perturbation-weight {perturbation_weight!r}: {problem}")
         self.perturbation_weight = perturbation_weight
+        self.saturation = MaskSaturation()
 
     @classmethod
     def add_args(cls, parser):
@@ -176,6 +180,8 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             raise PluginOptionError("calibrated_label_smoothed_cross_entropy does not support --adaptive-softmax-cutoff")
         net_output, loss, nll_loss, encoder_out = self.calibrated_pass(model, sample, reduce)
         objective, p_loss, p_nll, penalty, m_mean = self.perturbation_loss(model, sample, encoder_out, reduce)
+        if model.training:
+            self.saturation.observe(m_mean.detach() / max(sample["ntokens"], 1), self.perturbation_weight)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data,
@@ -213,3 +219,38 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
         return True
+
+
+class MaskSaturation:
+    """Warns once when the perturbation mask has saturated at 1 for a whole window of training
+    batches: then ``a^c = a e^(1-m)`` equals ``a`` and calibration reweights no source token
+    (docs/calibration.md#when-the-mask-saturates). Too large an alpha does this early in
+    training, while the attention is still near uniform and perturbing it costs nothing.
+
+    The batch means stay on the device; one host sync per window."""
+
+    window = 100  # training batches
+    threshold = 0.999  # mean m over the real keys: the calibrated weights within ~0.1 % of a
+
+    def __init__(self):
+        self.batches = 0
+        self.lowest = None
+        self.warned = False
+
+    def observe(self, batch_mean_m, alpha) -> None:
+        if self.warned:
+            return
+        self.lowest = batch_mean_m if self.lowest is None else torch.minimum(self.lowest, batch_mean_m)
+        self.batches += 1
+        if self.batches < self.window:
+            return
+        lowest = float(self.lowest)
+        self.batches, self.lowest = 0, None
+        if lowest >= self.threshold:
+            self.warned = True
+            logger.warning(
+                f"calibration: the perturbation mask has saturated (mean m >= {self.threshold} over the real "
+                f"source keys in each of the last {self.window} training batches): the calibrated weights "
+                f"a*exp(1-m) equal the original attention, so calibration reweights no source token. A smaller "
+                f"--perturbation-weight (now {alpha:g}) perturbs more (docs/calibration.md#when-the-mask-saturates)."
+            )

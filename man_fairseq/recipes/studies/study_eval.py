@@ -141,6 +141,7 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
     run_json = run / "run.json"
     run_info = json.loads(run_json.read_text()) if run_json.is_file() else {}
     curve = valid_curve(run / "train.log")
+    mask_curve = train_curve(run / "train.log", "mask_mean")  # calibration only: did its mask stay below 1
     record = {"family": family, "seed": seed, "fingerprint": fingerprint,
               "config": os.path.relpath(cfg["_path"], REPO), "name": cfg["name"], "arch": cfg["arch"],
               "fairseq_args": list(args.fairseq_args), "train_command": run_info.get("command"),
@@ -150,7 +151,8 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
               "params": model_params(run / "train.log"), "train_seconds": round(train_seconds, 1),
               "train_attempts": attempts, "updates": curve[-1][0] if curve else None,
               "epochs": epochs_ended(run / "train.log"), "averaged_checkpoints": [Path(c).name for c in averaged],
-              "valid_curve": curve, "train_curve": train_curve(run / "train.log"), "test_sets": results}
+              "valid_curve": curve, "train_curve": train_curve(run / "train.log"),
+              **({"mask_mean_curve": mask_curve} if mask_curve else {}), "test_sets": results}
     try:
         record.update(record_fields(cfg, run, checkpoint))
     except ConvergenceError as e:

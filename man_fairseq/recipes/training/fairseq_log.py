@@ -60,14 +60,13 @@ def valid_curve(train_log):
     return _curve(train_log, VALID_POINT_RE)
 
 
-TRAIN_POINT_RE = re.compile(r"\| train \| epoch \d+ \| loss ([0-9.]+) .*?\| num_updates (\d+)")
-
-
-def train_curve(train_log):
-    """[(num_updates, the epoch's mean training loss)] of each epoch's summary line in a fairseq-train
-    log (label-smoothed, dropout on, as trained). Beside :func:`valid_curve` it says how far a run
-    overfits: its dev loss at a given training loss."""
-    return _curve(train_log, TRAIN_POINT_RE)
+def train_curve(train_log, stat="loss"):
+    """[(num_updates, the epoch's mean training ``stat``)] of each epoch's summary line in a
+    fairseq-train log; [] where the log has no such statistic. ``loss`` (label-smoothed, dropout on,
+    as trained) beside :func:`valid_curve` says how far a run overfits: its dev loss at a given
+    training loss; ``mask_mean`` (calibration's criterion) whether its mask stayed below 1."""
+    pattern = re.compile(rf"\| train \| epoch \d+ \|(?:.*? \|)? {re.escape(stat)} ([0-9.]+) .*?\| num_updates (\d+)")
+    return _curve(train_log, pattern)
 
 
 VALID_EPOCH_RE = re.compile(r"epoch (\d+) \| valid on 'valid' subset \| loss ([0-9.]+) .*?\| num_updates (\d+)")
