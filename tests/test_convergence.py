@@ -156,6 +156,16 @@ def test_the_family_summary_compares_both_protocols_on_the_same_seeds():
                           "test") == []
 
 
+def test_a_calibrated_run_whose_mask_ended_saturated_is_named_under_the_table():
+    from man_fairseq.recipes.studies.convergence import saturated_mask_lines
+
+    live = dict(_record("to-convergence", "calibration", 2, 20), mask_mean_curve=[[10, 0.9], [20, 0.95]])
+    saturated = dict(_record("to-convergence", "calibration", 1, 20), mask_mean_curve=[[10, 0.956], [20, 1.0]])
+    assert saturated_mask_lines([live, _record("fixed-budget", "man", 1, 20)]) == []
+    (note,) = [line for line in saturated_mask_lines([live, saturated]) if line]
+    assert "calibration seed 1 (to-convergence: mean m 1.000)" in note and "seed 2" not in note
+
+
 def test_the_generalisation_panel_plots_dev_loss_against_training_loss():
     """Each run's (training loss, dev loss) pairs, matched by update count, its first quarter left out,
     a star on its best checkpoint, training loss falling to the right."""
