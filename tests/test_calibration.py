@@ -363,7 +363,7 @@ def test_a_saturated_mask_is_reported_once_in_training(caplog, monkeypatch):
     for _ in range(7):
         crit(saturated, sample)
     [record] = warnings()
-    assert "--perturbation-weight (now 0.7)" in record.getMessage()
+    assert "(--perturbation-weight 0.7; docs/calibration.md#when-the-mask-saturates)" in record.getMessage()
 
 
 def test_low_precision_training_step_float16():
