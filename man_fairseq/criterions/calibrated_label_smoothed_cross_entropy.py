@@ -225,9 +225,9 @@ class MaskSaturation:
     """Warns once when the perturbation mask has stayed saturated at 1 for a whole window of training
     batches: then ``a^c = a e^(1-m)`` equals ``a`` and calibration reweights no source token
     (docs/calibration.md#when-the-mask-saturates). Early in training the attention is near uniform,
-    perturbing it costs nothing, and the penalty alone drives m to 1 (on the CPU studies within 100
-    updates at every alpha tried); a small enough alpha lets the mask come back once the attention
-    has formed (0.01 there after ~200 updates), hence a long window.
+    perturbing it costs nothing, and the penalty alone drives m to 1 (on the Gigaword CPU study
+    within 100 updates at every alpha tried); a small enough alpha lets the mask come back once the
+    attention has formed (0.01 there after ~200 updates), hence a long window.
 
     The batch means stay on the device; one host sync per window."""
 
