@@ -176,7 +176,6 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
     summary = family_summary(runs, families, metrics, tests, subset)
     if summary:
         lines += [""] + family_summary_lines(summary, labels, [name for name, _, _ in metrics])
-    lines += saturated_mask_lines(fixed + converged)
     if converged_stale:
         lines += ["", "Stale to-convergence records (another config or options; not in the table): "
                   + ", ".join(f"{r['family']}-seed{r['seed']} (`{r.get('fingerprint')}`)" for r in converged_stale) + "."]
@@ -185,8 +184,8 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
 
 def saturated_mask_lines(records):
     """A note naming the calibrated runs whose perturbation mask ended saturated (mean m at least the
-    training warning's threshold in the last epoch, from the record's ``mask_mean_curve``): such a run
-    trained as a Transformer. No note when there are none."""
+    training warning's threshold in the last epoch, from the record's ``mask_mean_curve``), of either
+    protocol: such a run trained as a Transformer. No note when there are none."""
     from ...criterions.calibrated_label_smoothed_cross_entropy import MaskSaturation
 
     saturated = [r for r in records
@@ -195,9 +194,9 @@ def saturated_mask_lines(records):
         return []
     runs = ", ".join(f"{r['family']} seed {r['seed']} ({record_protocol(r)}: mean m {r['mask_mean_curve'][-1][1]:.3f})"
                      for r in saturated)
-    return ["", f"Perturbation mask saturated in its last training epoch (mean m ≥ {MaskSaturation.threshold}): {runs}. "
+    return [f"Perturbation mask saturated in its last training epoch (mean m ≥ {MaskSaturation.threshold}): {runs}. "
             "Its calibrated attention is then the original one, so the run trained as a Transformer "
-            "(docs/calibration.md#when-the-mask-saturates)."]
+            "(docs/calibration.md#when-the-mask-saturates).", ""]
 
 
 def protocol_payload(converged, converged_stale, tests, names, summary):

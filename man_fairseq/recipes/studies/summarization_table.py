@@ -16,7 +16,7 @@ from ..evaluation.metric import score
 from ..evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
 from ..evaluation.test_sample import sample_ids
-from .convergence import protocol_payload, record_protocol, side_by_side
+from .convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
 from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
@@ -257,6 +257,7 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
         [(NAMES[k], lambda r, k=k: r["test_sets"][subset][k] if subset in r["test_sets"] else None,
           lambda tests, k=k: tests["paired_randomization"][k]["p_value"]) for k in KEYS]
     ) if conv or conv_stale else ([], [])
+    protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
     payload = {"meta": meta, "summary": summary, "references": reference_rows, "references_copying": reference_copying}
     if conv or conv_stale:
         payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS, family_means)

@@ -87,7 +87,7 @@ def build_table(experiment, args, manifest, results_dir, log):
 
 def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_dir, png, flags, log, converged):
     from . import study_table
-    from .convergence import protocol_payload, side_by_side
+    from .convergence import protocol_payload, saturated_mask_lines, side_by_side
 
     tgt = manifest["target_lang"]
     ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
@@ -117,6 +117,7 @@ def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_
         subset, f"sacreBLEU, {manifest['test_sets'][subset]}",
         [("sacreBLEU", lambda r: r["test_sets"][subset]["sacrebleu"] if subset in r["test_sets"] else None,
           lambda tests: tests["paired_randomization"]["p_value"])]) if conv or conv_stale else ([], [])
+    protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
     payload = {"meta": meta, "summary": summary}
     if conv or conv_stale:
         payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, study_table.TESTS, family_means)

@@ -49,7 +49,7 @@ EVENT_RE = re.compile(STAMP + r"(?:fairseq_cli\.train \| (\{)'_name'|fairseq\.tr
 
 
 def _curve(train_log, pattern):
-    """[(num_updates, loss)] of each match of ``pattern`` (groups: loss, num_updates); a resumed run
+    """[(num_updates, value)] of each match of ``pattern`` (groups: value, num_updates); a resumed run
     appends to the same log, so the last line of an update count wins."""
     text = Path(train_log).read_text(errors="replace") if Path(train_log).is_file() else ""
     return sorted({int(m.group(2)): float(m.group(1)) for m in pattern.finditer(text)}.items())
