@@ -18,7 +18,10 @@ score of another checkpoint, and so is a seed without a Transformer record (its 
 against it); a selected run without a record (not trained yet) is left out, and the table names
 it. Every run is checked before any is decoded. Decodes every run afresh (about 40 s a run for
 Gigaword's 1,000 dev pairs at one thread); writes ``RESULTS/<experiment>-dev.md``, ``.json`` and
-the hypotheses in ``RESULTS/<experiment>-dev/``.
+the hypotheses in ``RESULTS/<experiment>-dev/``. A run whose scored checkpoint is gone (deleted, or the
+machine replaced) is not decoded again if that output holds its hypotheses from the very checkpoint its
+record scored (the record's protocol, best epoch, dev loss and test scores alike): those are reused,
+and the table says so.
 """
 
 import datetime
@@ -69,6 +72,31 @@ def scored_again(cfg, run, record, avg_last):
     return checkpoint
 
 
+def earlier_decoding(args, subset, family, seed, record, n_refs):
+    """The entry and hypotheses this tool wrote before for ``family``/``seed`` on ``subset``, when they
+    come from the checkpoint ``record`` scored (None otherwise): the same record's protocol, best
+    epoch and dev loss and test scores, one hypothesis per reference."""
+    from man_fairseq.recipes.studies.convergence import record_protocol
+
+    try:
+        earlier = json.loads((args.results_dir / f"{args.experiment}-dev.json").read_text())
+        hyps = (args.results_dir / f"{args.experiment}-dev" / f"{family}-seed{seed}.{subset}.hyp").read_text()
+    except (OSError, ValueError):
+        return None
+    test = next(iter(record["test_sets"].values()))
+    now = {"protocol": record_protocol(record), "best_epoch": record.get("best_epoch"),
+           "best_valid_loss": record.get("best_valid_loss"), "test": {k: test[k] for k in KEYS},
+           "record_date": record["date"]}
+    hyps = hyps.split("\n")[:-1]
+    for entry in earlier.get("runs", []) if earlier.get("subset") == subset else []:
+        if (entry["family"], entry["seed"]) != (family, seed) or len(hyps) != n_refs:
+            continue
+        # entries written before the record's date was kept are matched on the rest
+        if all(entry.get(k, v) == v for k, v in now.items()):
+            return dict(entry, decoded_on=entry.get("decoded_on") or earlier["date"]), hyps
+    return None
+
+
 def decode_run(cfg, run, checkpoint, subset, args, refs):
     """The hypotheses of ``checkpoint`` on ``subset``, one per reference, in order."""
     from man_fairseq.recipes.data.subword import read_subword
@@ -91,7 +119,7 @@ def dev_scores(args, subset, log):
     from man_fairseq.recipes.evaluation.rouge_significance import scored_documents
     from man_fairseq.recipes.studies.convergence import record_protocol
     from man_fairseq.recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
-    from man_fairseq.recipes.studies.study_eval import read_references
+    from man_fairseq.recipes.studies.study_eval import StudyEvalError, read_references
     from man_fairseq.recipes.studies.study_records import matching_record, record_fingerprint
     from man_fairseq.recipes.studies.study_table import shown_path
     from man_fairseq.recipes.studies.table_build import experiment_configs
@@ -122,18 +150,32 @@ def dev_scores(args, subset, log):
                                   f"seed's other runs are tested against it; run the study first: "
                                   f"scripts/reproduce.sh {args.experiment} --seeds {seed}, --families {fam}")
             run = args.runs_dir / f"{fam}-seed{seed}"
-            selected.append((fam, seed, run, record, scored_again(cfgs[fam], run, record, args.avg_last)))
+            try:
+                checkpoint, earlier = scored_again(cfgs[fam], run, record, args.avg_last), None
+            except (DevSetError, StudyEvalError) as e:
+                earlier = earlier_decoding(args, subset, fam, seed, record, len(refs))
+                if earlier is None:
+                    raise
+                log(f"{e}: {run.name}'s hypotheses decoded on {earlier[0]['decoded_on']} from the checkpoint "
+                    "its record scored are reused")
+                checkpoint = earlier[0]["checkpoint"]
+            selected.append((fam, seed, run, record, checkpoint, earlier))
     out = {}
-    for fam, seed, run, record, checkpoint in selected:
-        log(f"decode {run.name} on {subset} ({len(refs):,} documents) from {checkpoint}")
-        cmd, hyps = decode_run(cfgs[fam], run, checkpoint, subset, args, refs)
+    for fam, seed, run, record, checkpoint, earlier in selected:
+        if earlier is None:
+            log(f"decode {run.name} on {subset} ({len(refs):,} documents) from {checkpoint}")
+            cmd, hyps = decode_run(cfgs[fam], run, checkpoint, subset, args, refs)
+            decoded_on = None
+        else:
+            hyps, cmd, decoded_on = earlier[1], earlier[0]["generate_command"], earlier[0]["decoded_on"]
         test = next(iter(record["test_sets"].values()))
         scored = scored_documents(hyps, refs, test["rouge_order"], test["exception_db"])
         out[(fam, seed)] = {"family": fam, "seed": seed, "hypotheses": hyps, "documents": scored["documents"],
                             "dev": {k: scored[k] for k in KEYS}, "protocol": record_protocol(record),
-                            "checkpoint": checkpoint.name, "best_epoch": record.get("best_epoch"),
+                            "checkpoint": Path(checkpoint).name, "best_epoch": record.get("best_epoch"),
                             "best_valid_loss": record.get("best_valid_loss"),
-                            "test": {k: test[k] for k in KEYS}, "generate_command": [str(c) for c in cmd]}
+                            "test": {k: test[k] for k in KEYS}, "record_date": record["date"],
+                            "generate_command": [str(c) for c in cmd], "decoded_on": decoded_on}
         log(f"      {run.name}: " + " / ".join(f"{NAMES[k]} {scored[k]:.2f}" for k in KEYS))
     return out, left_out, ref_path, manifest["dev_sets"][subset]
 
@@ -169,6 +211,7 @@ def to_markdown(runs, left_out, args, subset, subset_name, ref_path):
                      p["paired_bootstrap"], p["paired_randomization"],
                      " / ".join(f"{r['test'][k]:.2f}" for k in KEYS), delta["test"]])
     n = len(next(iter(runs.values()))["hypotheses"])
+    reused = [f"{fam}-seed{seed} (decoded {r['decoded_on'][:10]})" for (fam, seed), r in runs.items() if r["decoded_on"]]
     lines = [f"# {args.experiment}: the runs' checkpoints on the dev set", "",
              f"`{subset}`: {subset_name}; {n:,} documents, references `{ref_path}`. Each run's checkpoint is the one "
              f"its record scored on the test set (`results/{args.experiment}/`); decoded with the study's options, "
@@ -177,7 +220,9 @@ def to_markdown(runs, left_out, args, subset, subset_name, ref_path):
              "p: paired bootstrap / approximate randomization over documents against the Transformer of the same "
              "seed (R-1 / R-2 / R-L; as the study tables). Test: the record's scores."
              + (f" Selected but without a current record (not trained yet), left out: {', '.join(left_out)}."
-                if left_out else ""), ""]
+                if left_out else "")
+             + (" Scored from the hypotheses decoded earlier from the checkpoint its record scored, no longer "
+                f"here: {', '.join(reused)}." if reused else ""), ""]
     lines += markdown_table(["family", "seed", "checkpoint", f"{subset} R-1 / R-2 / R-L", "Δ vs Transformer",
                              "p bootstrap", "p randomization", "test R-1 / R-2 / R-L", "test Δ"], rows)
     return "\n".join(lines) + "\n\nMade by `python -m lab.dev_set_rouge " + " ".join(args.argv) + "`.\n"

@@ -218,6 +218,31 @@ def check_dev_set_rouge(study_cmd, results, data):
     test_set = run([sys.executable, "-m", "lab.dev_set_rouge", *args[:args.index("--")], "--subset", "test",
                     *args[args.index("--"):]], check=False)
     assert test_set.returncode == 2 and "names no dev set 'test' (dev sets: valid)" in test_set.stdout
+    check_dev_set_rouge_without_checkpoint(args, results)
+
+
+def check_dev_set_rouge_without_checkpoint(args, results):
+    """A run whose checkpoints are gone is scored from the hypotheses decoded earlier from its record's
+    very checkpoint, and said so; never from those of another record of the same run."""
+    checkpoints = Path(args[args.index("--runs-dir") + 1]) / "transformer-seed1" / "checkpoints"
+    before = {r["family"]: r for r in json.loads((results / "gigaword-cpu-dev.json").read_text())["runs"]}
+    checkpoints.rename(checkpoints.with_name("gone"))
+    try:
+        again = run([sys.executable, "-m", "lab.dev_set_rouge", *args])
+        runs = {r["family"]: r for r in json.loads((results / "gigaword-cpu-dev.json").read_text())["runs"]}
+        assert runs["transformer"]["decoded_on"] and runs["man"]["decoded_on"] is None
+        assert runs["transformer"]["dev"] == before["transformer"]["dev"]
+        assert runs["man"]["paired_randomization"] == before["man"]["paired_randomization"]
+        assert "checkpoint its record scored, no longer here: transformer-seed1 (decoded " in again.stdout
+        # the earlier hypotheses name another record (another test score): refused, one line
+        table = json.loads((results / "gigaword-cpu-dev.json").read_text())
+        for r in table["runs"]:
+            r["test"]["rouge1"] += r["family"] == "transformer"
+        (results / "gigaword-cpu-dev.json").write_text(json.dumps(table))
+        other = run([sys.executable, "-m", "lab.dev_set_rouge", *args], check=False)
+        assert other.returncode == 2 and "cannot average" in other.stdout
+    finally:
+        checkpoints.with_name("gone").rename(checkpoints)
 
 
 def rouge155_scores(hyps, refs):
