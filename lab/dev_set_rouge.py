@@ -12,16 +12,16 @@ the table says::
 
 The arguments are scripts/reproduce.sh's (the experiment, --seeds, --families, --data, --runs-dir,
 --results-dir, options after ``--``): they select the records and their fingerprints exactly as the
-study does; ``--subset`` (default ``valid``) is a dev set the data folder's record names. A run
-whose checkpoint is no longer the one its record scored (trained on since) is an error, never a
-score of another checkpoint, and so is a seed without a Transformer record (its runs are tested
-against it); a selected run without a record (not trained yet) is left out, and the table names
-it. Every run is checked before any is decoded. Decodes every run afresh (about 40 s a run for
-Gigaword's 1,000 dev pairs at one thread); writes ``RESULTS/<experiment>-dev.md``, ``.json`` and
-the hypotheses in ``RESULTS/<experiment>-dev/``. A run whose scored checkpoint is gone (deleted, or the
-machine replaced) is not decoded again if that output holds its hypotheses from the very checkpoint its
-record scored (the record's protocol, best epoch, dev loss and test scores alike): those are reused,
-and the table says so.
+study does; ``--subset`` (default ``valid``) is a dev set the data folder's record names. Decodes
+every run afresh (about 40 s a run for Gigaword's 1,000 dev pairs at one thread); writes
+``RESULTS/<experiment>-dev.md``, ``.json`` and the hypotheses in ``RESULTS/<experiment>-dev/``. A run
+whose checkpoint is gone (deleted, the machine replaced) or no longer the one its record scored
+(trained on since) is scored from the hypotheses that output holds from the very checkpoint its
+record scored (the entry names the record's date, protocol, best epoch, dev loss and test scores),
+and the table says so; without them it is an error, never a score of another checkpoint, and so
+is a seed without a Transformer record (its runs are tested against it). A selected run without a
+record (not trained yet) is left out, and the table names it. Every run is checked before any is
+decoded.
 """
 
 import datetime
