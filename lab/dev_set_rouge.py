@@ -74,25 +74,24 @@ def scored_again(cfg, run, record, avg_last):
 
 def earlier_decoding(args, subset, family, seed, record, n_refs):
     """The entry and hypotheses this tool wrote before for ``family``/``seed`` on ``subset``, when they
-    come from the checkpoint ``record`` scored (None otherwise): the same record's protocol, best
-    epoch and dev loss and test scores, one hypothesis per reference."""
+    come from the checkpoint ``record`` scored (None otherwise): the same record's date, protocol, best
+    epoch, dev loss and test scores, one hypothesis per reference."""
     from man_fairseq.recipes.studies.convergence import record_protocol
+    from man_fairseq.textfile import read_lines
 
     try:
         earlier = json.loads((args.results_dir / f"{args.experiment}-dev.json").read_text())
-        hyps = (args.results_dir / f"{args.experiment}-dev" / f"{family}-seed{seed}.{subset}.hyp").read_text()
-    except (OSError, ValueError):
+        hyps = read_lines(args.results_dir / f"{args.experiment}-dev" / f"{family}-seed{seed}.{subset}.hyp")
+    except (OSError, ValueError):  # ValueError: not JSON, not UTF-8
+        return None
+    if earlier.get("subset") != subset or len(hyps) != n_refs:
         return None
     test = next(iter(record["test_sets"].values()))
-    now = {"protocol": record_protocol(record), "best_epoch": record.get("best_epoch"),
+    now = {"family": family, "seed": seed, "protocol": record_protocol(record), "best_epoch": record.get("best_epoch"),
            "best_valid_loss": record.get("best_valid_loss"), "test": {k: test[k] for k in KEYS},
            "record_date": record["date"]}
-    hyps = hyps.split("\n")[:-1]
-    for entry in earlier.get("runs", []) if earlier.get("subset") == subset else []:
-        if (entry["family"], entry["seed"]) != (family, seed) or len(hyps) != n_refs:
-            continue
-        # entries written before the record's date was kept are matched on the rest
-        if all(entry.get(k, v) == v for k, v in now.items()):
+    for entry in earlier.get("runs", []):
+        if all(entry.get(k) == v for k, v in now.items()):
             return dict(entry, decoded_on=entry.get("decoded_on") or earlier["date"]), hyps
     return None
 
