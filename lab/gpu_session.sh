@@ -15,7 +15,8 @@
 #      the parallel extensions share one build.ninja and fail to link; CUDA_HOME unset: no nvcc extensions);
 #   2. scripts/speed.sh profile on CNN/DM sources, bf16: transformer, core, man, localness;
 #   3. pytest tests/gpu (-n 16);
-#   4. scripts/speed.sh multi30k-cpu in bf16 and cnndm-cpu in bf16, training only, one repeat.
+#   4. scripts/speed.sh on the studies of SPEED_STUDIES (default: gigaword-cpu cnndm-cpu; Multi30k's were
+#      measured in the first two sessions) in bf16, training only, one repeat.
 set -u
 WH=${1:?usage: lab/gpu_session.sh WHEELHOUSE [CNNDM_DATA]}; CNNDM=${2:-data-bin/cnndm-sub}
 OUT=${OUT:?set OUT to the results folder}; mkdir -p "$OUT"
@@ -63,7 +64,7 @@ per_test=(); python -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeou
 capped tests-gpu 150 python -m pytest -v -n 16 ${per_test[@]+"${per_test[@]}"} -p no:cacheprovider tests/gpu \
   --junitxml="$D/tests-gpu.xml"
 grep -E 'FAILED|ERROR|[0-9]+ (passed|failed|skipped)' "$D/tests-gpu.log" | grep -v PASSED | tail -20
-for exp in multi30k-cpu cnndm-cpu; do
+for exp in ${SPEED_STUDIES:-gigaword-cpu cnndm-cpu}; do
   data=(); [ $exp = cnndm-cpu ] && data=(--data "$CNNDM")
   capped speed-$exp 5 env TMPDIR="$D" python -m lab.speed study $exp --device cuda --precision bf16 \
     --repeats 1 --updates 60 --log-interval 20 --skip-decoding ${data[@]+"${data[@]}"} --results-dir "$D/results"
