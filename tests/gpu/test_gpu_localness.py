@@ -52,8 +52,12 @@ def test_fp32_takes_the_extended_path_within_the_bound(window):
         out, grads, choice = output_and_grads(attn, x, pad, "auto")
     assert choice.path == EXTENDED and choice.sdpa_backends == (EFFICIENT, MATH), choice.reason
     assert float((out - ref).abs().max()) < 2e-5 * max(1.0, float(ref.abs().max()))
+    largest = max(float(g.abs().max()) for g in ref_grads.values())
     for name, grad in ref_grads.items():
-        scale = float(grad.abs().max()) or 1.0
+        # k_proj.bias adds q·b_k to every score of a query, which the softmax cancels: its gradient is
+        # zero in exact arithmetic and rounding noise (~1e-12) on either path, so it is held to the
+        # module's largest gradient rather than to its own noise
+        scale = largest if name == "k_proj.bias" else float(grad.abs().max()) or 1.0
         assert float((grads[name] - grad).abs().max()) <= 1e-4 * scale, name
 
 
