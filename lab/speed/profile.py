@@ -171,6 +171,9 @@ def parse(argv, prog):
                    help="timed updates (default 3; --passes: 20)")
     p.add_argument("--warmup", type=number("--warmup", low=0), default=2, help="untimed updates first")
     p.add_argument("--threads", type=number("--threads", low=1), default=1)
+    p.add_argument("--cudnn-attention", choices=("on", "off"), default="on",
+                   help="on CUDA, off: torch.backends.cuda.enable_cudnn_sdp(False), so that SDPA never takes "
+                        "cuDNN's kernel (which builds a graph for every new shape; default %(default)s: torch's choice)")
     p.add_argument("--rows", type=number("--rows", low=1), default=25, help="ops per table")
     p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
     p.add_argument("--output", default=None, help="the Markdown file to write (never replaced); --passes: the record "
@@ -194,6 +197,8 @@ def parse(argv, prog):
             p.error("--device cuda: torch sees no CUDA device")
     if args.device == "cpu" and args.precision != "fp32":
         p.error("--precision: the CPU profiles fp32 only")
+    if args.device == "cpu" and args.cudnn_attention == "off":
+        p.error("--cudnn-attention: a CUDA option (the CPU has no cuDNN attention)")
     if args.passes and args.device != "cpu":
         p.error("--passes: timed on the CPU")
     args.data = Path(args.data or EXPERIMENTS[args.experiment]["data"])
@@ -224,6 +229,8 @@ def main(argv=None, prog="scripts/speed.sh profile"):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse(argv, prog)
     torch.set_num_threads(args.threads)
+    if args.cudnn_attention == "off":
+        torch.backends.cuda.enable_cudnn_sdp(False)
     built, configs = {}, {}
     for fam in args.families:
         print(f"[profile] {fam} ...", file=sys.stderr, flush=True)
@@ -233,7 +240,8 @@ def main(argv=None, prog="scripts/speed.sh profile"):
     # the study's record (the code measured, the machine before): --passes adds each batch's phases as its runs
     record = records.new_record(args.experiment, {"threads": args.threads, "device": args.device,
                                                   "precision": args.precision}, f"{prog} " + shlex.join(argv),
-                                args.data, configs, {"batches": args.batches, "warmup": args.warmup, "seed": 1},
+                                args.data, configs, {"batches": args.batches, "warmup": args.warmup, "seed": 1,
+                                 "cudnn_attention": args.cudnn_attention},
                                 torch.cuda.get_device_name() if cuda else None)
     first = next(iter(built.values()))
     samples = batches(first[0], first[1], first[3], args.warmup + args.batches)
