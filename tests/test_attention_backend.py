@@ -45,8 +45,9 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
         (dict(backend="auto", device_type="cuda", dtype=BF16, has_mask=True, requires_grad=False), SDPA, (EFFICIENT, MATH)),
         (dict(backend="auto", device_type="cuda", dtype=F16, has_mask=True), SDPA, (EFFICIENT, MATH)),
         (dict(backend="auto", device_type="cuda", dtype=F32, has_mask=True), SDPA, (EFFICIENT, MATH)),
-        # plain attention: flash / cuDNN allowed in half precision only
-        (dict(backend="auto", device_type="cuda", dtype=F16, has_mask=False), SDPA, (FLASH, CUDNN, EFFICIENT, MATH)),
+        # plain attention: flash allowed in half precision only; cuDNN never (a graph per new shape)
+        (dict(backend="auto", device_type="cuda", dtype=F16, has_mask=False), SDPA, (FLASH, EFFICIENT, MATH)),
+        (dict(backend="auto", device_type="cuda", dtype=BF16, has_mask=False), SDPA, (FLASH, EFFICIENT, MATH)),
         (dict(backend="auto", device_type="cuda", dtype=F32, has_mask=False), SDPA, (EFFICIENT, MATH)),
         (dict(backend="auto", device_type="cuda", dtype=F64, has_mask=True), SDPA, (MATH,)),
         # sdpa: the dispatcher, but never cuDNN with a float mask
@@ -106,6 +107,17 @@ def test_cudnn_never_sees_a_float_mask():
                     assert CUDNN not in choice.sdpa_backends, (backend, dtype, choice)
                     if choice.path == SDPA:
                         assert choice.sdpa_backends, "a masked call must never leave the dispatcher free on CUDA"
+
+
+def test_auto_never_allows_cudnn():
+    """auto leaves cuDNN out with or without a mask: on plain attention it builds an execution graph
+    per new shape (results/gpu/2026-11-29-h200.md), and training batches rarely repeat one."""
+    for backend in ("auto", "flex"):
+        for dtype in (F16, BF16, F32):
+            for has_mask in (False, True):
+                choice = choose_kernel(backend, "cuda", dtype, has_mask=has_mask, flex_supported=False)
+                assert choice.path == SDPA and choice.sdpa_backends, (backend, dtype, has_mask, choice)
+                assert CUDNN not in choice.sdpa_backends, (backend, dtype, has_mask, choice)
 
 
 def test_unknown_backend_is_a_clear_error():

@@ -5,11 +5,14 @@
 * ``auto`` (default): a fixed policy. PyTorch's fused ``scaled_dot_product_attention`` (SDPA) is
   pinned to the **memory-efficient** kernel (math as fallback) whenever any float mask is present
   (a bias, a causal mask, padding), in training *and* evaluation, with the mask contiguous in the
-  last dimension and in the query's dtype. Flash and cuDNN are allowed only for plain attention
-  (no mask at all) in fp16/bf16. So training and evaluation run the same kernel whenever a mask is
-  present, and cuDNN never sees a float mask: it refuses one that requires grad
+  last dimension and in the query's dtype. Flash is allowed only for plain attention (no mask at
+  all, e.g. an encoder batch without padding) in fp16/bf16. So training and evaluation run the same kernel whenever a
+  mask is present. cuDNN is never allowed: with a float mask it refuses one that requires grad
   (``check_attn_mask_shape``) but takes one that does not, where pytorch#196678 (NaN ``grad_q``
-  at ``seq_len % 128 == 64``) and pytorch#191612 (fp32 mask read as fp16/bf16) live.
+  at ``seq_len % 128 == 64``) and pytorch#191612 (fp32 mask read as fp16/bf16) live; and on plain
+  attention it builds an execution graph for every new shape, which training batches of varying
+  lengths rarely repeat (on an H200 a bf16 update on CNN/DM batches took 143 ms where cuDNN met
+  new shapes and 31 ms where it had them already, results/gpu/2026-11-29-h200.md).
   On CPU the dispatcher is left free: it has no cuDNN kernel and no known mask bug.
 * ``sdpa``: PyTorch's dispatcher chooses, with one guard: no cuDNN while a float mask is present
   (flash refuses masks, so that leaves memory-efficient or math). Without a mask it is unrestricted.
@@ -137,7 +140,8 @@ def _sdpa_choice(backend: str, device_type: str, dtype: torch.dtype, has_mask: b
     if has_mask:
         return KernelChoice(SDPA, (EFFICIENT, MATH), fallback + "auto: mask present -> memory-efficient (math fallback)")
     if dtype in HALF_DTYPES:
-        return KernelChoice(SDPA, (FLASH, CUDNN, EFFICIENT, MATH), fallback + "auto: plain half-precision attention")
+        return KernelChoice(SDPA, (FLASH, EFFICIENT, MATH), fallback + "auto: plain half-precision attention "
+                            "(no cuDNN: it builds a graph per new shape)")
     return KernelChoice(SDPA, (EFFICIENT, MATH), fallback + "auto: plain fp32 attention (no flash/cuDNN kernel)")
 
 
