@@ -14,7 +14,8 @@
 #   1. install: requirements from WHEELHOUSE, fairseq's source built in place without ninja (with it
 #      the parallel extensions share one build.ninja and fail to link; CUDA_HOME unset: no nvcc extensions);
 #   2. scripts/speed.sh profile on CNN/DM sources, bf16: transformer, core, man, localness;
-#   3. pytest tests/gpu (-n 16);
+#   3. the flex recompilation test alone with TORCH_LOGS=recompiles (why it compiled 18-20 graphs for 3
+#      length buckets in results/gpu/2026-11-29-h200.md), then pytest tests/gpu (-n 16);
 #   4. scripts/speed.sh on the studies of SPEED_STUDIES (default: gigaword-cpu cnndm-cpu; Multi30k's were
 #      measured in the first two sessions) in bf16, training only, one repeat.
 set -u
@@ -60,6 +61,9 @@ capped() {  # NAME RESERVE_S COMMAND...: run with what is left minus RESERVE_S, 
 capped profile 330 python -m lab.speed profile cnndm-cpu --device cuda --precision bf16 \
   --families transformer,core,man,localness --data "$CNNDM" --output "$D/profile-cnndm-bf16.md"
 [ -f "$D/profile-cnndm-bf16.md" ] && sed -n 5,11p "$D/profile-cnndm-bf16.md"
+capped flex-recompiles 300 env TORCH_LOGS=recompiles python -m pytest -q -n 2 -p no:cacheprovider \
+  tests/gpu/test_gpu_backends.py -k recompiles
+grep -iE 'recompil|guard|passed|failed' "$D/flex-recompiles.log" | head -40
 per_test=(); python -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 170)
 capped tests-gpu 150 python -m pytest -v -n 16 ${per_test[@]+"${per_test[@]}"} -p no:cacheprovider tests/gpu \
   --junitxml="$D/tests-gpu.xml"
