@@ -14,8 +14,8 @@
 #   1. install: requirements from WHEELHOUSE, fairseq's source built in place without ninja (with it
 #      the parallel extensions share one build.ninja and fail to link; CUDA_HOME unset: no nvcc extensions);
 #   2. scripts/speed.sh profile on CNN/DM sources, bf16: transformer, core, man, localness;
-#   3. the flex recompilation test alone with TORCH_LOGS=recompiles (why it compiled 18-20 graphs for 3
-#      length buckets in results/gpu/2026-11-29-h200.md), then pytest tests/gpu (-n 16);
+#   3. the flex recompilation test alone with TORCH_LOGS=recompiles (its dynamic-shape compile failed
+#      on CUDA in results/gpu/2026-11-29-h200.md; the log and the warning now say why), then pytest tests/gpu (-n 16);
 #   4. scripts/speed.sh on the studies of SPEED_STUDIES (default: gigaword-cpu cnndm-cpu; Multi30k's were
 #      measured in the first two sessions) in bf16, training only, one repeat.
 set -u

@@ -104,8 +104,9 @@ class FlexRunner:
     padding) and every dtype and train/eval mode is a graph of its own on top of that.
 
     If the dynamic-shape compilation fails in the backend compiler (torch 2.13's CPU inductor
-    flex template does, with a C++ error, when a second batch size arrives), the runner warns
-    once and compiles static kernels from then on: one compilation per (batch size, bucket,
+    flex template does, with a C++ error, when a second batch size arrives; torch 2.11's CUDA
+    inductor did too on MAN's encoder, with a LoweringException, results/gpu/2026-11-29-h200.md),
+    the runner warns once and compiles static kernels from then on: one compilation per (batch size, bucket,
     mod structure, dtype), correct but more compiles. Anything else (an error while tracing a
     score mod, out of memory) is raised as it is. Past :attr:`recompile_limit` compilations of
     one function dynamo would silently run it eagerly (unfused, with the (B,H,T,S) scores);
@@ -155,8 +156,9 @@ class FlexRunner:
         except BackendCompilerFailed as e:
             if self.dynamic is False or isinstance(e.inner_exception, torch.OutOfMemoryError):
                 raise
-            warnings.warn(f"flex_attention: dynamic-shape compilation failed "
-                          f"({type(e.inner_exception).__name__}); compiling static kernels per shape from now on")
+            first_line = (str(e.inner_exception).strip().splitlines() or [""])[0][:300]
+            warnings.warn(f"flex_attention: dynamic-shape compilation failed ({type(e.inner_exception).__name__}: "
+                          f"{first_line}); compiling static kernels per shape from now on")
             self.dynamic = False
             self._compiled = self.compile(flex_attention, dynamic=False)
             with self._limits():
