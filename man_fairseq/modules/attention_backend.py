@@ -6,8 +6,8 @@
   pinned to the **memory-efficient** kernel (math as fallback) whenever any float mask is present
   (a bias, a causal mask, padding), in training *and* evaluation, with the mask contiguous in the
   last dimension and in the query's dtype. Flash is allowed only for plain attention (no mask at
-  all, e.g. an encoder batch without padding) in fp16/bf16. So training and evaluation run the same kernel whenever a
-  mask is present. cuDNN is never allowed: with a float mask it refuses one that requires grad
+  all, e.g. an encoder batch without padding) in fp16/bf16. So training and evaluation run the
+  same kernel whenever a mask is present. cuDNN is never allowed: with a float mask it refuses one that requires grad
   (``check_attn_mask_shape``) but takes one that does not, where pytorch#196678 (NaN ``grad_q``
   at ``seq_len % 128 == 64``) and pytorch#191612 (fp32 mask read as fp16/bf16) live; and on plain
   attention it builds an execution graph for every new shape, which training batches of varying

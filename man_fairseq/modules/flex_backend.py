@@ -106,8 +106,8 @@ class FlexRunner:
     If the dynamic-shape compilation fails in the backend compiler (torch 2.13's CPU inductor
     flex template does, with a C++ error, when a second batch size arrives; torch 2.11's CUDA
     inductor did too on MAN's encoder, with a LoweringException, results/gpu/2026-11-29-h200.md),
-    the runner warns once and compiles static kernels from then on: one compilation per (batch size, bucket,
-    mod structure, dtype), correct but more compiles. Anything else (an error while tracing a
+    the runner warns once and compiles static kernels from then on: one compilation per (batch
+    size, bucket, mod structure, dtype), correct but more compiles. Anything else (an error while tracing a
     score mod, out of memory) is raised as it is. Past :attr:`recompile_limit` compilations of
     one function dynamo would silently run it eagerly (unfused, with the (B,H,T,S) scores);
     here that raises ``FailOnRecompileLimitHit`` instead.
