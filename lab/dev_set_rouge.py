@@ -72,11 +72,21 @@ def scored_again(cfg, run, record, avg_last):
     return checkpoint
 
 
+def record_identity(family, seed, record):
+    """What names the checkpoint a record scored: written into each run's entry, and matched against an
+    earlier entry before its hypotheses are reused."""
+    from man_fairseq.recipes.studies.convergence import record_protocol
+
+    test = next(iter(record["test_sets"].values()))
+    return {"family": family, "seed": seed, "protocol": record_protocol(record), "best_epoch": record.get("best_epoch"),
+            "best_valid_loss": record.get("best_valid_loss"), "test": {k: test[k] for k in KEYS},
+            "record_date": record["date"]}
+
+
 def earlier_decoding(args, subset, family, seed, record, n_refs):
     """The entry and hypotheses this tool wrote before for ``family``/``seed`` on ``subset``, when they
     come from the checkpoint ``record`` scored (None otherwise): the same record's date, protocol, best
     epoch, dev loss and test scores, one hypothesis per reference."""
-    from man_fairseq.recipes.studies.convergence import record_protocol
     from man_fairseq.textfile import read_lines
 
     try:
@@ -86,10 +96,7 @@ def earlier_decoding(args, subset, family, seed, record, n_refs):
         return None
     if earlier.get("subset") != subset or len(hyps) != n_refs:
         return None
-    test = next(iter(record["test_sets"].values()))
-    now = {"family": family, "seed": seed, "protocol": record_protocol(record), "best_epoch": record.get("best_epoch"),
-           "best_valid_loss": record.get("best_valid_loss"), "test": {k: test[k] for k in KEYS},
-           "record_date": record["date"]}
+    now = record_identity(family, seed, record)
     for entry in earlier.get("runs", []):
         if all(entry.get(k) == v for k, v in now.items()):
             return dict(entry, decoded_on=entry.get("decoded_on") or earlier["date"]), hyps
@@ -116,7 +123,6 @@ def dev_scores(args, subset, log):
     record; the references; the dev set's name). The Transformer of every selected seed must have one."""
     from man_fairseq.recipes.data.manifest import read_manifest
     from man_fairseq.recipes.evaluation.rouge_significance import scored_documents
-    from man_fairseq.recipes.studies.convergence import record_protocol
     from man_fairseq.recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
     from man_fairseq.recipes.studies.study_eval import StudyEvalError, read_references
     from man_fairseq.recipes.studies.study_records import matching_record, record_fingerprint
@@ -169,12 +175,10 @@ def dev_scores(args, subset, log):
             hyps, cmd, decoded_on = earlier[1], earlier[0]["generate_command"], earlier[0]["decoded_on"]
         test = next(iter(record["test_sets"].values()))
         scored = scored_documents(hyps, refs, test["rouge_order"], test["exception_db"])
-        out[(fam, seed)] = {"family": fam, "seed": seed, "hypotheses": hyps, "documents": scored["documents"],
-                            "dev": {k: scored[k] for k in KEYS}, "protocol": record_protocol(record),
-                            "checkpoint": Path(checkpoint).name, "best_epoch": record.get("best_epoch"),
-                            "best_valid_loss": record.get("best_valid_loss"),
-                            "test": {k: test[k] for k in KEYS}, "record_date": record["date"],
-                            "generate_command": [str(c) for c in cmd], "decoded_on": decoded_on}
+        out[(fam, seed)] = {**record_identity(fam, seed, record), "hypotheses": hyps,
+                            "documents": scored["documents"], "dev": {k: scored[k] for k in KEYS},
+                            "checkpoint": Path(checkpoint).name, "generate_command": [str(c) for c in cmd],
+                            "decoded_on": decoded_on}
         log(f"      {run.name}: " + " / ".join(f"{NAMES[k]} {scored[k]:.2f}" for k in KEYS))
     return out, left_out, ref_path, manifest["dev_sets"][subset]
 
