@@ -56,6 +56,7 @@ def test_bad_options_get_one_line(gigaword_like_bin, tmp_path):
     for args, message in (
         (["--families", "transformer,nosuch"], "has no config nosuch.yaml"),
         (["--precision", "bf16"], "the CPU profiles fp32 only"),
+        (["--cudnn-attention", "off"], "--cudnn-attention: a CUDA option"),
         (["--data", tmp_path], "holds no binarized data"),
     ):
         full = ["gigaword-cpu", "--data", gigaword_like_bin, "--output", out, *args]
