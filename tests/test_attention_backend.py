@@ -26,7 +26,7 @@ from man_fairseq.modules.attention_backend import (
     prepare_sdpa_mask,
 )
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
-from man_fairseq.modules.flex_backend import FlexMods, bucket_length, is_future_mask, pad_dim
+from man_fairseq.modules.flex_backend import FlexMods, bucket_batch, bucket_length, is_future_mask, pad_dim
 from man_fairseq.modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from man_fairseq.modules.mask_bias import DynamicMaskBias, StaticWindowBias
 
@@ -169,6 +169,24 @@ def test_bucket_lengths():
         bucket_length(0)
 
 
+def test_bucket_batch():
+    assert [bucket_batch(n) for n in (1, 2, 3, 4, 5, 8, 9, 200)] == [1, 2, 4, 4, 8, 8, 16, 256]
+    # batch sizes 1..512 fall into 10 buckets
+    assert len({bucket_batch(n) for n in range(1, 513)}) == 10
+    with pytest.raises(ValueError):
+        bucket_batch(0)
+
+
+def test_batch_is_bucketed_once_kernels_are_static():
+    runner = flex.FlexRunner()
+    runner.compiling = True
+    assert runner.shape_for(3, 17, 40, "cpu") == flex.FlexShape(3, 32, 64)  # dynamic shapes: batch kept
+    runner.dynamic = False  # after the dynamic-shape compilation failed
+    assert runner.shape_for(3, 17, 40, "cpu") == flex.FlexShape(4, 32, 64)
+    runner.compiling = False  # eager: nothing padded
+    assert runner.shape_for(3, 17, 40, "cpu") == flex.FlexShape(3, 17, 40)
+
+
 def test_pad_dim():
     x = torch.arange(6.0).view(2, 3)
     y = pad_dim(x, 1, 5, value=-1.0)
@@ -307,11 +325,12 @@ def assert_backends_agree(attn, x, pad=None, attn_mask=None, key=None, real_quer
     ref, choice = run(attn, "explicit", x, pad, attn_mask, key)
     assert choice.path == EXPLICIT
     for bucketing in bucketed:
-        flex.FLEX_RUNNER.bucketing = bucketing
+        # bucketed: lengths and (as with static kernels) the batch, 3 sentences padded to 4
+        flex.FLEX_RUNNER.bucketing = flex.FLEX_RUNNER.batch_bucketing = bucketing
         try:
             out, choice = run(attn, "flex", x, pad, attn_mask, key)
         finally:
-            flex.FLEX_RUNNER.bucketing = None
+            flex.FLEX_RUNNER.bucketing = flex.FLEX_RUNNER.batch_bucketing = None
         assert choice.path == FLEX, choice.reason
         if real_queries is not None:
             out, ref_ = out[real_queries], ref[real_queries]
@@ -389,6 +408,30 @@ def test_flex_plain_attention_with_a_general_float_mask():
     mask = torch.randn(6, 6, generator=g, dtype=F64)
     mask[0, 1:] = float("-inf")
     assert_backends_agree(attn, inputs(6), attn_mask=mask)
+
+
+def test_static_kernels_serve_every_batch_size_of_a_bucket(monkeypatch):
+    """Once kernels are static, batches of 5..8 sentences share one flex kernel and one block
+    mask (6 graphs unpadded, measured), and the outputs stay the explicit path's."""
+    from functools import partial
+
+    runner = flex.FlexRunner()
+    runner.compile = partial(torch.compile, backend="eager")  # graphs counted, no C++ codegen
+    runner.compiling, runner.dynamic = True, False
+    monkeypatch.setattr(flex, "FLEX_RUNNER", runner)
+    attn = make_attention(DynamicMaskBias(C, H, max_relative_distance=3))
+    torch._dynamo.reset()
+    before = runner.recompiles()
+    for bsz in (5, 6, 7, 8):
+        x = inputs(9, b=bsz, seed=bsz)
+        pad = padding([9] + [9 - i % 4 for i in range(1, bsz)], left=bsz % 2 == 0)
+        ref, _ = run(attn, "explicit", x, pad)
+        out, choice = run(attn, "flex", x, pad)
+        assert choice.path == FLEX
+        real = real_query_mask(pad)
+        torch.testing.assert_close(out[real], ref[real], rtol=1e-10, atol=1e-10)
+    assert runner.recompiles() - before == 2
+    torch._dynamo.reset()
 
 
 def test_flex_falls_back_where_it_cannot_run():

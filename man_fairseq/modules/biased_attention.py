@@ -353,18 +353,18 @@ class BiasedMultiheadAttention(MultiheadAttention):
                         v: Tensor) -> Tensor:
         """The attention through ``flex_attention``: bias, causal and padding masks as score/mask mods.
 
-        Compiled (CUDA), lengths are bucketed (:func:`~.attention_backend.bucket_length`) and the
-        padded keys masked. A query whose every key is masked (a hard window around a pad query)
-        gets a zero output here where the dense paths attend uniformly; such rows are pad
-        positions, which nothing downstream reads.
+        Compiled (CUDA), lengths are bucketed (:func:`~.flex_backend.bucket_length`), with static
+        kernels the batch too (:func:`~.flex_backend.bucket_batch`), and the padded keys masked. A
+        query whose every key is masked (a hard window around a pad query) gets a zero output here
+        where the dense paths attend uniformly; such rows are pad positions, which nothing
+        downstream reads.
         """
         bsz, t, s = q.size(0), q.size(2), k.size(2)
         compiled = flex.FLEX_RUNNER.compiled_for(q.device.type)
-        bucketed = flex.FLEX_RUNNER.bucketed_for(q.device.type)
-        q_len, kv_len = (flex.bucket_length(t), flex.bucket_length(s)) if bucketed else (t, s)
+        shape = flex.FLEX_RUNNER.shape_for(bsz, t, s, q.device.type)
         mods = flex.FlexMods()
         if self.bias_module is not None:
-            mods.extend(self.bias_module.flex_mods(ctx, q_len, kv_len))
+            mods.extend(self.bias_module.flex_mods(ctx, shape))
         if attn_mask is not None:
             if self.self_attention and self.causal_attn_mask:
                 self._check_future_mask(attn_mask, ctx.query_start)
@@ -373,15 +373,16 @@ class BiasedMultiheadAttention(MultiheadAttention):
                 if attn_mask.dtype == torch.bool:
                     attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
                 table = attn_mask.to(flex.small_dtype(q))
-                table = flex.pad_dim(flex.pad_dim(table, 0, q_len), 1, kv_len)
+                table = flex.pad_dim(flex.pad_dim(table, 0, shape.q), 1, shape.kv)
                 mods.score_mods.append(flex.additive_table_mod(table))
-        if ctx.key_padding_mask is not None or kv_len != s:
+        if ctx.key_padding_mask is not None or (shape.batch, shape.kv) != (bsz, s):
             if ctx.key_padding_mask is not None:
                 valid = ~ctx.key_padding_mask
             else:
                 valid = torch.ones(bsz, s, dtype=torch.bool, device=q.device)
-            mods.mask_mods.append(flex.key_valid_mod(flex.pad_dim(valid, 1, kv_len, False)))
-        return flex.flex_attention_call(q, k, v, mods, self.scaling, compiled, q_len, kv_len)
+            valid = flex.pad_dim(flex.pad_dim(valid, 1, shape.kv, False), 0, shape.batch, False)
+            mods.mask_mods.append(flex.key_valid_mod(valid))
+        return flex.flex_attention_call(q, k, v, mods, self.scaling, compiled, shape)
 
     def _check_future_mask(self, attn_mask: Tensor, query_start: int) -> None:
         """A mask given to a causal self-attention must be the future mask the causal block mask

@@ -1,5 +1,5 @@
 """How the core calls ``torch.nn.attention.flex_attention`` (``--attention-backend flex``, chosen by
-:func:`~.attention_backend.choose_kernel`): the score/mask mods of one call, bucketed lengths and
+:func:`~.attention_backend.choose_kernel`): the score/mask mods of one call, bucketed shapes and
 the compiled runner.
 """
 
@@ -24,7 +24,7 @@ class FlexMods:
     """What one attention call adds to flex_attention: additive score terms and boolean masks.
 
     Every callable indexes only small tensors (per query, per key, per head, a distance table),
-    padded to the bucketed lengths the core passes to ``flex_mods``.
+    padded to the bucketed :class:`FlexShape` the core passes to ``flex_mods``.
     """
 
     score_mods: List[ScoreMod] = field(default_factory=list)
@@ -75,6 +75,24 @@ def bucket_length(n: int, multiple: int = FLEX_BUCKET) -> int:
     return -(-n // multiple) * multiple
 
 
+def bucket_batch(n: int) -> int:
+    """Smallest power of two >= n: the batch sizes of static flex kernels (at most 2x the rows,
+    and the padded rows' blocks are skipped, their keys all masked)."""
+    if n < 1:
+        raise ValueError(f"batch size must be >= 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class FlexShape:
+    """The sizes one flex call's q/k/v and the mods' small tensors are padded to: ``batch``
+    sentences, ``q`` queries and ``kv`` keys (each the real size where nothing is bucketed)."""
+
+    batch: int
+    q: int
+    kv: int
+
+
 def pad_dim(x: Tensor, dim: int, length: int, value=0) -> Tensor:
     """``x`` padded with ``value`` at the end of ``dim`` up to ``length`` (unchanged if already)."""
     extra = length - x.size(dim)
@@ -107,7 +125,8 @@ class FlexRunner:
     flex template does, with a C++ error, when a second batch size arrives; torch 2.11's CUDA
     inductor did too on MAN's encoder, with a LoweringException, results/gpu/2026-11-29-h200.md),
     the runner warns once and compiles static kernels from then on: one compilation per (batch
-    size, bucket, mod structure, dtype), correct but more compiles. Anything else (an error while tracing a
+    bucket, length bucket, mod structure, dtype), the batch padded to a power of two
+    (:func:`bucket_batch`) since a training run meets dozens of batch sizes. Anything else (an error while tracing a
     score mod, out of memory) is raised as it is. Past :attr:`recompile_limit` compilations of
     one function dynamo would silently run it eagerly (unfused, with the (B,H,T,S) scores);
     here that raises ``FailOnRecompileLimitHit`` instead.
@@ -124,6 +143,8 @@ class FlexRunner:
         self.bucketing: Optional[bool] = None
         # None: compiled on CUDA only; True/False force it (tests of the compiled path on CPU)
         self.compiling: Optional[bool] = None
+        # None: pad the batch to a power of two once kernels are static; True/False force it (tests)
+        self.batch_bucketing: Optional[bool] = None
         # compilations of one function (flex_attention, create_block_mask) allowed before a call
         # fails; dynamo's default (8) is below the static fallback's (batch size x bucket) count
         self.recompile_limit = 64
@@ -134,6 +155,19 @@ class FlexRunner:
 
     def bucketed_for(self, device_type: str) -> bool:
         return self.compiled_for(device_type) if self.bucketing is None else self.bucketing
+
+    def batch_bucketed_for(self, device_type: str) -> bool:
+        if self.batch_bucketing is not None:
+            return self.batch_bucketing
+        return self.compiled_for(device_type) and self.dynamic is False
+
+    def shape_for(self, batch: int, q_len: int, kv_len: int, device_type: str) -> FlexShape:
+        """The padded sizes of a call on ``batch`` sentences of ``q_len`` queries, ``kv_len`` keys."""
+        if self.bucketed_for(device_type):
+            q_len, kv_len = bucket_length(q_len), bucket_length(kv_len)
+        if self.batch_bucketed_for(device_type):
+            batch = bucket_batch(batch)
+        return FlexShape(batch, q_len, kv_len)
 
     def _limits(self):
         import torch._dynamo
@@ -192,27 +226,26 @@ def flex_attention_call(
     mods: FlexMods,
     scale: float,
     compiled: Optional[bool] = None,
-    q_len: Optional[int] = None,
-    kv_len: Optional[int] = None,
+    shape: Optional[FlexShape] = None,
 ) -> Tensor:
-    """flex_attention on (B,H,T,D) q and (B,H,S,D) k/v whose mods index lengths ``q_len``/``kv_len``.
+    """flex_attention on (B,H,T,D) q and (B,H,S,D) k/v whose mods index tensors padded to ``shape``.
 
-    q/k/v are zero-padded to those lengths; the caller's mods must already mask the padded keys.
-    Returns the (B,H,T,D) output of the real queries.
+    q/k/v are zero-padded to it; the caller's mods must already mask the padded keys (and every
+    key of a padded sentence). Returns the (B,H,T,D) output of the real sentences and queries.
     """
     runner = FLEX_RUNNER
     if compiled is None:
         compiled = runner.compiled_for(q.device.type)
-    t = q.size(2)
-    q_len = q_len or t
-    kv_len = kv_len or k.size(2)
-    q, k, v = pad_dim(q, 2, q_len), pad_dim(k, 2, kv_len), pad_dim(v, 2, kv_len)
+    bsz, t = q.size(0), q.size(2)
+    shape = shape or FlexShape(bsz, t, k.size(2))
+    q = pad_dim(pad_dim(q, 0, shape.batch), 2, shape.q)
+    k, v = (pad_dim(pad_dim(x, 0, shape.batch), 2, shape.kv) for x in (k, v))
     mask_mod = mods.mask_mod()
     block_mask = None
     if mask_mod is not None:
-        block_mask = runner.block_mask(mask_mod, q.size(0), q_len, kv_len, q.device, compiled)
+        block_mask = runner.block_mask(mask_mod, shape.batch, shape.q, shape.kv, q.device, compiled)
     out = runner(q, k, v, mods.score_mod(), block_mask, scale, compiled)
-    return out[:, :, :t]
+    return out[:bsz, :, :t]
 
 
 def additive_table_mod(table: Tensor) -> ScoreMod:

@@ -232,15 +232,17 @@ class LocalnessBias(nn.Module):
             return None
         return ~ctx.key_padding_mask[:, ctx.query_positions()][:, None, :, None]
 
-    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> flex.FlexMods:
+    def flex_mods(self, ctx: AttentionContext, shape: flex.FlexShape) -> flex.FlexMods:
         """The Gaussian bias as a flex score mod from P, sigma (B,H,T) and key positions (B,S)."""
         centre, window, positions, length = self.centres_and_windows(ctx)
         if self.record:
             self._record(ctx, centre, window, length)
         bsz, heads, t = centre.shape[:3]
-        centre = flex.pad_dim(centre[..., 0], 2, q_len)  # (B, H, q_len)
-        sigma = flex.pad_dim((window / 2).expand(bsz, heads, t, 1)[..., 0], 2, q_len, 1.0)
-        positions = flex.pad_dim(positions[:, 0, 0, :].expand(bsz, -1), 1, kv_len)  # (B, kv_len)
+        centre = flex.pad_dim(flex.pad_dim(centre[..., 0], 2, shape.q), 0, shape.batch)  # (B', H, q_len)
+        sigma = (window / 2).expand(bsz, heads, t, 1)[..., 0]
+        sigma = flex.pad_dim(flex.pad_dim(sigma, 2, shape.q, 1.0), 0, shape.batch, 1.0)
+        positions = positions[:, 0, 0, :].expand(bsz, -1)
+        positions = flex.pad_dim(flex.pad_dim(positions, 1, shape.kv), 0, shape.batch)  # (B', kv_len)
         clamp = ctx.q.dtype == torch.float16
 
         def localness(score, b, h, q_idx, kv_idx):

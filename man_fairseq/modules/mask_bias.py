@@ -89,11 +89,11 @@ class DynamicMaskBias(nn.Module):
     def forward(self, ctx: AttentionContext) -> Tensor:
         return _LogSigmoidOfSum.apply(*self.terms(ctx))
 
-    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> flex.FlexMods:
+    def flex_mods(self, ctx: AttentionContext, shape: flex.FlexShape) -> flex.FlexMods:
         """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""
         dtype = flex.small_dtype(ctx.q)
         hw = torch.matmul(ctx.query, self.query_weight.t().to(ctx.query.dtype))  # (T, B, 1)
-        hw = flex.pad_dim(hw[..., 0].t().to(dtype), 1, q_len)  # (B, q_len)
+        hw = flex.pad_dim(flex.pad_dim(hw[..., 0].t().to(dtype), 1, shape.q), 0, shape.batch)  # (B', q_len)
         distance_bias, head_bias = self.distance_bias.to(dtype), self.head_bias.to(dtype)
         k = self.max_relative_distance
         query_start = flex.device_scalar(ctx.query_start, ctx.q.device)
@@ -155,7 +155,7 @@ class StaticWindowBias(nn.Module):
         bias = bias.masked_fill(outside, float("-inf"))
         return bias.unsqueeze(1)  # (B|1, 1, T, S)
 
-    def flex_mods(self, ctx: AttentionContext, q_len: int, kv_len: int) -> flex.FlexMods:
+    def flex_mods(self, ctx: AttentionContext, shape: flex.FlexShape) -> flex.FlexMods:
         """The window as a flex mask mod (a block mask: whole blocks outside it are skipped)."""
         device = ctx.q.device
         query_start = flex.device_scalar(ctx.query_start, device)
@@ -176,12 +176,12 @@ class StaticWindowBias(nn.Module):
         if self.causal:
             t_pos = ctx.query_positions()
             prefix = (t_pos[None, :] - first[:, None] + 1).clamp(min=1)
-            half = flex.pad_dim(self.sqrt_half_length(prefix).long(), 1, q_len)  # (B, q_len)
+            half = flex.pad_dim(flex.pad_dim(self.sqrt_half_length(prefix).long(), 1, shape.q), 0, shape.batch)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi, q_idx]
         else:
-            half = self.sqrt_half_length(length).long()  # (B,)
+            half = flex.pad_dim(self.sqrt_half_length(length).long(), 0, shape.batch)  # (B',)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi]
