@@ -146,7 +146,7 @@ class FlexRunner:
         # None: pad the batch to a power of two once kernels are static; True/False force it (tests)
         self.batch_bucketing: Optional[bool] = None
         # compilations of one function (flex_attention, create_block_mask) allowed before a call
-        # fails; dynamo's default (8) is below the static fallback's (batch size x bucket) count
+        # fails; dynamo's default (8) is below the static fallback's (batch bucket x length bucket) count
         self.recompile_limit = 64
 
     def compiled_for(self, device_type: str) -> bool:
