@@ -267,6 +267,17 @@ def test_flex_runner_does_not_mistake_other_errors_for_dynamic_shapes(error):
     assert runner.dynamic is None, "retried with static shapes"
 
 
+def test_flex_runner_limit_lifts_dynamos_per_function_cap_too():
+    """dynamo also stops at ``accumulated_recompile_limit`` compilations of one function (256 in
+    torch 2.13): a runner limit above it must raise that one as well."""
+    runner = flex.FlexRunner()
+    runner.recompile_limit = 400
+    with runner._limits():
+        config = torch._dynamo.config
+        assert config.recompile_limit == 400 and config.accumulated_recompile_limit >= 400
+        assert config.fail_on_recompile_limit_hit
+
+
 def test_flex_runner_fails_loudly_at_the_recompile_limit():
     """Static kernels past the limit raise instead of dynamo's silent eager fallback."""
     from functools import partial

@@ -146,8 +146,12 @@ class FlexRunner:
         # None: pad the batch to a power of two once kernels are static; True/False force it (tests)
         self.batch_bucketing: Optional[bool] = None
         # compilations of one function (flex_attention, create_block_mask) allowed before a call
-        # fails; dynamo's default (8) is below the static fallback's (batch bucket x length bucket) count
-        self.recompile_limit = 64
+        # fails. Static kernels need one per (batch bucket, length buckets) key and mod structure:
+        # an epoch of CNN/DM (40k pairs, max-tokens 8192) makes 12 encoder, 18 decoder and 28
+        # cross-attention keys (`python -m lab.flex_keys`), so MAN's two encoder and two decoder
+        # self-attention structures need 88 kernels in training alone, and validation (no grad)
+        # more; dynamo's default (8) and the earlier 64 would stop such a run
+        self.recompile_limit = 256
 
     def compiled_for(self, device_type: str) -> bool:
         # flex's compiled kernels are the point on CUDA; on CPU the eager (unfused) path is used
@@ -172,7 +176,9 @@ class FlexRunner:
     def _limits(self):
         import torch._dynamo
 
-        return torch._dynamo.config.patch(recompile_limit=self.recompile_limit, fail_on_recompile_limit_hit=True)
+        config = torch._dynamo.config
+        return config.patch(recompile_limit=self.recompile_limit, fail_on_recompile_limit_hit=True,
+                            accumulated_recompile_limit=max(config.accumulated_recompile_limit, self.recompile_limit))
 
     def __call__(self, q, k, v, score_mod, block_mask, scale, compiled: bool):
         from torch._dynamo.exc import BackendCompilerFailed
