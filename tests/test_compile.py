@@ -217,7 +217,8 @@ def test_flex_compilations_in_fairseq_generate_are_bounded_by_buckets(dman_check
 
     batch_sizes = {b for b, _, _, _ in calls}
     lengths = {(t, s) for _, t, s, _ in calls}
-    keys = {(documented_batch_bucket(b), documented_bucket(t), documented_bucket(s), structure) for b, t, s, structure in calls}
+    keys = {(documented_batch_bucket(b), documented_bucket(t), documented_bucket(s), structure)
+            for b, t, s, structure in calls}
     assert len(batch_sizes) >= 3 and len(lengths) >= 20, (batch_sizes, lengths)  # what varies
     # flex_attention: one static kernel per key (the CPU fallback, the batch padded to a power of
     # two), plus the first compilation, the failed dynamic one and the failing call's own static
