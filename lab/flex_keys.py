@@ -27,8 +27,8 @@ def epoch_keys(batches: Iterable[Sequence[int]], source_sizes, target_sizes,
     keys = {kind: set() for kind in KINDS}
     for batch in batches:
         n = bucket_batch(len(batch)) if pad_batch else len(batch)
-        s = bucket_length(int(max(source_sizes[i] for i in batch)))
-        t = bucket_length(int(max(target_sizes[i] for i in batch)))
+        s = bucket_length(int(source_sizes[batch].max()))
+        t = bucket_length(int(target_sizes[batch].max()))
         keys["encoder self"].add((n, s, s))
         keys["decoder self"].add((n, t, t))
         keys["cross"].add((n, t, s))
