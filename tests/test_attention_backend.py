@@ -26,7 +26,7 @@ from man_fairseq.modules.attention_backend import (
     prepare_sdpa_mask,
 )
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
-from man_fairseq.modules.flex_backend import FlexMods, bucket_batch, bucket_length, is_future_mask, pad_dim
+from man_fairseq.modules.flex_backend import FlexMods, bucket_batch, bucket_length, is_future_mask, pad_dims
 from man_fairseq.modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from man_fairseq.modules.mask_bias import DynamicMaskBias, StaticWindowBias
 
@@ -187,13 +187,16 @@ def test_batch_is_bucketed_once_kernels_are_static():
     assert runner.shape_for(3, 17, 40, "cpu") == flex.FlexShape(3, 17, 40)
 
 
-def test_pad_dim():
+def test_pad_dims():
     x = torch.arange(6.0).view(2, 3)
-    y = pad_dim(x, 1, 5, value=-1.0)
+    y = pad_dims(x, {1: 5}, value=-1.0)
     assert y.shape == (2, 5) and (y[:, 3:] == -1).all() and torch.equal(y[:, :3], x)
-    assert pad_dim(x, 0, 2) is x
+    assert pad_dims(x, {0: 2}) is x
     with pytest.raises(ValueError):
-        pad_dim(x, 1, 2)
+        pad_dims(x, {1: 2})
+    both = pad_dims(x, {0: 4, 1: 5}, value=-1.0)  # the batch and a length at once
+    assert both.shape == (4, 5) and torch.equal(both[:2, :3], x)
+    assert (both[2:] == -1).all() and (both[:, 3:] == -1).all()
 
 
 def test_future_mask_recognition():

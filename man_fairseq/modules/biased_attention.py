@@ -373,14 +373,14 @@ class BiasedMultiheadAttention(MultiheadAttention):
                 if attn_mask.dtype == torch.bool:
                     attn_mask = torch.zeros_like(attn_mask, dtype=q.dtype).masked_fill(attn_mask, float("-inf"))
                 table = attn_mask.to(flex.small_dtype(q))
-                table = flex.pad_dim(flex.pad_dim(table, 0, shape.q), 1, shape.kv)
+                table = flex.pad_dims(table, {0: shape.q, 1: shape.kv})
                 mods.score_mods.append(flex.additive_table_mod(table))
         if ctx.key_padding_mask is not None or (shape.batch, shape.kv) != (bsz, s):
             if ctx.key_padding_mask is not None:
                 valid = ~ctx.key_padding_mask
             else:
                 valid = torch.ones(bsz, s, dtype=torch.bool, device=q.device)
-            valid = flex.pad_dim(flex.pad_dim(valid, 1, shape.kv, False), 0, shape.batch, False)
+            valid = flex.pad_dims(valid, {0: shape.batch, 1: shape.kv}, False)
             mods.mask_mods.append(flex.key_valid_mod(valid))
         return flex.flex_attention_call(q, k, v, mods, self.scaling, compiled, shape)
 

@@ -5,7 +5,7 @@ the compiled runner.
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 from torch import Tensor
@@ -93,16 +93,18 @@ class FlexShape:
     kv: int
 
 
-def pad_dim(x: Tensor, dim: int, length: int, value=0) -> Tensor:
-    """``x`` padded with ``value`` at the end of ``dim`` up to ``length`` (unchanged if already)."""
-    extra = length - x.size(dim)
-    if extra < 0:
-        raise ValueError(f"cannot pad dim {dim} of size {x.size(dim)} down to {length}")
-    if extra == 0:
-        return x
-    shape = list(x.shape)
-    shape[dim] = extra
-    return torch.cat([x, x.new_full(shape, value)], dim=dim)
+def pad_dims(x: Tensor, lengths: Dict[int, int], value=0) -> Tensor:
+    """``x`` padded with ``value`` at the end of each dim up to its length in ``lengths``
+    (``{dim: length}``; unchanged where it is that long already)."""
+    for dim, length in lengths.items():
+        extra = length - x.size(dim)
+        if extra < 0:
+            raise ValueError(f"cannot pad dim {dim} of size {x.size(dim)} down to {length}")
+        if extra:
+            shape = list(x.shape)
+            shape[dim] = extra
+            x = torch.cat([x, x.new_full(shape, value)], dim=dim)
+    return x
 
 
 def small_dtype(q: Tensor) -> torch.dtype:
@@ -244,8 +246,8 @@ def flex_attention_call(
         compiled = runner.compiled_for(q.device.type)
     bsz, t = q.size(0), q.size(2)
     shape = shape or FlexShape(bsz, t, k.size(2))
-    q = pad_dim(pad_dim(q, 0, shape.batch), 2, shape.q)
-    k, v = (pad_dim(pad_dim(x, 0, shape.batch), 2, shape.kv) for x in (k, v))
+    q = pad_dims(q, {0: shape.batch, 2: shape.q})
+    k, v = (pad_dims(x, {0: shape.batch, 2: shape.kv}) for x in (k, v))
     mask_mod = mods.mask_mod()
     block_mask = None
     if mask_mod is not None:

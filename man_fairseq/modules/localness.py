@@ -238,11 +238,11 @@ class LocalnessBias(nn.Module):
         if self.record:
             self._record(ctx, centre, window, length)
         bsz, heads, t = centre.shape[:3]
-        centre = flex.pad_dim(flex.pad_dim(centre[..., 0], 2, shape.q), 0, shape.batch)  # (B', H, q_len)
+        centre = flex.pad_dims(centre[..., 0], {0: shape.batch, 2: shape.q})  # (B', H, q_len)
         sigma = (window / 2).expand(bsz, heads, t, 1)[..., 0]
-        sigma = flex.pad_dim(flex.pad_dim(sigma, 2, shape.q, 1.0), 0, shape.batch, 1.0)
+        sigma = flex.pad_dims(sigma, {0: shape.batch, 2: shape.q}, 1.0)
         positions = positions[:, 0, 0, :].expand(bsz, -1)
-        positions = flex.pad_dim(flex.pad_dim(positions, 1, shape.kv), 0, shape.batch)  # (B', kv_len)
+        positions = flex.pad_dims(positions, {0: shape.batch, 1: shape.kv})  # (B', kv_len)
         clamp = ctx.q.dtype == torch.float16
 
         def localness(score, b, h, q_idx, kv_idx):

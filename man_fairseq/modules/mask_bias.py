@@ -93,7 +93,7 @@ class DynamicMaskBias(nn.Module):
         """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""
         dtype = flex.small_dtype(ctx.q)
         hw = torch.matmul(ctx.query, self.query_weight.t().to(ctx.query.dtype))  # (T, B, 1)
-        hw = flex.pad_dim(flex.pad_dim(hw[..., 0].t().to(dtype), 1, shape.q), 0, shape.batch)  # (B', q_len)
+        hw = flex.pad_dims(hw[..., 0].t().to(dtype), {0: shape.batch, 1: shape.q})  # (B', q_len)
         distance_bias, head_bias = self.distance_bias.to(dtype), self.head_bias.to(dtype)
         k = self.max_relative_distance
         query_start = flex.device_scalar(ctx.query_start, ctx.q.device)
@@ -176,12 +176,12 @@ class StaticWindowBias(nn.Module):
         if self.causal:
             t_pos = ctx.query_positions()
             prefix = (t_pos[None, :] - first[:, None] + 1).clamp(min=1)
-            half = flex.pad_dim(flex.pad_dim(self.sqrt_half_length(prefix).long(), 1, shape.q), 0, shape.batch)
+            half = flex.pad_dims(self.sqrt_half_length(prefix).long(), {0: shape.batch, 1: shape.q})  # (B', q_len)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi, q_idx]
         else:
-            half = flex.pad_dim(self.sqrt_half_length(length).long(), 0, shape.batch)  # (B',)
+            half = flex.pad_dims(self.sqrt_half_length(length).long(), {0: shape.batch})  # (B',)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi]
