@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, TINY_MODEL, run_cli
+from conftest import REPO, TINY_MODEL
 from lab.speed import records as speed_table, study as speed
 from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
 from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals

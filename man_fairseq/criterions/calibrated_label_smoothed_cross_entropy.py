@@ -45,7 +45,7 @@ from omegaconf import II
 from torch import nn
 
 from ..plugin_options import VALID, Number, PluginOptionError, add_option_args, check_options
-from ..modules.calibration import PERTURBED, calibration_mode, calibration_modules
+from ..modules.calibration import PERTURBED, calibration_mode
 from ..models.transformer_calibrated import JOINT_CRITERION, TransformerCalibratedModel
 
 
