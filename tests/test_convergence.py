@@ -156,6 +156,21 @@ def test_the_family_summary_compares_both_protocols_on_the_same_seeds():
                           "test") == []
 
 
+@pytest.mark.parametrize("study", ["gigaword-cpu", "gigaword-cpu-converge"])
+def test_gigaword_calibrates_at_alpha_0_01_beside_the_default(study):
+    """The second calibration family is the first with --perturbation-weight 0.01 on its command line,
+    and nothing else changed (its mask stays live where the default's saturates)."""
+    from man_fairseq.recipes.training.launch import train_args
+
+    default, live = (load_config(CONFIG_DIR / study / f"{f}.yaml") for f in ("calibration", "calibration-alpha0.01"))
+    assert live["train"] == dict(default["train"], **{"perturbation-weight": 0.01})
+    assert {k: v for k, v in live.items() if k not in ("train", "name", "_path")} == \
+           {k: v for k, v in default.items() if k not in ("train", "name", "_path")}
+    argv = train_args(live, "SAVE", device="cpu", data="DATA")
+    assert argv[argv.index("--perturbation-weight") + 1] == "0.01"
+    assert "--perturbation-weight" not in train_args(default, "SAVE", device="cpu", data="DATA")
+
+
 def test_a_calibrated_run_whose_mask_ended_saturated_is_named_under_the_table():
     from man_fairseq.recipes.studies.convergence import saturated_mask_lines
 

@@ -170,8 +170,9 @@ def build_parser():
     p.add_argument("--seeds", type=seeds, default="3", help=SEEDS_HELP)
     p.add_argument("--families", default=None,
                    help=f"comma-separated subset of {','.join(FAMILIES)} (default: every family the experiment has "
-                        "configs for, all six but for cnndm-cpu's transformer, man, localness; the Transformer is "
-                        "always run: it is the baseline of the significance test)")
+                        "configs for: these six, with calibration-alpha0.01 for gigaword-cpu, and transformer, man, "
+                        "localness for cnndm-cpu; the Transformer is always run: it is the baseline of the "
+                        "significance test)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cpu for multi30k-cpu (its records were made there), else cuda when visible")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
