@@ -99,6 +99,12 @@ def families_of(experiment):
     return EXPERIMENTS[experiment].get("families", FAMILIES)
 
 
+def other_families():
+    """The experiments whose families are not :data:`FAMILIES`, with theirs ('EXPERIMENT's F1,F2; ...')."""
+    return "; ".join(f"{name}'s {','.join(families_of(name))}" for name in EXPERIMENTS
+                     if families_of(name) != FAMILIES)
+
+
 def parse_families(experiment, text):
     """(the families ``--families`` names, the families to run: the baseline first, then the named
     ones in the study's order). ValueError says what is wrong: none named (it would run the baseline

@@ -41,8 +41,8 @@ from ..evaluation.evaluate import EvaluateError
 from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from ..workdir import try_lock
-from .experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, parse_families,  # noqa: F401  (reproduce.FAMILIES)
-                          prepare_line, table_experiment)
+from .experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, other_families,  # noqa: F401  (reproduce.FAMILIES)
+                          parse_families, prepare_line, table_experiment)
 from .study_eval import StudyEvalError, evaluate_run
 from .study_records import RecordError, legacy_training_fingerprint, record_fingerprint
 from .table_build import TableError, build_table, experiment_configs, scoring_config  # noqa: F401  (reproduce.scoring_config)
@@ -170,9 +170,8 @@ def build_parser():
     p.add_argument("--seeds", type=seeds, default="3", help=SEEDS_HELP)
     p.add_argument("--families", default=None,
                    help=f"comma-separated subset of {','.join(FAMILIES)} (default: every family the experiment has "
-                        "configs for: these six, with calibration-alpha0.01 for gigaword-cpu, and transformer, man, "
-                        "localness for cnndm-cpu; the Transformer is always run: it is the baseline of the "
-                        "significance test)")
+                        f"configs for: these, but {other_families()}; the Transformer is always run: it is the baseline "
+                        "of the significance test)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="default: cpu for multi30k-cpu (its records were made there), else cuda when visible")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
