@@ -201,3 +201,27 @@ def test_the_generalisation_panel_plots_dev_loss_against_training_loss():
     assert left > 8.0 > 6.5 > right
     assert ax.get_legend_handles_labels()[1] == ["man s2"]
     plt.close(fig)
+
+
+def test_the_figure_names_two_families_of_one_model_apart_and_gives_a_converged_only_family_its_column(tmp_path):
+    """Calibration at α = 1 and at α = 0.01 share the short name "Calibration": each keeps its whole label
+    in the figure, and the α = 0.01 family, run to convergence only, still gets its column of stars."""
+    from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
+    from man_fairseq.recipes.studies.study_figure import columns, plot_study, short_labels
+
+    families = ["transformer", "calibration", "calibration-alpha0.01"]
+    short = short_labels(families, FAMILY_LABELS)
+    assert short["transformer"] == "Transformer"
+    assert short["calibration"] != short["calibration-alpha0.01"]
+    assert "0.01" in short["calibration-alpha0.01"]
+
+    def run(family, protocol):
+        return dict(_record(protocol, family, 1, 20), test_sets={"test": {"rouge1": 25.0}},
+                    valid_curve=[[10, 8.0], [20, 7.5]], best_updates=20, best_valid_loss=7.5)
+
+    fixed = [run("transformer", "fixed-budget"), run("calibration", "fixed-budget")]
+    conv = [run(f, "to-convergence") for f in families]
+    assert columns(families, fixed, conv) == families and columns(families, fixed, []) == families[:2]
+    png = tmp_path / "study.png"
+    plot_study(fixed, families, FAMILY_LABELS, [("R-1", lambda r: r["test_sets"]["test"]["rouge1"])], png, "t", conv)
+    assert png.stat().st_size > 0

@@ -24,8 +24,18 @@ def _fit_ylim(ax, values):
     ax.set_ylim(lo - pad, hi + pad)
 
 
-def _short(label):
-    return label.split(" (")[0]
+def short_labels(families, labels):
+    """Each family's name in a figure: its label without the parenthesis, unless another family's label
+    shortens to the same name (calibration at two α), which then keeps its whole label."""
+    short = {f: labels.get(f, f).split(" (")[0] for f in families}
+    names = list(short.values())
+    return {f: labels.get(f, f) if names.count(s) > 1 else s for f, s in short.items()}
+
+
+def columns(families, records, converged):
+    """The families a score panel shows, in the study's order: a family with runs to convergence only
+    (no fixed-budget run) still gets its column, of stars."""
+    return [f for f in families if any(r["family"] == f for r in list(records) + list(converged))]
 
 
 def plot_study(records, families, labels, panels, path, title, converged=()):
@@ -35,8 +45,9 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
     from man_fairseq.logging_setup import pyplot
 
     plt = pyplot()
-    fams = [f for f in families if any(r["family"] == f for r in records)]
+    fams = columns(families, records, converged)
     colors = plt.get_cmap("tab10")
+    short = short_labels(families, labels)
     gaps = [r for r in converged if r.get("train_curve")]  # records before 2026-11-29 lack the training loss
     curves = 1 + bool(converged) + bool(gaps)
     if curves == 1:
@@ -71,7 +82,7 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
                 ax.scatter([i + dx + 0.12 * (k - (len(vals) - 1) / 2) for k in range(len(vals))], vals,
                            color=colors(families.index(fam) % 10), zorder=2, **style)
         ax.set_xticks(range(len(fams)))
-        ax.set_xticklabels([_short(labels.get(f, f)) for f in fams], rotation=40, ha="right", fontsize=8)
+        ax.set_xticklabels([short[f] for f in fams], rotation=40, ha="right", fontsize=8)
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3, axis="y")
     score_axes[0].set_ylabel("score (a dot per seed; grey: the Transformer's seeds)" if not converged else
@@ -86,7 +97,7 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
                 last = max(last, x[-1])
                 tail += [v for u, v in r["valid_curve"] if u >= x[-1] / 2]
                 ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10),
-                        marker=".", label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
+                        marker=".", label=f"{short[fam]} s{r['seed']}")
     if tail:
         ax.set_xlim(last / 2 * 0.95, last * 1.02)
         _fit_ylim(ax, tail)
@@ -108,6 +119,7 @@ def plot_converged(ax, records, families, labels, colors):
     """Every run to convergence: its whole validation curve to the epoch it stopped at, a star at its best
     (scored) checkpoint; the y axis leaves out the first epochs, which lie bits above the rest."""
     fams = [f for f in families if any(r["family"] == f for r in records)]
+    short = short_labels(families, labels)
     tail = []
     for i, fam in enumerate(fams):
         for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
@@ -116,7 +128,7 @@ def plot_converged(ax, records, families, labels, colors):
             x, y = zip(*r["valid_curve"])
             tail += list(y[len(y) // 4:])
             ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10),
-                    marker=".", ms=3, label=f"{_short(labels.get(fam, fam))} s{r['seed']} (best {r.get('best_epoch')}"
+                    marker=".", ms=3, label=f"{short[fam]} s{r['seed']} (best {r.get('best_epoch')}"
                                             f", stop {r.get('stopping_epoch')})")
             if r.get("best_updates") is not None:
                 ax.plot([r["best_updates"]], [r["best_valid_loss"]], "*", color=colors(families.index(fam) % 10), ms=11)
@@ -135,6 +147,7 @@ def plot_generalisation(ax, records, families, labels, colors):
     (scored) checkpoint. At the same training loss a lower curve generalises better; where a curve
     turns up, the run overfits. The first quarter of each run is left out, as in :func:`plot_converged`."""
     lo_x, hi_x, tail = [], [], []
+    short = short_labels(families, labels)
     for fam in [f for f in families if any(r["family"] == f for r in records)]:
         for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
             dev = dict(r["valid_curve"])
@@ -148,7 +161,7 @@ def plot_generalisation(ax, records, families, labels, colors):
             tail += y
             color = colors(families.index(fam) % 10)
             ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=color, marker=".", ms=3,
-                    label=f"{_short(labels.get(fam, fam))} s{r['seed']}")
+                    label=f"{short[fam]} s{r['seed']}")
             if r.get("best_updates") in updates:
                 k = updates.index(r["best_updates"])
                 ax.plot([x[k]], [y[k]], "*", color=color, ms=11)
