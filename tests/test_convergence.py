@@ -225,3 +225,13 @@ def test_the_figure_names_two_families_of_one_model_apart_and_gives_a_converged_
     png = tmp_path / "study.png"
     plot_study(fixed, families, FAMILY_LABELS, [("R-1", lambda r: r["test_sets"]["test"]["rouge1"])], png, "t", conv)
     assert png.stat().st_size > 0
+
+
+def test_a_run_to_convergence_stopped_by_the_cap_is_named_under_the_table():
+    from man_fairseq.recipes.studies.convergence import capped_lines
+
+    patience = dict(_record("to-convergence", "diffwin", 1, 20), stopped_by="patience", stopping_epoch=29, best_epoch=26)
+    cap = dict(_record("to-convergence", "diffwin", 2, 20), stopped_by="cap", stopping_epoch=40, best_epoch=40)
+    assert capped_lines([patience]) == []
+    (note,) = [line for line in capped_lines([patience, cap]) if line]
+    assert "diffwin seed 2 (epoch 40, best 40)" in note and "seed 1" not in note

@@ -173,6 +173,7 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
             rows.append([labels.get(fam, fam), f"{seed}", *cells])
     lines += markdown_table(["family", "seed", "fixed budget: epochs", "dev loss", "scores", "p",
                              "to convergence: epochs (best)", "best dev loss", "scores", "p"], rows)
+    lines += capped_lines(converged)
     summary = family_summary(runs, families, metrics, tests, subset)
     if summary:
         lines += [""] + family_summary_lines(summary, labels, [name for name, _, _ in metrics])
@@ -180,6 +181,17 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
         lines += ["", "Stale to-convergence records (another config or options; not in the table): "
                   + ", ".join(f"{r['family']}-seed{r['seed']} (`{r.get('fingerprint')}`)" for r in converged_stale) + "."]
     return lines + [""], summary
+
+
+def capped_lines(converged):
+    """A note naming the runs to convergence that the epoch cap stopped, not patience: their dev loss
+    was still improving, so they had not converged. No note when there are none."""
+    capped = [r for r in converged if r.get("stopped_by") == "cap"]
+    if not capped:
+        return []
+    runs = ", ".join(f"{r['family']} seed {r['seed']} (epoch {r['stopping_epoch']}, best {r['best_epoch']})"
+                     for r in capped)
+    return ["", f"Stopped by the cap (`max-epoch`), not by patience, so not converged: {runs}."]
 
 
 def saturated_mask_lines(records):
