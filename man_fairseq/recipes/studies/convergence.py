@@ -185,13 +185,15 @@ def side_by_side(fixed, converged, converged_stale, families, labels, score_cell
 
 def capped_lines(converged):
     """A note naming the runs to convergence that the epoch cap stopped, not patience: their dev loss
-    was still improving, so they had not converged. No note when there are none."""
+    had improved within their last ``patience`` validations, so they are not shown to have converged.
+    No note when there are none."""
     capped = [r for r in converged if r.get("stopped_by") == "cap"]
     if not capped:
         return []
     runs = ", ".join(f"{r['family']} seed {r['seed']} (epoch {r['stopping_epoch']}, best {r['best_epoch']})"
                      for r in capped)
-    return ["", f"Stopped by the cap (`max-epoch`), not by patience, so not converged: {runs}."]
+    return ["", f"Stopped by the cap (`max-epoch`) while the dev loss still improved within the patience, so not "
+            f"converged: {runs}."]
 
 
 def saturated_mask_lines(records):
