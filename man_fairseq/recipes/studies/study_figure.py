@@ -60,9 +60,9 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
         score_axes = [fig.add_subplot(cell) for cell in rows[0].subgridspec(1, len(panels))]
         curve_axes = [fig.add_subplot(cell) for cell in rows[1].subgridspec(1, curves)]
     if converged:
-        plot_converged(curve_axes[1], converged, families, labels, colors)
+        plot_converged(curve_axes[1], converged, families, short, colors)
     if gaps:
-        plot_generalisation(curve_axes[2], gaps, families, labels, colors)
+        plot_generalisation(curve_axes[2], gaps, families, short, colors)
     for ax, (name, score, *line) in zip(score_axes, panels):
         base = [v for v in (score(r) for r in records if r["family"] == BASELINE) if v is not None]
         if base:
@@ -115,11 +115,11 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
     os.replace(tmp, path)
 
 
-def plot_converged(ax, records, families, labels, colors):
+def plot_converged(ax, records, families, names, colors):
     """Every run to convergence: its whole validation curve to the epoch it stopped at, a star at its best
-    (scored) checkpoint; the y axis leaves out the first epochs, which lie bits above the rest."""
+    (scored) checkpoint; the y axis leaves out the first epochs, which lie bits above the rest. ``names``:
+    each family's name in the legend (:func:`short_labels`)."""
     fams = [f for f in families if any(r["family"] == f for r in records)]
-    short = short_labels(families, labels)
     tail = []
     for i, fam in enumerate(fams):
         for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
@@ -128,7 +128,7 @@ def plot_converged(ax, records, families, labels, colors):
             x, y = zip(*r["valid_curve"])
             tail += list(y[len(y) // 4:])
             ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=colors(families.index(fam) % 10),
-                    marker=".", ms=3, label=f"{short[fam]} s{r['seed']} (best {r.get('best_epoch')}"
+                    marker=".", ms=3, label=f"{names.get(fam, fam)} s{r['seed']} (best {r.get('best_epoch')}"
                                             f", stop {r.get('stopping_epoch')})")
             if r.get("best_updates") is not None:
                 ax.plot([r["best_updates"]], [r["best_valid_loss"]], "*", color=colors(families.index(fam) % 10), ms=11)
@@ -141,13 +141,13 @@ def plot_converged(ax, records, families, labels, colors):
     ax.grid(alpha=0.3)
 
 
-def plot_generalisation(ax, records, families, labels, colors):
+def plot_generalisation(ax, records, families, names, colors):
     """Every run to convergence that recorded its training loss: its dev loss at the end of each epoch
     against that epoch's mean training loss, training running left to right, a star at the best
     (scored) checkpoint. At the same training loss a lower curve generalises better; where a curve
-    turns up, the run overfits. The first quarter of each run is left out, as in :func:`plot_converged`."""
+    turns up, the run overfits. The first quarter of each run is left out, as in :func:`plot_converged`.
+    ``names``: each family's name in the legend (:func:`short_labels`)."""
     lo_x, hi_x, tail = [], [], []
-    short = short_labels(families, labels)
     for fam in [f for f in families if any(r["family"] == f for r in records)]:
         for r in sorted((r for r in records if r["family"] == fam), key=lambda r: r["seed"]):
             dev = dict(r["valid_curve"])
@@ -161,7 +161,7 @@ def plot_generalisation(ax, records, families, labels, colors):
             tail += y
             color = colors(families.index(fam) % 10)
             ax.plot(x, y, ["-", "--", ":", "-."][(r["seed"] - 1) % 4], color=color, marker=".", ms=3,
-                    label=f"{short[fam]} s{r['seed']}")
+                    label=f"{names.get(fam, fam)} s{r['seed']}")
             if r.get("best_updates") in updates:
                 k = updates.index(r["best_updates"])
                 ax.plot([x[k]], [y[k]], "*", color=color, ms=11)
