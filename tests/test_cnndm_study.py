@@ -55,7 +55,7 @@ def test_cnndm_cpu_trains_only_the_families_it_has_configs_for(capsys):
     from man_fairseq.recipes.studies.experiments import EXPERIMENTS, families_of
 
     assert families_of("cnndm-cpu") == ["transformer", "man", "localness"]
-    assert families_of("gigaword-cpu") == reproduce.FAMILIES + ["calibration-alpha0.01"]
+    assert families_of("gigaword-cpu") == reproduce.FAMILIES + ["calibration-alpha0.01", "man-zeros"]
     for fam in families_of("cnndm-cpu"):
         cfg = load_config(EXPERIMENTS["cnndm-cpu"]["configs"] / f"{fam}.yaml")
         assert cfg["eval"]["test_sample"] == 2000 and cfg["train"]["max-tokens"] == 8192

@@ -171,6 +171,21 @@ def test_gigaword_calibrates_at_alpha_0_01_beside_the_default(study):
     assert "--perturbation-weight" not in train_args(default, "SAVE", device="cpu", data="DATA")
 
 
+@pytest.mark.parametrize("study", ["gigaword-cpu", "gigaword-cpu-converge"])
+def test_gigaword_runs_man_with_its_dman_biases_from_zero_beside_the_default(study):
+    """The man-zeros family is MAN with --dman-init zeros on its command line and nothing else changed
+    (that the option reaches the DMAN biases: tests/test_man.py)."""
+    from man_fairseq.recipes.training.launch import train_args
+
+    default, zeros = (load_config(CONFIG_DIR / study / f"{f}.yaml") for f in ("man", "man-zeros"))
+    assert zeros["model"] == dict(default["model"], **{"dman-init": "zeros"})
+    assert {k: v for k, v in zeros.items() if k not in ("model", "name", "_path", "notes")} == \
+           {k: v for k, v in default.items() if k not in ("model", "name", "_path", "notes")}
+    argv = train_args(zeros, "SAVE", device="cpu", data="DATA")
+    assert argv[argv.index("--dman-init") + 1] == "zeros"
+    assert "--dman-init" not in train_args(default, "SAVE", device="cpu", data="DATA")
+
+
 def test_a_calibrated_run_whose_mask_ended_saturated_is_named_under_the_table():
     from man_fairseq.recipes.studies.convergence import saturated_mask_lines
 

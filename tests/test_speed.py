@@ -168,9 +168,9 @@ def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--families", "man,sman3"], "unknown families ['sman3'] for gigaword-cpu; choose from ['transformer', 'man', "
-                                  "'sman2', 'localness', 'diffwin', 'calibration', 'calibration-alpha0.01']"),
+                                  "'sman2', 'localness', 'diffwin', 'calibration', 'calibration-alpha0.01', 'man-zeros']"),
     (["--families", " , "], "--families ' , ' names no family; choose from ['transformer', 'man', 'sman2', "
-                            "'localness', 'diffwin', 'calibration', 'calibration-alpha0.01']"),
+                            "'localness', 'diffwin', 'calibration', 'calibration-alpha0.01', 'man-zeros']"),
     (["--threads", "0"], "argument --threads: invalid value '0': distinct thread counts, each >= 1"),
     (["--threads", "1,1"], "argument --threads: invalid value '1,1': distinct thread counts, each >= 1"),
     (["--threads", "one"], "argument --threads: invalid value 'one': a comma-separated list of thread counts"),
