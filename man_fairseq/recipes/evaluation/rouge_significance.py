@@ -1,4 +1,6 @@
-"""ROUGE's significance tests over documents, the summarization studies' two p-values.
+"""ROUGE's significance tests over documents, the summarization studies' two p-values per seed: whether
+two trained networks differ on these documents (test-set sampling), not whether two architectures do
+(that is :mod:`..studies.seed_level`, over seeds).
 
 ROUGE-1.5.5's Average_F is a mean over documents of each document's F1, so resampling or swapping
 documents resamples or swaps the score.
@@ -11,7 +13,7 @@ documents resamples or swaps the score.
 * :func:`paired_randomization`: paired approximate randomization (Noreen 1989; ``sacrebleu
   --paired-ar`` for BLEU): each trial swaps each document's two scores with probability 1/2 (the
   null: the two systems are exchangeable), statistic ``|mean difference|``, ``p = (#{trial
-  statistic >= observed} + 1) / (n + 1)``; the study verdicts rest on it. sacreBLEU counts
+  statistic >= observed} + 1) / (n + 1)``. sacreBLEU counts
   ``>`` instead of ``>=``: the two differ only on exact ties, and a system against itself then
   gets 1 here (every trial ties), ``1/(n+1)`` from sacreBLEU.
 """

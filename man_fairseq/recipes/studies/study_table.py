@@ -1,11 +1,13 @@
 """A study's table, rebuilt from its committed run records (:mod:`study_records`) alone.
 
 Per family and test set: sacreBLEU and tokenized BLEU as mean ± sample standard deviation over
-seeds, the difference to the Transformer, and two paired tests of each seed against the Transformer
+seeds, the difference to the Transformer, the verdict over seeds (:mod:`seed_level`: training
+noise, the test the verdicts rest on), and two paired tests of each seed against the Transformer
 of the same seed, computed here from the records' hypothesis files (seeded, so a rebuild gives the
 same p-values): sacreBLEU's paired bootstrap (the p the field reports) and sacreBLEU's paired
-approximate randomization (the p the verdicts rest on: the bootstrap's statistic reads a near-zero
-difference as more significant than it is). Stale records (config changed since they ran)
+approximate randomization (its statistic reads a near-zero difference as the bootstrap's does not).
+Both paired tests say whether two trained networks differ on these sentences (test-set sampling),
+not whether two architectures do. Stale records (config changed since they ran)
 are listed below the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
 ``<prefix>-valid-loss.png``.
 """
@@ -51,8 +53,10 @@ def _paired_test(baseline_hyps, system_hyps, refs, test_type, n_samples, names):
 
 
 NAMES = ("baseline hypotheses", "system hypotheses", "references")
-# the two paired tests of every study table, as its JSON names them: sacreBLEU's p, the verdicts' p
+# the two paired tests of every study table, as its JSON names them: sacreBLEU's p and randomization's
 TESTS = ("paired_bootstrap", "paired_randomization")
+# what they measure, in their column headers: two trained networks on these sentences, not two architectures
+SAMPLING = "test-set sampling, not training noise"
 
 
 def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000, names=NAMES):
@@ -138,8 +142,9 @@ def summarize(records, families, labels, boot):
     return summary
 
 
-def to_markdown(summary, meta, stale, protocol_lines=()):
+def to_markdown(summary, meta, stale, protocol_lines=(), verdict_lines=()):
     lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
+    lines += list(verdict_lines)  # the verdict over seeds (seed_level.protocol_sections)
     for subset, release in meta["test_sets"].items():
         rows = []
         for fam, e, s, minutes in family_rows(summary, subset):
@@ -159,8 +164,9 @@ def to_markdown(summary, meta, stale, protocol_lines=()):
                          _pm(s["bleu_tok_ci"]), *pcols, sig])
         lines += [f"## {release}", ""] + markdown_table(
             ["family", "params", "train min (mean)", "sacreBLEU", "Δ vs Transformer", "tok. BLEU (ci)",
-             "paired bootstrap p (per seed, sign of Δ)", "approximate randomization p (per seed, sign of Δ)",
-             "seeds p<0.05 (randomization)"], rows) + [""]
+             f"paired bootstrap p (per seed, sign of Δ; {SAMPLING})",
+             f"approximate randomization p (per seed, sign of Δ; {SAMPLING})", "seeds p<0.05 (randomization)"],
+            rows) + [""]
     lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
               f"`{meta['sacrebleu_signature']}`. Tokenized BLEU: case-insensitive multi-bleu formula on the "
               "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Δ: mean over the "
@@ -171,8 +177,9 @@ def to_markdown(summary, meta, stale, protocol_lines=()):
               "significant than it is. Approximate randomization: sacreBLEU's paired AR "
               f"(`{meta['randomization_signature']}`; each trial swaps each sentence's two hypotheses with "
               "probability 1/2; p = (trials with |ΔBLEU| at least the observed + 1) / (trials + 1), 1 for "
-              "identical hypotheses): the probability of a difference this large if the two systems were "
-              "exchangeable; the verdicts and the last column rest on it. "
+              "identical hypotheses): the probability of a difference this large if the two trained networks "
+              "were exchangeable on these sentences. Both paired tests measure test-set sampling, not "
+              "training noise: two seeds of one config differ by them too; the verdict is the test over seeds. "
               "Train minutes: wall time of the training epochs from the log, with validation and checkpointing "
               "(start-up left out; an epoch cut short by a kill and redone counts once).", "",
               f"Validation loss of every run: `{meta['png']}`.", ""]

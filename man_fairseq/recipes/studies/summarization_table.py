@@ -1,8 +1,8 @@
 """A summarization study's table (``scripts/reproduce.sh gigaword-cpu``), rebuilt from its run
 records alone: ROUGE-1/2/L F1 per family (mean ± sample standard deviation over seeds), the
-difference to the Transformer of the same seed, two paired tests over documents against it (the
-bootstrap the field reports, approximate randomization for the verdicts), how
-much of each family's summaries (and of the references) their articles contain, a lead baseline and
+difference to the Transformer of the same seed, the verdict over seeds (:mod:`seed_level`), two paired
+tests over documents against the Transformer of the same seed (the bootstrap the field reports,
+approximate randomization; both test-set sampling, not training noise), how much of each family's summaries (and of the references) their articles contain, a lead baseline and
 the published numbers for reference. Writes ``<experiment>.md``, ``.json`` and
 ``<experiment>.png`` (:mod:`study_figure`: each run's ROUGE as a dot beside the validation loss).
 """
@@ -16,12 +16,13 @@ from ..evaluation.metric import score
 from ..evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
 from ..evaluation.test_sample import sample_ids
+from . import seed_level
 from .convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
 from .experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from .study_eval import StudyEvalError, read_references, read_test_lines
 from .study_figure import figure_path, plot_study
 from .study_records import check_score, option_flags, read_hypotheses
-from .study_table import (STALE_WHY, TESTS, _params, _pm, family_rows, family_runs, fmt_p, header_lines, one_run_command,
+from .study_table import (SAMPLING, STALE_WHY, TESTS, _params, _pm, family_rows, family_runs, fmt_p, header_lines, one_run_command,
                           overrides_note, same_seed_pairs, seed_tests, stale_lines, table_meta, write_table)
 
 KEYS = ("rouge1", "rouge2", "rougeL")
@@ -52,11 +53,9 @@ def document_scores(records, records_dir, refs):
     return docs
 
 
-def significance(records, records_dir, refs, n_samples):
+def significance(records, docs, refs, n_samples):
     """{(family, seed, subset): {"paired_bootstrap": {metric: test}, "paired_randomization": {metric: test}}}
-    of every run against the same seed's Transformer."""
-    docs = document_scores(records, records_dir, refs)
-
+    of every run against the same seed's Transformer; ``docs``: the runs' :func:`document_scores`."""
     def doc_scores(r, subset):
         return docs[(r["family"], r["seed"], subset)]
 
@@ -155,8 +154,9 @@ def _copied(values):
     return f"{_share(values, 'words')} / {_share(values, 'bigrams')}"
 
 
-def to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines=()):
+def to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines=(), verdict_lines=()):
     lines = header_lines(meta, f"data: {meta['subset']}")
+    lines += list(verdict_lines)  # the verdict over seeds (seed_level.protocol_sections)
     for subset, release in meta["test_sets"].items():
         rows = []
         for fam, e, s, minutes in family_rows(summary, subset):
@@ -169,8 +169,8 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying, protoco
                          _copied(s.get("copying") or []), delta, *pcols])
         lines += [f"## {release}", ""] + markdown_table(
             ["family", "params", "train min (mean)", "R-1", "R-2", "R-L", "from its article: words / bigrams",
-             "Δ R-1 / R-2 / R-L vs Transformer", "paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ)",
-             "approximate randomization p, R-1 / R-2 / R-L (per seed, sign of Δ)"], rows)
+             "Δ R-1 / R-2 / R-L vs Transformer", f"paired bootstrap p, R-1 / R-2 / R-L (per seed, sign of Δ; {SAMPLING})",
+             f"approximate randomization p, R-1 / R-2 / R-L (per seed, sign of Δ; {SAMPLING})"], rows)
         ref = reference_copying.get(subset)
         if ref:
             lines += ["", f"From its article: of all the summaries' words (bigrams), the share found in their own article, "
@@ -189,7 +189,9 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying, protoco
               "with the Transformer of the same seed over the same documents and are two-sided. Paired bootstrap: "
               f"{meta['bootstrap']}; the p the field reports, whose statistic reads a near-zero difference as more "
               f"significant than it is. Approximate randomization: {meta['randomization']}; the probability of a "
-              "difference this large if the two systems were exchangeable, the p the verdicts rest on. Train "
+              "difference this large if the two trained networks were exchangeable on these documents. Both "
+              "paired tests measure test-set sampling, not training noise (two seeds of one config differ by "
+              "them too); the verdict is the test over seeds. Train "
               f"minutes: wall time of the training epochs from the log, with validation and checkpointing. {meta['scored']}", "",
               f"Each run's scores and validation loss: `{meta['png']}`.", ""]
     lines += list(protocol_lines)  # the runs to convergence beside these (convergence.side_by_side)
@@ -213,8 +215,10 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
     samples = record_samples(current + conv, manifest)
     refs = {subset: read_references(args.data, manifest, subset, samples[subset])[1] for subset in manifest["test_sets"]}
     log("paired bootstrap and approximate randomization over documents against the Transformer of the same seed")
-    boot = significance(current, records_dir, refs, args.bootstrap_samples)
-    conv_tests = significance(conv, conv_dir, refs, args.bootstrap_samples) if conv else {}
+    docs = {FIXED_BUDGET: document_scores(current, records_dir, refs),
+            TO_CONVERGENCE: document_scores(conv, conv_dir, refs) if conv else {}}
+    boot = significance(current, docs[FIXED_BUDGET], refs, args.bootstrap_samples)
+    conv_tests = significance(conv, docs[TO_CONVERGENCE], refs, args.bootstrap_samples) if conv else {}
     articles = {subset: read_test_lines(args.data, manifest["sources"][subset], f"the articles of {subset}",
                                         samples[subset])[1] for subset in manifest["test_sets"]}
     copied = {FIXED_BUDGET: copying_of_runs(current, records_dir, articles),
@@ -258,11 +262,20 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
           lambda tests, k=k: tests["paired_randomization"][k]["p_value"]) for k in KEYS]
     ) if conv or conv_stale else ([], [])
     protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
-    payload = {"meta": meta, "summary": summary, "references": reference_rows, "references_copying": reference_copying}
+    log("the verdict over seeds: two-level bootstrap, Welch's t, ASO, Holm")
+    verdict_lines, verdicts = seed_level.protocol_sections(
+        [(proto, [r for r in records if subset in r["test_sets"]]) for proto, records in
+         ((FIXED_BUDGET, current), (TO_CONVERGENCE, conv))], families, labels,
+        {NAMES[k]: (lambda r, k=k: r["test_sets"][subset][k],
+                    lambda r, k=k: docs[record_protocol(r)][(r["family"], r["seed"], subset)][k],
+                    seed_level.MeanOfDocuments()) for k in KEYS}, NAMES[KEYS[0]], manifest["test_sets"][subset])
+    payload = {"meta": meta, "summary": summary, "references": reference_rows, "references_copying": reference_copying,
+               "seed_level": verdicts}
     if conv or conv_stale:
         payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, TESTS, family_means)
         for r in payload["to_convergence"]["runs"]:
             r["copying"] = {s: copied[TO_CONVERGENCE].get((r["family"], r["seed"], s)) for s in r["test_sets"]}
     return write_table(results_dir, experiment,
-                       to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines),
+                       to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines,
+                                   verdict_lines),
                        payload, boot, current, stale, png, log)

@@ -86,8 +86,9 @@ def build_table(experiment, args, manifest, results_dir, log):
 
 
 def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_dir, png, flags, log, converged):
-    from . import study_table
-    from .convergence import protocol_payload, saturated_mask_lines, side_by_side
+    from . import seed_level, study_table
+    from .convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
+    from .study_records import read_hypotheses
 
     tgt = manifest["target_lang"]
     ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
@@ -118,8 +119,21 @@ def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_
         [("sacreBLEU", lambda r: r["test_sets"][subset]["sacrebleu"] if subset in r["test_sets"] else None,
           lambda tests: tests["paired_randomization"]["p_value"])]) if conv or conv_stale else ([], [])
     protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
-    payload = {"meta": meta, "summary": summary}
+    log("the verdict over seeds: two-level bootstrap, Welch's t, ASO, Holm")
+    bleu = seed_level.CorpusBleu()
+    folders = {FIXED_BUDGET: records_dir, TO_CONVERGENCE: conv_dir}
+    units = {(record_protocol(r), r["family"], r["seed"]): bleu.units(
+        read_hypotheses(folders[record_protocol(r)], r, subset), refs[subset]) for r in current + conv
+        if subset in r["test_sets"]}
+    verdict_lines, verdicts = seed_level.protocol_sections(
+        [(proto, [r for r in records if subset in r["test_sets"]]) for proto, records in
+         ((FIXED_BUDGET, current), (TO_CONVERGENCE, conv))], families_of(study), FAMILY_LABELS,
+        {"sacreBLEU": (lambda r: r["test_sets"][subset]["sacrebleu"],
+                       lambda r: units[(record_protocol(r), r["family"], r["seed"])], bleu)}, "sacreBLEU",
+        manifest["test_sets"][subset])
+    payload = {"meta": meta, "summary": summary, "seed_level": verdicts}
     if conv or conv_stale:
         payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, study_table.TESTS, family_means)
-    return study_table.write_table(results_dir, study, study_table.to_markdown(summary, meta, stale, protocol_lines),
+    return study_table.write_table(results_dir, study,
+                                   study_table.to_markdown(summary, meta, stale, protocol_lines, verdict_lines),
                                    payload, boot, current, stale, png, log)
