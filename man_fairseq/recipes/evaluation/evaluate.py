@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, validate
+from ..data.subword import SubwordEvidenceError, read_subword
 from ..options import PRECISION_HELP, PRECISIONS, number, resolve_precision
 from ..training.launch import visible_gpus
 from . import result_files
@@ -158,6 +159,10 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
     folder = Path(str(data).split(os.pathsep)[0])
     if not folder.is_dir():
         raise EvaluateError(f"data folder {folder} not found (config `data`, run.json or --data)")
+    try:
+        read_subword(data)  # how the hypotheses are joined back into text: a folder that disagrees is refused
+    except SubwordEvidenceError as e:
+        raise EvaluateError(str(e)) from e
     total = None
     if src:
         names = [f"{subset}.{src}-{tgt}.{src}.idx", f"{subset}.{tgt}-{src}.{src}.idx"]

@@ -37,6 +37,7 @@ from ...textfile import NotUtf8Error
 from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
+from ..data.subword import read_subword
 from ..evaluation.evaluate import EvaluateError
 from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
@@ -305,6 +306,7 @@ def main(argv=None):
             raise ReproduceError(f"--table-only reads the data folder {args.data} (its dictionaries are part of "
                                  "every record's fingerprint, its references are scored and tested): "
                                  f"{e}") from e
+        read_subword(args.data)  # a folder whose files disagree on it is refused before any run
         cfgs = experiment_configs(args.experiment, args, manifest, args.families)
         args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:
