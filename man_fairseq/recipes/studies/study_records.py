@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ...rouge155 import DEFAULT_EXCEPTION_DB
 from ..evaluation.steps import record as record_file
+from .convergence import stop_fields_disagreement
 
 RECORD_VERSION = 1
 # the config keys that decide training and scoring (not name, notes, paths)
@@ -166,6 +167,9 @@ def read_record(path):
     if path.name != f"{run_id(record['family'], record['seed'])}.json":
         raise RecordError(f"{path}: holds the record of {run_id(record['family'], record['seed'])}, "
                           "not of the run its name says")
+    disagreement = stop_fields_disagreement(record)
+    if disagreement:  # edited by hand: caught like an edited score (check_score)
+        raise RecordError(f"{path}: {disagreement}; restore it (git checkout) or rerun that run (--force)")
     for subset, result in record["test_sets"].items():
         fields = ROUGE_TEST_SET_FIELDS if isinstance(result, dict) and "rouge1" in result else TEST_SET_FIELDS
         missing = [k for k in fields if not isinstance(result, dict) or k not in result]
