@@ -1,0 +1,44 @@
+"""A result a command wrote is never replaced by a result of another kind (issue #72, item 2).
+
+``scripts/evaluate.sh RUN --subset valid`` writes the dev scores beside the test scores
+(``results.valid.json`` / ``.md``), never over them; a result file holding another subset's scores is
+replaced only with ``--force``.
+"""
+
+import json
+
+from test_score_inputs import _evaluate, _generate_output, toy_run  # noqa: F401  (a fixture)
+
+
+def test_dev_scores_are_written_beside_the_test_scores(toy_run, toy_raw, monkeypatch, capsys):
+    run, refs = toy_run
+    code, _, err = _evaluate(run, monkeypatch, capsys, _generate_output(refs, refs))
+    assert (code, err) == (0, "")
+    test_result = {name: (run / name).read_bytes() for name in ("results.json", "results.md")}
+    dev_refs = (toy_raw / "valid.tgt").read_text().splitlines()
+    # was: the dev scores in results.json / .md, the test set's deleted
+    code, _, err = _evaluate(run, monkeypatch, capsys, _generate_output(dev_refs, dev_refs), "--subset", "valid")
+    assert (code, err) == (0, "")
+    assert {name: (run / name).read_bytes() for name in ("results.json", "results.md")} == test_result
+    dev = json.loads((run / "results.valid.json").read_text())
+    assert dev["subset"] == "valid" and dev["n_sentences"] == len(dev_refs) == 40
+    assert "- subset: valid (40 sentences)" in (run / "results.valid.md").read_text()
+    assert sorted(p.name for p in run.glob("results*")) == ["results.json", "results.md", "results.valid.json",
+                                                             "results.valid.md"]
+    # the dev set again replaces its own result only
+    code, out, _ = _evaluate(run, monkeypatch, capsys, _generate_output(dev_refs, dev_refs), "--subset", "valid")
+    assert code == 0 and "moved aside to results.previous.valid.json, results.previous.valid.md" in out
+    assert (run / "results.json").read_bytes() == test_result["results.json"]
+
+
+def test_a_result_of_another_subset_is_replaced_only_with_force(toy_run, monkeypatch, capsys):
+    """A results.json that holds dev scores (written before they went beside the test scores)."""
+    run, refs = toy_run
+    held = json.dumps({"subset": "valid", "scores": {"bleu": 3.0}}) + "\n"
+    (run / "results.json").write_text(held)
+    code, _, err = _evaluate(run, monkeypatch, capsys, None)  # None: decoding must not start
+    assert code == 2 and err == (f"ERROR: {run / 'results.json'} holds the scores of `valid`, not of `test`; "
+                                 "refusing to replace them: move it away first, or pass --force\n")
+    assert (run / "results.json").read_text() == held and not (run / "results.previous.json").exists()
+    code, _, err = _evaluate(run, monkeypatch, capsys, _generate_output(refs, refs), "--force")
+    assert (code, err) == (0, "") and json.loads((run / "results.json").read_text())["subset"] == "test"
