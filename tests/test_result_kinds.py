@@ -2,11 +2,15 @@
 
 ``scripts/evaluate.sh RUN --subset valid`` writes the dev scores beside the test scores
 (``results.valid.json`` / ``.md``), never over them; a result file holding another subset's scores is
-replaced only with ``--force``.
+replaced only with ``--force``. ``man-attention-locality --output-dir`` replaces its own table only.
 """
 
 import json
+import shutil
 
+import pytest
+
+from conftest import REPO
 from test_score_inputs import _evaluate, _generate_output, toy_run  # noqa: F401  (a fixture)
 
 
@@ -42,3 +46,36 @@ def test_a_result_of_another_subset_is_replaced_only_with_force(toy_run, monkeyp
     assert (run / "results.json").read_text() == held and not (run / "results.previous.json").exists()
     code, _, err = _evaluate(run, monkeypatch, capsys, _generate_output(refs, refs), "--force")
     assert (code, err) == (0, "") and json.loads((run / "results.json").read_text())["subset"] == "test"
+
+
+# --------------------------------------------------------------- man-attention-locality --output-dir
+
+def _locality(tmp_path, out, *extra):
+    """cli_main with a checkpoint that does not exist: the output folder is checked before it is read."""
+    from man_fairseq.cli import attention_locality
+
+    argv = [str(tmp_path / "data"), "--path", str(tmp_path / "none.pt"), "--output-dir", str(out), "--cpu", *extra]
+    with pytest.raises(SystemExit) as stopped:
+        attention_locality.cli_main(argv)
+    return str(stopped.value)
+
+
+def test_locality_refuses_files_it_did_not_write_before_loading(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "locality.md").write_text("my notes\n")
+    (out / "locality.json").write_text('{"mine": 1}\n')
+    # was: both replaced by the analysis, exit status 0
+    assert _locality(tmp_path, out) == (f"--output-dir {out}: locality.md, locality.json exist there and were not "
+                                        "written by man-attention-locality; pass --overwrite to replace them, or "
+                                        "choose another folder")
+    assert (out / "locality.md").read_text() == "my notes\n" and (out / "locality.json").read_text() == '{"mine": 1}\n'
+    assert "--output-dir" not in _locality(tmp_path, out, "--overwrite")  # on to the missing checkpoint
+    (tmp_path / "a-file").write_text("x\n")
+    assert _locality(tmp_path, tmp_path / "a-file") == f"--output-dir {tmp_path / 'a-file'}: is a file, not a folder"
+
+
+def test_locality_replaces_its_own_table(tmp_path):
+    out = tmp_path / "ours"
+    shutil.copytree(REPO / "results" / "cnndm-cpu-locality", out)  # a table it wrote
+    assert "--output-dir" not in _locality(tmp_path, out)
