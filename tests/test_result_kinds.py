@@ -3,6 +3,7 @@
 ``scripts/evaluate.sh RUN --subset valid`` writes the dev scores beside the test scores
 (``results.valid.json`` / ``.md``), never over them; a result file holding another subset's scores is
 replaced only with ``--force``. ``man-attention-locality --output-dir`` replaces its own table only.
+``scripts/reproduce.sh`` does not replace the records of another data folder (another subword model or dictionaries) without ``--force``.
 """
 
 import json
@@ -12,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from test_score_inputs import _evaluate, _generate_output, toy_run  # noqa: F401  (a fixture)
+from test_subword_evidence import spm_model  # noqa: F401  (a fixture)
 
 
 def test_dev_scores_are_written_beside_the_test_scores(toy_run, toy_raw, monkeypatch, capsys):
@@ -79,3 +81,65 @@ def test_locality_replaces_its_own_table(tmp_path):
     out = tmp_path / "ours"
     shutil.copytree(REPO / "results" / "cnndm-cpu-locality", out)  # a table it wrote
     assert "--output-dir" not in _locality(tmp_path, out)
+
+
+# ------------------------------------------- scripts/reproduce.sh --results-dir of another data folder
+
+GIGAWORD = REPO / "data-bin" / "gigaword-30k"
+
+
+class TrainingStarted(Exception):
+    pass
+
+
+def _study(tmp_path, data, monkeypatch, *extra):
+    """reproduce.main on gigaword-cpu (MAN and its Transformer, seed 1) into tmp_path/results, stopped
+    where training would start; returns (exit status or TrainingStarted, stderr)."""
+    from man_fairseq.recipes.studies import reproduce
+
+    def train_run(*args):
+        raise TrainingStarted
+    monkeypatch.setattr(reproduce, "train_run", train_run)
+    argv = ["gigaword-cpu", "--seeds", "1", "--families", "man", "--data", str(data),
+            "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results"), *extra]
+    try:
+        return reproduce.main(argv), None
+    except TrainingStarted:
+        return TrainingStarted, None
+
+
+def _bpe_study_records(tmp_path):
+    """The committed Gigaword study's seed-1 records (BPE) in a --results-dir of our own."""
+    records = tmp_path / "results" / "gigaword-cpu"
+    records.mkdir(parents=True)
+    for path in (REPO / "results" / "gigaword-cpu").glob("*-seed1.*"):
+        if path.name.split("-seed")[0] in ("man", "transformer"):
+            shutil.copy(path, records / path.name)
+    return {p.name: p.read_bytes() for p in records.iterdir()}, records
+
+
+@pytest.mark.skipif(not GIGAWORD.is_dir(), reason="data-bin/gigaword-30k is not prepared")
+def test_reproduce_refuses_to_replace_the_records_of_another_data_folder(tmp_path, spm_model, monkeypatch, capsys):
+    from man_fairseq.recipes.data.destination import read_record, write_record
+
+    before, records = _bpe_study_records(tmp_path)
+    assert len(before) == 4
+    spm = {"kind": "sentencepiece", "model": "spm.model"}
+    data = tmp_path / "gigaword-spm"  # the same dictionaries, a sentencepiece model
+    shutil.copytree(GIGAWORD, data)
+    (data / "code").unlink()
+    shutil.copy(spm_model, data / "spm.model")
+    write_record(data, dict(read_record(data), subword=spm))
+    manifest = json.loads((data / "gigaword.json").read_text())
+    (data / "gigaword.json").write_text(json.dumps(dict(manifest, subword=spm)))
+    # was: both runs retrained on it and their four files replaced, no --force, no message
+    code, _ = _study(tmp_path, data, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2 and err == (f"ERROR: {records / 'transformer-seed1.json'} holds the scores of another data "
+                                 "folder (subword bpe, this run's sentencepiece); refusing to replace them: choose "
+                                 "another --results-dir, or pass --force with --families naming transformer to "
+                                 f"retrain it on --data {data}\n")
+    assert {p.name: p.read_bytes() for p in records.iterdir()} == before and not (tmp_path / "runs").exists()
+    # a record of the same data whose config changed is stale: replaced as before, without --force
+    code, _ = _study(tmp_path, GIGAWORD, monkeypatch, "--", "--dropout", "0.25")
+    assert code is TrainingStarted
