@@ -250,3 +250,44 @@ def test_a_run_to_convergence_stopped_by_the_cap_is_named_under_the_table():
     assert capped_lines([patience]) == []
     (note,) = [line for line in capped_lines([patience, cap]) if line]
     assert "diffwin seed 2 (epoch 40, best 40)" in note and "seed 1" not in note
+
+
+# ------------------------------------------------- the stop fields of a record against its dev curve
+
+def test_every_committed_record_to_convergence_agrees_with_its_dev_curve():
+    records = [sr.read_record(p) for p in sorted((REPO / "results").glob("**/*-seed*.json"))]  # every record read
+    assert sum(r.get("protocol") == "to-convergence" for r in records) >= 17
+
+
+# man seed 2's dev loss was 7.386 at epochs 21 and 24: the best checkpoint is epoch 24's (fairseq keeps
+# the last of equal losses), the patience counted from epoch 21 (the first), so it stopped at 21 + 3
+@pytest.mark.parametrize("record, edit, said", [
+    ("gigaword-cpu-converge/man-seed1.json", {"stopping_epoch": 40, "best_epoch": 5, "best_valid_loss": 5.0},
+     "it stopped at epoch 40 (25 epochs), but its dev curve has 25 validations, one per epoch"),
+    ("gigaword-cpu-converge/man-seed1.json", {"best_valid_loss": 5.0},
+     "its best checkpoint is epoch 22 (update 5412, dev loss 5.000), but its dev curve's best is epoch 22 "
+     "(update 5412, 6.722)"),
+    ("gigaword-cpu-converge/man-seed1.json", {"best_epoch": 5},
+     "its best checkpoint is epoch 5 (update 5412, dev loss 6.722), but its dev curve's best is epoch 22"),
+    ("gigaword-cpu-converge/man-seed1.json", {"stopped_by": "cap"},
+     "it says it stopped at epoch 25 by 'cap' (patience 3, cap 40), but its dev curve reached its best loss at "
+     "epoch 22"),
+    ("gigaword-cpu-converge/man-seed1.json", {"patience": 10}, "by 'patience' (patience 10, cap 40)"),
+    ("gigaword-cpu-converge/man-seed1.json", {"valid_curve": "cut"},
+     "it stopped at epoch 25 (25 epochs), but its dev curve has 20 validations"),
+    ("gigaword-cpu-converge/man-seed1.json", {"stopping_epoch": "25"}, "its stop fields or dev curve are not what"),
+    ("gigaword-cpu-converge/man-seed2.json", {"best_epoch": 21, "best_updates": 5166},
+     "its best checkpoint is epoch 21 (update 5166, dev loss 7.386), but its dev curve's best is epoch 24"),
+    ("gigaword-cpu-converge/diffwin-seed2.json", {"stopped_by": "patience"}, "by 'patience' (patience 3, cap 40)"),
+])
+def test_a_record_whose_stop_fields_its_dev_curve_contradicts_is_refused(tmp_path, record, edit, said):
+    # was tabulated with exit status 0 (the issue: "40 (best 5), 5.000" beside a curve whose best is epoch 22)
+    saved = json.loads((REPO / "results" / record).read_text())
+    if edit.get("valid_curve") == "cut":
+        edit = {"valid_curve": saved["valid_curve"][:20]}
+    path = tmp_path / record.split("/")[1]
+    path.write_text(json.dumps({**saved, **edit}))
+    with pytest.raises(sr.RecordError) as e:
+        sr.read_record(path)
+    assert str(e.value).startswith(f"{path}: ") and said in str(e.value)
+    assert str(e.value).endswith("; restore it (git checkout) or rerun that run (--force)")

@@ -174,11 +174,17 @@ def test_cnndm_sentencepiece_prepare_train_generate_rouge(cnndm_spm):
     assert options["moses_no_escape"] is True
 
 
-def test_sentencepiece_options_are_refused_where_they_change_nothing(tmp_path):
-    with pytest.raises(SystemExit):
+def test_sentencepiece_options_are_refused_where_they_change_nothing(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
         prep_in_process("wmt14", "--from", tmp_path, "--spm-vocab-size", "100")  # without --subword sentencepiece
-    with pytest.raises(SystemExit):
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --spm-vocab-size: read with --subword sentencepiece only")
+    with pytest.raises(SystemExit) as exit_:
         prep_in_process("wmt14", "--from", tmp_path, "--subword", "sentencepiece", "--bpe-merges", "100")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --bpe-merges: not read with --subword sentencepiece (--spm-vocab-size sets its size)")
 
 
 def test_sentencepiece_training_is_seeded_and_too_large_a_vocabulary_is_one_line(tmp_path):
@@ -197,6 +203,7 @@ def test_sentencepiece_training_is_seeded_and_too_large_a_vocabulary_is_one_line
 def test_a_folder_without_a_record_decodes_as_bpe(tmp_path):
     assert subword.read_subword(tmp_path) == {"kind": "bpe", "codes": "code"}
     assert subword.post_process_args(subword.read_subword(tmp_path)) == ["--remove-bpe", "@@ "]
+    (tmp_path / "code").write_text("a b\n")  # Python use needs the file (test_subword_evidence: when it is missing)
     assert subword.hub_options(tmp_path)["bpe_codes"] == str(tmp_path / "code")
 
 

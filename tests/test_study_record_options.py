@@ -257,6 +257,22 @@ def test_a_record_whose_hypotheses_do_not_give_its_score_is_refused(study, capsy
     assert not (results / "multi30k-cpu.md").exists()
 
 
+def test_a_record_to_convergence_whose_stop_fields_were_edited_is_refused(study, capsys):
+    """Its stop fields edited by hand (issue 72, item 4): printed as "40 (best 5), 5.000" with exit 0."""
+    data, results = study
+    converged = results / "multi30k-cpu-converge"
+    converged.mkdir()
+    for name in ("transformer-seed1.json", "transformer-seed1.test.hyp"):  # a committed record (stale here)
+        shutil.copy(REPO / "results" / "multi30k-cpu-converge" / name, converged / name)
+    path = converged / "transformer-seed1.json"
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), stopping_epoch=40, best_epoch=5,
+                                    best_valid_loss=5.0)))
+    line = _refused(*_table(data, results, capsys))
+    assert line == (f"ERROR: {path}: it stopped at epoch 40 (26 epochs), but its dev curve has 26 validations, "
+                    "one per epoch; restore it (git checkout) or rerun that run (--force)")
+    assert not (results / "multi30k-cpu.md").exists()
+
+
 def test_table_only_without_records_does_not_ask_for_data(tmp_path, capsys):
     rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(tmp_path / "none"), "--results-dir",
                          str(tmp_path / "results")])

@@ -21,7 +21,9 @@ fairseq's ``transformer`` (``layer.self_attn``) and for the families that build 
 (localness, differentiable window, calibration; their label names the bias module).
 
 Writes ``locality.md`` (also printed), ``locality.json`` and ``locality.png`` (share vs layer,
-one panel per ``w``, one line per model and sublayer) to ``--output-dir``::
+one panel per ``w``, one line per model and sublayer) to ``--output-dir``; files of those names that
+it did not write (no locality.json of its own beside them) are refused before any checkpoint is read,
+unless ``--overwrite``::
 
     man-attention-locality DATA_BIN --path man/checkpoint_best.pt,transformer/checkpoint_best.pt \\
         --gen-subset valid --windows 1,2,4 --output-dir locality/
@@ -57,6 +59,8 @@ def get_parser():
     p.add_argument("--gen-subset", default="valid", help="data split (default: valid)")
     p.add_argument("--windows", default="1,2,4", help="comma-separated windows w (default: 1,2,4)")
     p.add_argument("--output-dir", required=True, help="folder for locality.md / .json / .png")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace locality.md / .json / .png in --output-dir that this command did not write")
     p.add_argument("--source-lang", default=None)
     p.add_argument("--target-lang", default=None)
     p.add_argument("--user-dir", default=None, help="an extra fairseq --user-dir to import")
@@ -202,10 +206,37 @@ def save_plot(path, rows, windows, subset="valid"):
     plt.close(fig)
 
 
+OUTPUTS = ("locality.md", "locality.json", "locality.png")
+LOCALITY_FIELDS = {"split", "windows", "averaging", "models", "rows"}  # what main() writes to locality.json
+
+
+def written_here(path):
+    """Whether ``path`` is a locality.json this command wrote (its fields)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            held = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(held, dict) and LOCALITY_FIELDS <= set(held)
+
+
+def check_output_dir(output_dir, overwrite=False):
+    """Refuse, before any checkpoint is read, an ``--output-dir`` that is a file or whose
+    locality.md / .json / .png this command did not write (no locality.json of its own there),
+    unless ``overwrite``: a rerun replaces its own table, never a user's files of those names."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise SystemExit(f"--output-dir {output_dir}: is a file, not a folder")
+    present = [name for name in OUTPUTS if os.path.lexists(os.path.join(output_dir, name))]
+    if present and not overwrite and not written_here(os.path.join(output_dir, "locality.json")):
+        raise SystemExit(f"--output-dir {output_dir}: {', '.join(present)} exist there and were not written by "
+                         "man-attention-locality; pass --overwrite to replace them, or choose another folder")
+
+
 def main(args):
     import man_fairseq  # noqa: F401  (registers the archs before the checkpoints are read)
     from fairseq import utils
 
+    check_output_dir(args.output_dir, getattr(args, "overwrite", False))
     utils.import_user_module(args)
     windows = parse_windows(args.windows)
     use_cuda = torch.cuda.is_available() and not args.cpu

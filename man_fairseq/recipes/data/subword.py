@@ -11,12 +11,14 @@ fairseq tokenizer options of the text it was trained on (``tokenizer``); :func:`
 reads it back for decoding (:func:`post_process_args`) and Python use (:func:`hub_options`).
 """
 
+import json
 import os
 from pathlib import Path
 
 from ..options import number
 from .dataprep import PrepError, log, read_lines, write_lines
 from .destination import read_record
+from .steps import MARKER
 
 SUBWORDS = ("bpe", "sentencepiece")
 BPE_CODES = "code"
@@ -135,14 +137,49 @@ def learn_and_apply_sentencepiece(steps, tok_dir, src, tgt, model_type, vocab_si
 
 # ------------------------------------------------------------------- reading a folder's record
 
+class SubwordEvidenceError(PrepError):
+    """A data folder whose files say different things about its subword model (one line naming them)."""
+
+
+def _manifest_subwords(folder):
+    """(file name, ``subword`` field) of each data record ``<dataset>.json`` in ``folder`` (:mod:`.manifest`)."""
+    found = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict) and manifest.get("dataset") == path.stem and isinstance(
+                manifest.get("subword"), dict):
+            found.append((path.name, manifest["subword"]))
+    return found
+
+
 def read_subword(data):
-    """The ``subword`` field of the data folder ``data``'s record; a folder without one (made before
-    records named it, or not by data-prep) is read as BPE with codes ``code``."""
+    """The subword model of the data folder ``data``, from what the folder holds: its making record
+    (in ``.man-fairseq-prep``), its data record ``<dataset>.json``, and which of ``code`` and ``spm.model``
+    is in it. A copy without the hidden record (``cp DATA/* COPY/``) is read from the other two. When
+    they name different models the folder is refused (:class:`SubwordEvidenceError`), never guessed;
+    a folder with none of them (made before records named it, or not by data-prep) is read as BPE
+    with codes ``code``."""
     folder = Path(str(data).split(os.pathsep)[0])
-    record = read_record(folder) or {}
-    subword = record.get("subword")
-    return subword if isinstance(subword, dict) and subword.get("kind") in SUBWORDS else \
-        {"kind": "bpe", "codes": BPE_CODES}
+    said = []  # (where, subword dict) for every piece of evidence
+    subword = (read_record(folder) or {}).get("subword")
+    if isinstance(subword, dict):
+        said.append((f"{MARKER} (its making record)", subword))
+    said += _manifest_subwords(folder)
+    for name, kind in ((BPE_CODES, "bpe"), (SPM_MODEL, "sentencepiece")):
+        if (folder / name).is_file():
+            said.append((name, {"kind": kind}))
+    kinds = {s.get("kind") for _, s in said}
+    if len(kinds) > 1 or not kinds <= set(SUBWORDS):
+        listed = "; ".join(f"{where} says {s.get('kind')}" for where, s in said)
+        raise SubwordEvidenceError(
+            f"data folder {folder}: its files disagree on its subword model ({listed}); refusing to guess "
+            f"how to undo it. Keep only the files of the model the data was made with, or prepare it again.")
+    if kinds == {"sentencepiece"}:
+        return next((s for _, s in said if "model" in s), {"kind": "sentencepiece", "model": SPM_MODEL})
+    return next((s for _, s in said if "codes" in s), {"kind": "bpe", "codes": BPE_CODES})
 
 
 def read_tokenizer(data):
@@ -161,8 +198,12 @@ def hub_options(data):
     """The keywords ``from_pretrained`` (and, as options, ``fairseq-interactive``) needs for the data
     folder ``data``: its subword model and tokenizer, as its record says."""
     subword = read_subword(data)
+    model = Path(data) / subword["model" if subword["kind"] == "sentencepiece" else "codes"]
+    if not model.is_file():  # fairseq would fail later, in its own words, inside from_pretrained
+        raise SubwordEvidenceError(f"data folder {data}: its {subword['kind']} model {model.name} is not in it; "
+                                   "copy it from the folder the data was prepared in")
     if subword["kind"] == "sentencepiece":
-        options = {"bpe": "sentencepiece", "sentencepiece_model": str(Path(data) / subword["model"])}
+        options = {"bpe": "sentencepiece", "sentencepiece_model": str(model)}
     else:
-        options = {"bpe": "subword_nmt", "bpe_codes": str(Path(data) / subword["codes"])}
+        options = {"bpe": "subword_nmt", "bpe_codes": str(model)}
     return {"data_name_or_path": str(data), **options, **read_tokenizer(data)}

@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, validate
+from ..data.subword import SubwordEvidenceError, read_subword
 from ..options import PRECISION_HELP, PRECISIONS, number, resolve_precision
 from ..training.launch import visible_gpus
 from . import result_files
@@ -158,6 +159,10 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
     folder = Path(str(data).split(os.pathsep)[0])
     if not folder.is_dir():
         raise EvaluateError(f"data folder {folder} not found (config `data`, run.json or --data)")
+    try:
+        read_subword(data)  # how the hypotheses are joined back into text: a folder that disagrees is refused
+    except SubwordEvidenceError as e:
+        raise EvaluateError(str(e)) from e
     total = None
     if src:
         names = [f"{subset}.{src}-{tgt}.{src}.idx", f"{subset}.{tgt}-{src}.{src}.idx"]
@@ -203,7 +208,11 @@ def build_parser():
                                 description="Average the last N checkpoints of RUN, decode, score.")
     p.add_argument("run", help="run directory written by scripts/train.sh (holds config.yaml)")
     p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last")
-    p.add_argument("--subset", default=None, help="override eval.gen_subset (default test)")
+    p.add_argument("--subset", default=None,
+                   help="override eval.gen_subset (default test); another subset's scores go to "
+                        "RUN/results.SUBSET.json and .md, beside the test set's")
+    p.add_argument("--force", action="store_true",
+                   help="replace a result file that holds the scores of another subset (default: refused)")
     p.add_argument("--data", default=None, help="override the data-bin directory")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
@@ -232,13 +241,9 @@ def main(argv=None):
     if not (run / "config.yaml").is_file():
         print(f"ERROR: {run}: no config.yaml; RUN must be a run folder written by scripts/train.sh", file=sys.stderr)
         return 2
-    moved = []
+    moved = []  # filled by evaluate() once it knows which result files it writes
     try:
-        moved = result_files.retire(run)
-        if moved:
-            print(f"previous result moved aside to {', '.join(p.name for p in moved)} (removed once this "
-                  "evaluation succeeds)", flush=True)
-        evaluate(run, args)
+        evaluate(run, args, moved)
     except (EvaluateError, ConfigError, scoring.ScoreInputError, rouge155.Rouge155Unavailable,
             rouge155.Rouge155Failed, textfile.NotUtf8Error, textfile.CorruptFileError, OSError) as e:
         print("ERROR: " + " ".join(str(e).split()) + (f" (the previous result is in {moved[0]})" if moved else ""),
@@ -247,8 +252,9 @@ def main(argv=None):
     return 0
 
 
-def evaluate(run, args):
-    """Average, decode, score RUN as ``args`` say, and write its result files."""
+def evaluate(run, args, moved):
+    """Average, decode, score RUN as ``args`` say, and write its result files (the earlier ones,
+    moved aside first, are added to ``moved``)."""
     try:
         cfg = yaml.safe_load((run / "config.yaml").read_text())
         run_info = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
@@ -262,6 +268,11 @@ def evaluate(run, args):
     ev = cfg["eval"]
     resolve_rouge_options(args, ev["metric"])
     subset = args.subset or ev.get("gen_subset", "test")
+    names = result_files.result_names(subset, ev.get("gen_subset", "test"))  # dev scores beside test scores
+    moved += result_files.retire(run, subset, names, args.force)
+    if moved:
+        print(f"previous result moved aside to {', '.join(p.name for p in moved)} (removed once this "
+              "evaluation succeeds)", flush=True)
     n_avg = args.avg_last if args.avg_last is not None else ev.get("avg_last", 5)
     by_update = ev.get("avg_by", "epoch") == "update"
     device = "cpu" if args.cpu or visible_gpus() == 0 else "gpu"
@@ -317,7 +328,7 @@ def evaluate(run, args):
         "data_fingerprint": data_fingerprint(data, subset, src, tgt) if src else {},
         "num_updates": num_updates, "epochs_completed": epochs_completed,
     })
-    result_files.write(run, result)
+    result_files.write(run, result, names)
     print(json.dumps(scores))
 
 

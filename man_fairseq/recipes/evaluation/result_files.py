@@ -4,6 +4,11 @@ A failed evaluation never leaves an earlier result looking current: when an eval
 the result files are renamed ``results.previous.json`` / ``results.previous.md`` (nothing is lost,
 and ``results_table.py`` reads only ``results.json``); the new ones are written whole (temporary
 file, then rename) once every score is computed, and only then are the previous ones removed.
+
+The config's subset (``eval.gen_subset``, the test set) is scored into ``results.json`` / ``.md``,
+the only ones the tables read; another ``--subset S`` (the dev set) into ``results.S.json`` / ``.md``,
+beside them. A result file of another subset (written before this split) is not replaced without
+``--force``.
 """
 
 import json
@@ -16,34 +21,57 @@ from .steps import record
 RESULT_FILES = ("results.json", "results.md")
 
 
+def result_names(subset, config_subset):
+    """The result files of an evaluation of ``subset``: ``results.json`` / ``.md`` for the config's own
+    ``config_subset``, ``results.<subset>.json`` / ``.md`` beside them for another."""
+    if subset == config_subset:
+        return RESULT_FILES
+    return tuple(f"results.{subset}.{ext}" for ext in ("json", "md"))
+
+
 def previous_path(run, name):
     return Path(run) / name.replace("results.", "results.previous.", 1)
 
 
-def retire(run):
-    """Rename RUN's result files to ``results.previous.*``, so that from now on a failure leaves
-    no result that looks current; returns the new paths.
+def subset_of(path):
+    """The subset the result file ``path`` scored, or None (unreadable, or not a result)."""
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return result.get("subset") if isinstance(result, dict) else None
+
+
+def retire(run, subset, names=RESULT_FILES, force=False):
+    """Rename RUN's result files ``names`` to ``results.previous.*``, so that from now on a failure
+    leaves no result that looks current; returns the new paths.
 
     A ``results.previous.*`` beside the file it would replace is not one this module left (a
-    success removes them): FileExistsError, and nothing is moved."""
-    for name in RESULT_FILES:
+    success removes them): FileExistsError, and nothing is moved. So is a result of another subset
+    than ``subset`` (dev scores are not written over test scores) unless ``force``."""
+    json_name = names[0]
+    held = subset_of(Path(run) / json_name)  # None: no file, or one that does not say (replaced as before)
+    if held not in (None, subset) and not force:
+        raise FileExistsError(f"{Path(run) / json_name} holds the scores of `{held}`, not of `{subset}`; "
+                              "refusing to replace them: move it away first, or pass --force")
+    for name in names:
         if (Path(run) / name).is_file() and previous_path(run, name).exists():
             raise FileExistsError(f"{previous_path(run, name)} exists beside {name}; evaluate.sh keeps one earlier "
                                   "result there: move one of them away first")
     moved = []
-    for name in RESULT_FILES:
+    for name in names:
         if (Path(run) / name).is_file():
             os.replace(Path(run) / name, previous_path(run, name))
             moved.append(previous_path(run, name))
     return moved
 
 
-def write(run, result):
-    """``results.json`` and ``results.md``, each written whole (:func:`.steps.record`); then the
-    previous ones, moved aside by :func:`retire`, are removed."""
-    for name, text in (("results.json", json.dumps(result, indent=2) + "\n"), ("results.md", to_markdown(result))):
+def write(run, result, names=RESULT_FILES):
+    """The result files ``names`` (JSON, Markdown), each written whole (:func:`.steps.record`); then
+    the previous ones, moved aside by :func:`retire`, are removed."""
+    for name, text in zip(names, (json.dumps(result, indent=2) + "\n", to_markdown(result))):
         record(Path(run) / name, text)
-    for name in RESULT_FILES:
+    for name in names:
         previous_path(run, name).unlink(missing_ok=True)
 
 

@@ -58,6 +58,48 @@ def record_fields(cfg, run, scored):
             "best_epoch": best[-1][0], "best_updates": updates, "best_valid_loss": best[-1][2]}
 
 
+def stop_fields_disagreement(record):
+    """What in a to-convergence record's stop fields (:func:`record_fields`) its own dev curve
+    (``valid_curve``: [updates, loss] of each epoch's validation) contradicts, in words; None when
+    they agree (a fixed-budget record has none). fairseq keeps the last of equal losses as
+    ``checkpoint_best.pt`` (``<=``) but counts the patience from the first (``<``); a run resumed from a
+    checkpoint older than :mod:`man_fairseq.patience_resume` restarted the count, so it may stop later."""
+    if record_protocol(record) != TO_CONVERGENCE:
+        return None
+    try:
+        curve = [(int(u), float(loss)) for u, loss in record["valid_curve"]]
+        stop, best, by = record["stopping_epoch"], record["best_epoch"], record["stopped_by"]
+        patience, cap = record["patience"], record["max_epoch"]
+        if not all(isinstance(v, int) and v >= 1 for v in (stop, best, patience, cap)):
+            raise ValueError
+        best_loss, best_updates = float(record["best_valid_loss"]), record["best_updates"]
+        command = [str(word) for word in record.get("train_command") or []]
+        max_update = int(last_option(command, "--max-update", 0) or 0)  # the other cap fairseq stops at
+    except (KeyError, TypeError, ValueError):
+        return "its stop fields or dev curve are not what a to-convergence record holds"
+    if len(curve) != stop or record.get("epochs", stop) != stop:
+        return (f"it stopped at epoch {stop} ({record.get('epochs')} epochs), but its dev curve has "
+                f"{len(curve)} validations, one per epoch")
+    if not curve or record.get("updates") != curve[-1][0]:
+        return (f"it trained {record.get('updates')} updates, but its dev curve ends at update "
+                f"{curve[-1][0] if curve else None}")
+    losses = [loss for _, loss in curve]
+    # --maximize-best-checkpoint-metric (the tests' way to stop a tiny model early) makes the highest one best
+    curve_best = (max if "--maximize-best-checkpoint-metric" in command else min)(losses)
+    last_best_epoch = len(losses) - losses[::-1].index(curve_best)
+    first_best_epoch = losses.index(curve_best) + 1
+    if (best, best_loss, best_updates) != (last_best_epoch, curve_best, curve[last_best_epoch - 1][0]):
+        return (f"its best checkpoint is epoch {best} (update {best_updates}, dev loss {best_loss:.3f}), but its "
+                f"dev curve's best is epoch {last_best_epoch} "
+                f"(update {curve[last_best_epoch - 1][0]}, {curve_best:.3f})")
+    capped = stop == cap or (max_update > 0 and record["updates"] >= max_update)
+    if by not in ("patience", "cap") or stop > cap or (by == "cap" and not capped) or (
+            by == "patience" and stop - first_best_epoch < patience):
+        return (f"it says it stopped at epoch {stop} by {by!r} (patience {patience}, cap {cap}), but its dev curve "
+                f"reached its best loss at epoch {first_best_epoch}")
+    return None
+
+
 def read_command(run):
     """The fairseq-train command the launcher recorded for ``run`` (``run.json``), or []."""
     path = Path(run) / "run.json"

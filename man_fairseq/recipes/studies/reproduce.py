@@ -13,7 +13,9 @@ alone, so a study can advance run by run across machines.
 
 A rerun does not retrain a run whose record matches today's config (its fingerprint); an
 interrupted training resumes from its ``checkpoint_last.pt`` (fairseq's own restore); a run folder
-of another config is refused; ``--force`` retrains and rescores the selected runs from scratch.
+of another config is refused; ``--force`` retrains and rescores the selected runs from scratch. A
+record made on another data folder (its ``data_identity``: subword model, dictionaries) is refused
+before any run unless ``--force`` names its family.
 ``--table-only`` rebuilds the table from the records without training anything.
 
 ``--time-updates N`` instead measures, per family, seconds per update over N updates at the
@@ -37,6 +39,7 @@ from ...textfile import NotUtf8Error
 from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
+from ..data.subword import read_subword
 from ..evaluation.evaluate import EvaluateError
 from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
@@ -44,7 +47,7 @@ from ..workdir import try_lock
 from .experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, other_families,  # noqa: F401  (reproduce.FAMILIES)
                           parse_families, prepare_line, table_experiment)
 from .study_eval import StudyEvalError, evaluate_run
-from .study_records import RecordError, legacy_training_fingerprint, record_fingerprint
+from .study_records import RecordError, data_identity, legacy_training_fingerprint, record_fingerprint
 from .table_build import TableError, build_table, experiment_configs, scoring_config  # noqa: F401  (reproduce.scoring_config)
 
 
@@ -261,6 +264,8 @@ def run_study(args, cfgs, manifest):
 
     exp = EXPERIMENTS[args.experiment]
     records_dir = args.results_dir / args.experiment
+    today = data_identity(args.data)
+    check_no_other_data(records_dir, args, today)
     for seed in args.seeds:
         for fam in args.families:
             fp = record_fingerprint(cfgs[fam], args, seed)
@@ -281,7 +286,27 @@ def run_study(args, cfgs, manifest):
                 record, hyps = evaluate_run(cfgs[fam], run, seed, fam, manifest, exp["metric"], args, fp,
                                             device_name(args.device), log)
                 args.doing = None
-                log(f"wrote record {write_record(records_dir, record, hyps)}")
+                log(f"wrote record {write_record(records_dir, dict(record, data_identity=today), hyps)}")
+
+
+def check_no_other_data(records_dir, args, today):
+    """Refuse, before any run, to replace a record made on another data folder (another subword
+    model or dictionaries: a result of another kind, not a stale one of this study) without ``--force``
+    for its family, nor skip it as current; a record of this data whose config changed is stale and
+    replaced as before."""
+    from .study_records import other_data, read_record, record_path
+
+    for seed in args.seeds:
+        for fam in args.families:
+            path = record_path(records_dir, fam, seed)
+            if (args.force and fam in args.named) or not path.is_file():
+                continue
+            record = read_record(path)
+            differs = other_data(record, today)  # even when the fingerprint matches: the subword model is not in it
+            if differs:
+                raise ReproduceError(f"{path} holds the scores of another data folder ({differs}); refusing to "
+                                     f"replace them: choose another --results-dir, or pass --force with --families "
+                                     f"naming {fam} to retrain it on --data {args.data}")
 
 
 # what a study's steps raise for bad input or a missing file: one ERROR line, exit status 2
@@ -305,6 +330,7 @@ def main(argv=None):
             raise ReproduceError(f"--table-only reads the data folder {args.data} (its dictionaries are part of "
                                  "every record's fingerprint, its references are scored and tested): "
                                  f"{e}") from e
+        read_subword(args.data)  # a folder whose files disagree on it is refused before any run
         cfgs = experiment_configs(args.experiment, args, manifest, args.families)
         args.results_dir.mkdir(parents=True, exist_ok=True)
         if args.time_updates is not None:

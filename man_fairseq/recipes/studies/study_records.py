@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ...rouge155 import DEFAULT_EXCEPTION_DB
 from ..evaluation.steps import record as record_file
+from .convergence import stop_fields_disagreement
 
 RECORD_VERSION = 1
 # the config keys that decide training and scoring (not name, notes, paths)
@@ -166,6 +167,9 @@ def read_record(path):
     if path.name != f"{run_id(record['family'], record['seed'])}.json":
         raise RecordError(f"{path}: holds the record of {run_id(record['family'], record['seed'])}, "
                           "not of the run its name says")
+    disagreement = stop_fields_disagreement(record)
+    if disagreement:  # edited by hand: caught like an edited score (check_score)
+        raise RecordError(f"{path}: {disagreement}; restore it (git checkout) or rerun that run (--force)")
     for subset, result in record["test_sets"].items():
         fields = ROUGE_TEST_SET_FIELDS if isinstance(result, dict) and "rouge1" in result else TEST_SET_FIELDS
         missing = [k for k in fields if not isinstance(result, dict) or k not in result]
@@ -213,6 +217,35 @@ def check_score(records_dir, record, subset, key, rescored):
             f"{record_path(records_dir, record['family'], record['seed'])}: its {key} on {subset} is {stored:.2f}, but its "
             f"hypotheses ({hypothesis_path(records_dir, record['family'], record['seed'], subset).name}) score "
             f"{rescored:.2f}; restore both (git checkout) or rerun that run (--force)")
+
+
+def data_identity(data):
+    """What a run's scores were made on, kept in its record (``data_identity``) beside the fingerprint,
+    which hashes it with the config: the data folder's subword model and a digest of its dictionaries."""
+    from ..data.subword import read_subword
+
+    dictionaries = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(data).glob("dict.*.txt"))}
+    return {"subword": read_subword(data)["kind"],
+            "dictionaries": hashlib.sha256(json.dumps(dictionaries, sort_keys=True).encode()).hexdigest()[:16]}
+
+
+def record_data_identity(record):
+    """A record's ``data_identity``; for one written before it, the subword model its decoding undid
+    (fairseq-generate's ``--post-process sentencepiece`` or ``--remove-bpe``), its dictionaries unknown."""
+    if isinstance(record.get("data_identity"), dict):
+        return record["data_identity"]
+    commands = [[str(w) for w in result.get("generate_command") or []] for result in record["test_sets"].values()]
+    spm = any(c[i + 1:i + 2] == ["sentencepiece"] for c in commands for i, w in enumerate(c) if w == "--post-process")
+    return {"subword": "sentencepiece" if spm else "bpe"}
+
+
+def other_data(record, today):
+    """How the data ``record`` was made on differs from ``today``'s (:func:`data_identity`), in words;
+    None when nothing it records differs."""
+    held = record_data_identity(record)
+    changed = [f"{key} {held[key]}, this run's {today[key]}" for key in sorted(held)
+               if key in today and held[key] != today[key]]
+    return "; ".join(changed) or None
 
 
 def matching_record(records_dir, family, seed, fingerprint):
