@@ -148,7 +148,7 @@ def test_man_files2rouge_errors_likerun_files2rouge(tmp_path, capsys):
     assert (code, err) == (2, "ERROR: 'rouge_n' should not be set with 'rouge_args'\n")
     # a negative -n: ROUGE-1.5.5 would print ROUGE-L alone with exit status 0, as for -n 0
     code, _, err = run_files2rouge([ref, ref, "-n", "-1"], capsys)
-    assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 "
+    assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 and <= 9 "
                                       "(0: no ROUGE-N, ROUGE-L only)\n")
     code, _, err = run_files2rouge([ref, ref, "-n", "0", "-nol"], capsys)
     assert code == 2 and err.endswith("error: -n 0 with -nol leaves nothing to score\n")

@@ -12,6 +12,7 @@ ZeroDivisionError). Standard library only: data-prep imports it without fairseq.
 
 import argparse
 import math
+import os
 
 SEEDS_HELP = ("N (seeds 1..N) or a comma-separated list such as 2,3; one seed alone: N, with the comma "
               "(default %(default)s)")
@@ -44,12 +45,22 @@ def seeds(text):
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: {e}") from None
 
 
-def number(flag, low=None, high=None, integer=True, low_open=False):
+def cpu_cores():
+    """The CPU cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def number(flag, low=None, high=None, integer=True, low_open=False, ceiling=None):
     """An argparse ``type``: an int (``integer``) or a finite float within ``[low, high]``
-    (``low_open``: ``> low``)."""
+    (``low_open``: ``> low``). ``ceiling``: what ``high`` is, named in the refusal (``"the CPU cores
+    here"``), so that no value exhausts the machine (``--workers 1000000`` opened a million processes)."""
     convert = int if integer else float
     bounds = " and ".join(b for b in (f"{'>' if low_open else '>='} {low}" if low is not None else "",
                                       f"<= {high}" if high is not None else "") if b)
+    bounds += f" ({ceiling})" if ceiling else ""
 
     def parse(text):
         value = convert(text)  # a text it cannot read keeps argparse's "invalid int value: 'x'"
@@ -97,3 +108,21 @@ def precision_list(text):
     if not names or len(set(names)) != len(names) or not set(names) <= set(PRECISIONS):
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct names of fp32, fp16, bf16")
     return names
+
+
+def workers(flag="--workers"):
+    """``--workers`` as an argparse ``type``: 1 .. the CPU cores this process may use (each worker is
+    one process of its own)."""
+    cores = cpu_cores()
+    return number(flag, low=1, high=cores, ceiling=f"the {cores} CPU core(s) this process may use")
+
+
+# The ceiling of every resampling count (--bootstrap-samples; ROUGE-1.5.5's -r): 10 x the field's 1000,
+# a p-value resolution of 1e-4; the paired bootstrap holds samples x documents indices in memory
+# (10^12 asked for 728 TiB).
+MAX_RESAMPLES = 10_000
+
+
+def resamples(flag):
+    """A resampling count as an argparse ``type``: 1 .. :data:`MAX_RESAMPLES`."""
+    return number(flag, low=1, high=MAX_RESAMPLES, ceiling="10 x the field's 1000 resamples")

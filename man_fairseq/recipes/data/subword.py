@@ -24,6 +24,9 @@ SPM_MODEL = "spm.model"
 SPM_MODEL_TYPES = ("unigram", "bpe", "char", "word")
 DEFAULT_SPM_MODEL_TYPE = "unigram"  # spm_train's default
 DEFAULT_SPM_VOCAB_SIZE = 8000  # spm_train's default
+# --spm-vocab-size's ceiling: sentencepiece's --seed_sentencepiece_size default, the pieces unigram training
+# starts from; 2147483648 (over sentencepiece's int32) was its traceback after two steps.
+MAX_SPM_VOCAB_SIZE = 1_000_000
 SPM_SEED = 1  # sentencepiece's random generator (unigram's sampling), fixed so a rerun gives the same model
 
 
@@ -36,7 +39,8 @@ def add_options(parser, bpe_merges_help):
                              f"sentencepiece model trained on the training split, stored as {SPM_MODEL}")
     parser.add_argument("--spm-model-type", choices=SPM_MODEL_TYPES, default=None,
                         help=f"--subword sentencepiece: model type (default {DEFAULT_SPM_MODEL_TYPE}, spm_train's)")
-    parser.add_argument("--spm-vocab-size", type=number("--spm-vocab-size", low=1), default=None,
+    vocab_size = number("--spm-vocab-size", low=1, high=MAX_SPM_VOCAB_SIZE, ceiling="sentencepiece's seed pieces")
+    parser.add_argument("--spm-vocab-size", type=vocab_size, default=None,
                         help="--subword sentencepiece: vocabulary size "
                              f"(default {DEFAULT_SPM_VOCAB_SIZE}, spm_train's)")
 

@@ -38,7 +38,7 @@ from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
 from ..evaluation.evaluate import EvaluateError
-from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
+from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resamples, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from ..workdir import try_lock
 from .experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, other_families,  # noqa: F401  (reproduce.FAMILIES)
@@ -181,7 +181,7 @@ def build_parser():
     p.add_argument("--results-dir", default=str(REPO / "results"))
     p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last (epoch checkpoints averaged)")
     p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128, help="fairseq-generate sentences per batch")
-    p.add_argument("--bootstrap-samples", type=number("--bootstrap-samples", low=1), default=1000)
+    p.add_argument("--bootstrap-samples", type=resamples("--bootstrap-samples"), default=1000)
     p.add_argument("--test-sample", type=number("--test-sample", low=0), default=None, metavar="N",
                    help="score a fixed sample of N pairs of each test set (seeded, the same for every run; "
                         "overrides eval.test_sample, e.g. cnndm-cpu's 2,000 validation articles; 0: all of them)")
