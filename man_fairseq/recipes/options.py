@@ -18,6 +18,16 @@ SEEDS_HELP = ("N (seeds 1..N) or a comma-separated list such as 2,3; one seed al
               "(default %(default)s)")
 
 
+def comma_items(spec):
+    """The items of a comma-separated list, one trailing comma allowed (``"3,"``: one item); ValueError
+    for an empty item elsewhere (``"1,,2"`` is a typo, never read as ``1,2``)."""
+    items = str(spec).split(",")
+    items = items[:-1] if len(items) > 1 and not items[-1].strip() else items
+    if any(not x.strip() for x in items):
+        raise ValueError(f"an empty item in {spec!r} (a comma too many?)")
+    return items
+
+
 def parse_seeds(spec):
     """``"3"`` -> [1, 2, 3]; ``"2,3"`` -> [2, 3]; ``"3,"`` -> [3]. ValueError says what is wrong: an
     empty item other than the one trailing comma (``"1,,2"`` is a typo, never read as ``1,2``)."""
@@ -27,11 +37,7 @@ def parse_seeds(spec):
         if n < 1:
             raise ValueError("must be >= 1")
         return list(range(1, n + 1))
-    items = spec.split(",")
-    items = items[:-1] if not items[-1].strip() else items  # "3," is seed 3 alone
-    if any(not x.strip() for x in items):
-        raise ValueError(f"an empty item in {spec!r} (a comma too many?)")
-    seeds = [int(x) for x in items]
+    seeds = [int(x) for x in comma_items(spec)]
     if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
         raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
     return seeds
@@ -92,13 +98,22 @@ def resolve_precision(parser, precision, cpu):
 
 
 def thread_counts(text):
-    """``--threads`` as an argparse ``type``: ``"1,2"`` -> [1, 2], distinct counts >= 1."""
+    """``--threads`` as an argparse ``type``: ``"1,2"`` -> [1, 2], distinct counts from 1 to the cores,
+    an empty item refused as ``--seeds``' (``"1,,2"``)."""
     try:
-        counts = [int(x) for x in str(text).split(",") if x.strip()]
+        items = comma_items(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {e}") from None
+    try:
+        counts = [int(x) for x in items]
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: a comma-separated list of thread counts") from None
     if not counts or min(counts) < 1 or len(set(counts)) != len(counts):
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: distinct thread counts, each >= 1")
+    cores = cpu_cores()
+    if max(counts) > cores:  # more threads than cores measures the contention, not the model
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: each <= {cores} "
+                                         f"(the {cores} CPU core(s) this process may use)")
     return counts
 
 
