@@ -33,6 +33,7 @@ from man_fairseq.recipes.options import SEEDS_HELP, number, seeds  # noqa: E402
 from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 from man_fairseq.tables import markdown_table, mean_std, slug  # noqa: E402,F401
+from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
 
 # Same width, heads and depth, both pre-norm (as the MAN authors trained, and every study here);
 # MAN halves the FFN to keep the parameter count (docs/man.md#sizes-the-halved-ffn).
@@ -212,6 +213,7 @@ def results_table(rows, seeds, args, seconds):
     return "\n".join(table) + "\n" + note
 
 
+@one_line_on_ctrl_c("scripts/demo.py")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = build_parser()
@@ -257,4 +259,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,6 +32,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from collections import Counter, defaultdict
 from typing import List
 
@@ -43,6 +44,7 @@ from man_fairseq.analysis.locality import (  # noqa: F401  (the measurements, by
 )
 from man_fairseq.analysis.utils import check_counts, load_checkpoint
 from man_fairseq import tables
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 logger = logging.getLogger("man_fairseq.attention_locality")
 
@@ -232,6 +234,7 @@ def main(args):
     return rows
 
 
+@one_line_on_ctrl_c("man-attention-locality")
 def cli_main(argv=None):
     from man_fairseq.logging_setup import setup_logging
 
@@ -246,4 +249,4 @@ def cli_main(argv=None):
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

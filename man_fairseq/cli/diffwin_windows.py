@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import re
+import sys
 from collections import defaultdict
 from typing import Dict, List, Optional
 
@@ -52,6 +53,7 @@ from man_fairseq.analysis.utils import (
 )
 from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.tables import markdown_table, slug
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 logger = logging.getLogger("man_fairseq.diffwin_windows")
 
@@ -334,6 +336,7 @@ def main(args):
     return results
 
 
+@one_line_on_ctrl_c("man-diffwin-windows")
 def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
     args = get_parser().parse_args(argv)
@@ -342,4 +345,4 @@ def cli_main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

@@ -43,6 +43,7 @@ Usage::
 
 import json
 import os
+import sys
 from typing import Dict, List, Optional
 
 import torch
@@ -58,6 +59,7 @@ from man_fairseq.analysis.calibration_stats import (
 )
 from man_fairseq.logging_setup import setup_logging
 from man_fairseq.tables import markdown_table, slug
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 def get_parser():
@@ -333,6 +335,7 @@ def main(args):
     return results
 
 
+@one_line_on_ctrl_c("man-export-calibration")
 def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
     args = get_parser().parse_args(argv)
@@ -341,4 +344,4 @@ def cli_main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

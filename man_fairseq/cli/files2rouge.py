@@ -26,6 +26,7 @@ from pathlib import Path
 from man_fairseq.logging_setup import quiet_logging
 from man_fairseq import rouge155, textfile
 from man_fairseq.recipes.options import resamples
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 def read_lines(path):
@@ -108,6 +109,7 @@ def check_saveto(path, inputs, overwrite=False):
         raise ValueError(f"-s {path}: exists; pass --overwrite to replace it, or choose a new file")
 
 
+@one_line_on_ctrl_c("man-files2rouge")
 def main(argv=None):
     quiet_logging()
     parser = build_parser()
@@ -155,9 +157,8 @@ def main(argv=None):
     return 0
 
 
-def cli_main():
-    sys.exit(main())
+cli_main = main  # the console script, which exits with main's status
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

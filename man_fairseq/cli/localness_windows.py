@@ -28,6 +28,7 @@ options::
 
 import os
 import re
+import sys
 from collections import defaultdict
 
 import torch
@@ -36,6 +37,7 @@ import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is 
 from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
 from man_fairseq.tables import markdown_table, slug
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
 COLUMNS = ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
@@ -263,6 +265,7 @@ def main(args):
                 print(f.read())
 
 
+@one_line_on_ctrl_c("man-localness-windows")
 def cli_main(argv=None):
     from fairseq import options
 
@@ -276,4 +279,4 @@ def cli_main(argv=None):
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

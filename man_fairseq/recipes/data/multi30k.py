@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from ...interrupt import one_line_on_ctrl_c
 from ..config import REPO
 from ..options import number, workers
 from . import subword
@@ -202,6 +203,7 @@ def build_multi30k(args):
     return counts
 
 
+@one_line_on_ctrl_c("data-prep/prepare-multi30k.sh")  # the line of an interrupt outside the run's own handler
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="data-prep/prepare-multi30k.sh",

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import cnndm
+from ...interrupt import one_line_on_ctrl_c
 from ..config import REPO
 from ..options import number, workers
 from .moses import lowercase
@@ -325,6 +326,7 @@ def run(argv=None):
     return dest
 
 
+@one_line_on_ctrl_c("data-prep/prepare-*.sh")  # the line of an interrupt outside the run's own handler
 def main(argv=None):
     return run_command(lambda: run(argv))
 

@@ -33,6 +33,7 @@ from . import result_files
 from .steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
 from ... import rouge155, scoring, textfile
 from ...logging_setup import quiet_logging
+from man_fairseq.interrupt import EXIT_INTERRUPTED, interrupted_line, one_line_on_ctrl_c
 
 
 def subset_size(data, subset, src, tgt):
@@ -223,6 +224,7 @@ def build_parser():
     return p
 
 
+@one_line_on_ctrl_c("scripts/evaluate.sh")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     parser = build_parser()
@@ -244,6 +246,11 @@ def main(argv=None):
         print("ERROR: " + " ".join(str(e).split()) + (f" (the previous result is in {moved[0]})" if moved else ""),
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if not moved:
+            raise  # the decorator's line
+        print(interrupted_line("scripts/evaluate.sh", f"the previous result is in {moved[0]}"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

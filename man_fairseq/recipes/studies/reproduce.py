@@ -33,6 +33,7 @@ from ... import rouge155
 from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
 from ...scoring import ScoreInputError
+from ...interrupt import one_line_on_ctrl_c
 from ...textfile import NotUtf8Error
 from ..config import REPO, load_config
 from ..data.dataprep import PrepError
@@ -289,6 +290,7 @@ STUDY_ERRORS = (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateErr
                 RecordError, TableError, OSError)
 
 
+@one_line_on_ctrl_c("scripts/reproduce.sh")  # the line of an interrupt outside the run's own handler
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     args = parse_args(argv)
