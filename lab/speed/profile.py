@@ -26,6 +26,7 @@ from lab.speed import records
 from lab.speed.model import build, config_argv
 from man_fairseq.recipes.config import REPO, load_config
 from man_fairseq.recipes.options import number
+from man_fairseq.paths import output_folder_problem
 from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
 from man_fairseq.tables import markdown_table
 
@@ -215,6 +216,8 @@ def parse(argv, prog):
     elif Path(args.output).exists():
         p.error(f"--output: {args.output} exists; it is not replaced")
     args.output, args.batches = Path(args.output), args.batches or (20 if args.passes else 3)
+    if problem := output_folder_problem(args.output.absolute().parent):  # found before profiling, not after it
+        p.error(f"--output {args.output}: {problem}")
     return args
 
 

@@ -42,7 +42,7 @@ from man_fairseq.analysis.locality import (  # noqa: F401  (the measurements, by
     AttentionRecorder, LocalityStats, encoder_self_attentions, locality_shares, real_positions, self_attention_label,
     uniform_shares,
 )
-from man_fairseq.analysis.utils import check_counts, load_checkpoint
+from man_fairseq.analysis.utils import check_counts, check_output_dir, load_checkpoint
 from man_fairseq import tables
 from man_fairseq.interrupt import one_line_on_ctrl_c
 
@@ -245,6 +245,7 @@ def cli_main(argv=None):
     except ValueError as e:
         raise SystemExit(str(e))
     check_counts(args, batch_size=1, max_tokens=1, max_sentences=1, log_interval=1)
+    check_output_dir(args.output_dir)
     main(args)
 
 

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, analysis_parser, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    Progress, analysis_parser, arch_name, batch_iterator, check_counts, check_output_dir, checkpoint_folder,
     load_checkpoint, model_labels,
 )
 from man_fairseq.logging_setup import pyplot, setup_logging
@@ -341,6 +341,7 @@ def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
     args = get_parser().parse_args(argv)
     check_counts(args, batch_size=1, max_sentences=1, num_heatmaps=0, log_interval=1)
+    check_output_dir(args.output_dir)
     main(args)
 
 

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, analysis_parser, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    Progress, analysis_parser, arch_name, batch_iterator, check_counts, check_output_dir, checkpoint_folder,
     load_checkpoint, model_labels,
 )
 from man_fairseq.analysis.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
@@ -340,6 +340,7 @@ def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
     args = get_parser().parse_args(argv)
     check_counts(args, batch_size=1, max_sentences=1, num_heatmaps=0, kendall_sentences=0, log_interval=1)
+    check_output_dir(args.output_dir)
     main(args)
 
 

@@ -275,6 +275,9 @@ def cli_main(argv=None):
     group.add_argument("--windows-output-dir", "--output-dir", required=True,
                        help="folder for windows.tsv, windows.md, heads.md, windows_<attention>.png, heads_<attention>.png")
     args = options.parse_args_and_arch(parser, input_args=argv)
+    from man_fairseq.analysis.utils import check_output_dir
+
+    check_output_dir(args.windows_output_dir)
     main(args)
 
 

@@ -32,6 +32,7 @@ from ..training.launch import visible_gpus
 from . import result_files
 from .steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
 from ... import rouge155, scoring, textfile
+from ...paths import output_folder_problem
 from ...logging_setup import quiet_logging
 from man_fairseq.interrupt import EXIT_INTERRUPTED, interrupted_line, one_line_on_ctrl_c
 
@@ -233,6 +234,9 @@ def main(argv=None):
     run = Path(args.run).resolve()
     if not (run / "config.yaml").is_file():
         print(f"ERROR: {run}: no config.yaml; RUN must be a run folder written by scripts/train.sh", file=sys.stderr)
+        return 2
+    if problem := output_folder_problem(run):  # its eval/ and results.* are written there, after decoding
+        print(f"ERROR: {run}: {problem}; nothing was evaluated", file=sys.stderr)
         return 2
     moved = []
     try:

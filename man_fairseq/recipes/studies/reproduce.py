@@ -34,6 +34,7 @@ from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
 from ...scoring import ScoreInputError
 from ...interrupt import one_line_on_ctrl_c
+from ...paths import output_folder_problem
 from ...textfile import NotUtf8Error
 from ..config import REPO, load_config
 from ..data.dataprep import PrepError
@@ -234,6 +235,8 @@ def parse_args(argv=None):
     for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", args.results_dir)):
         if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
             p.error(f"{flag} {folder}: is a file, not a folder")
+        if problem := output_folder_problem(folder):  # a read-only one, or one beneath a file
+            p.error(f"{flag} {folder}: {problem}")
     args.named = set(named)  # --force applies to these; the baseline runs too, retrained only when named
     return args
 
