@@ -302,6 +302,7 @@ def main(argv=None):
     try:
         if args.table_only:
             check_records_exist(args)
+        check_fixed_budget_records(args)
         try:
             manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
         except PrepError as e:
@@ -338,6 +339,20 @@ def check_records_exist(args):
     if not any(any(folder.glob("*-seed*.json")) for folder in folders if folder.is_dir()):
         raise ReproduceError(f"--table-only: no run record in {' or '.join(map(str, folders))}: nothing to tabulate "
                              f"(train one first: scripts/reproduce.sh {args.experiment} --seeds 1,)")
+
+
+def check_fixed_budget_records(args):
+    """A to-convergence protocol's table is its study's, built on the study's fixed-budget records (the
+    Transformer's and each family's of the same seed): without any in ``--results-dir`` the table could
+    not be built, said before training, not after it."""
+    study = EXPERIMENTS[args.experiment].get("converges")
+    if study is None:
+        return
+    folder = args.results_dir / study
+    if not (folder.is_dir() and any(folder.glob("*-seed*.json"))):
+        raise ReproduceError(
+            f"{args.experiment} is tabulated beside {study}'s fixed-budget records (RESULTS/{study}/FAMILY-seedN.json), "
+            f"and {folder} holds none: run scripts/reproduce.sh {study} first, or pass the --results-dir that holds them")
 
 
 if __name__ == "__main__":
