@@ -34,7 +34,7 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
-from .textfile import check_aligned
+from .textfile import ScoreInputError, check_aligned
 
 FILES2ROUGE_DEFAULT_N = 2
 PERL_HELP = ("ROUGE-1.5.5 needs Perl with the XML::Parser and DB_File modules: on Debian/Ubuntu "
@@ -213,7 +213,7 @@ def write_documents(references, summaries, folder: Path, eos=".", ignore_empty_r
 
 
 def check_ascii_letters(texts, name):
-    """Refuse (ValueError naming ``name`` and the line) a line most of whose letters are not ASCII.
+    """Refuse (ScoreInputError naming ``name`` and the line) a line most of whose letters are not ASCII.
 
     ROUGE-1.5.5 keeps a-z and 0-9 only (it lowercases and turns everything else into spaces), so
     Greek, Cyrillic or CJK text loses its words: identical files scored 0 or 0.25, not 1, with exit
@@ -223,7 +223,7 @@ def check_ascii_letters(texts, name):
         letters = [c for c in text if c.isalpha()]
         other = sum(not c.isascii() for c in letters)
         if other * 2 > len(letters):
-            raise ValueError(f"{name} line {i}: {other} of its {len(letters)} letters are not ASCII letters, which "
+            raise ScoreInputError(f"{name} line {i}: {other} of its {len(letters)} letters are not ASCII letters, which "
                              "ROUGE-1.5.5 drops (it scores a-z and 0-9 only; identical text would not score 1): "
                              "transliterate the text to ASCII first, or use a scorer for its script")
 

@@ -303,3 +303,10 @@ def test_english_with_a_few_accented_letters_is_scored_as_files2rouge_scores_it(
     ref.write_text("josé ate at the café in são paulo .\n")
     code, out, _ = run_files2rouge([ref, ref], capsys)
     assert code == 0 and scores(out)[("1", "F")] == scores(out)[("L", "F")] == 1.0
+
+
+def test_the_recipes_refuse_it_naming_their_file():
+    # evaluate.sh and the studies score through scoring.rouge: the one line names the hypotheses file
+    with pytest.raises(scoring.ScoreInputError, match=r"^hypotheses h\.txt line 2: 13 of its 13 letters are not ASCII"):
+        scoring.rouge(["a b .", "Καλημέρα κόσμε ."], ["a b .", "Καλημέρα κόσμε ."],
+                      names=("hypotheses h.txt", "references r.txt"))
