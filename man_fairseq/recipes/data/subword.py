@@ -102,6 +102,13 @@ def learn_sentencepiece(train_files, model_path, model_type, vocab_size, workers
                         "(see --spm-vocab-size, --spm-model-type)") from None
     finally:
         joined.unlink(missing_ok=True)
+    pieces = spm.SentencePieceProcessor(model_file=f"{prefix}.model").get_piece_size()
+    if pieces != vocab_size:  # a char model stops at its characters: the record would say vocab_size
+        for suffix in (".model", ".vocab"):
+            Path(f"{prefix}{suffix}").unlink(missing_ok=True)
+        raise PrepError(f"sentencepiece's {model_type} model of {', '.join(map(str, train_files))} has {pieces} pieces "
+                        f"(for a char model: the training text's characters), not --spm-vocab-size {vocab_size}: "
+                        f"pass --spm-vocab-size {pieces}")
     Path(f"{prefix}.model").replace(model_path)
     Path(f"{prefix}.vocab").unlink(missing_ok=True)
 
