@@ -86,3 +86,17 @@ def test_a_bound_is_named_in_the_refusal():
     parse = options.number("--x", low=1, high=4, ceiling="why four")
     with pytest.raises(argparse.ArgumentTypeError, match=r"must be >= 1 and <= 4 \(why four\)"):
         parse("5")
+
+
+def test_speed_threads_and_generated_sentences_within_their_ceilings(tmp_path, capsys, no_work, monkeypatch):
+    from lab.speed import profile, synthetic
+
+    monkeypatch.setattr(options, "cpu_cores", lambda: 2)
+    line = refusal(capsys, lambda argv: profile.parse(argv, "scripts/speed.sh profile"),
+                   ["gigaword-cpu", "--threads", "1000000"])
+    assert line.endswith("argument --threads: invalid value '1000000': must be >= 1 and <= 2 "
+                         "(the 2 CPU core(s) this process may use)"), line
+    monkeypatch.setattr(synthetic.tempfile, "mkdtemp", lambda *a, **k: pytest.fail("work started"))
+    line = refusal(capsys, synthetic.main, ["--sentences", str(10 ** 12), "--results-dir", str(tmp_path)])
+    assert line.endswith("argument --sentences: invalid value '1000000000000': must be >= 1 and <= 1000000 "
+                         "(the ceiling of a generated corpus)"), line

@@ -28,15 +28,22 @@ def comma_items(spec):
     return items
 
 
+# At most this many seeds, each a training run (``--seeds 1000000000000`` built a list of 10^12 seeds).
+MAX_SEEDS = 1000
+
+
 def parse_seeds(spec):
     """``"3"`` -> [1, 2, 3]; ``"2,3"`` -> [2, 3]; ``"3,"`` -> [3]. ValueError says what is wrong: an
-    empty item other than the one trailing comma (``"1,,2"`` is a typo, never read as ``1,2``)."""
+    empty item other than the one trailing comma (``"1,,2"`` is a typo, never read as ``1,2``), more
+    than :data:`MAX_SEEDS` seeds."""
     spec = str(spec).strip()
     if "," not in spec:
         n = int(spec)
-        if n < 1:
-            raise ValueError("must be >= 1")
+        if n < 1 or n > MAX_SEEDS:
+            raise ValueError(f"must be >= 1 and <= {MAX_SEEDS} (each seed is a training run)")
         return list(range(1, n + 1))
+    if spec.count(",") >= MAX_SEEDS:
+        raise ValueError(f"more than {MAX_SEEDS} seeds (each seed is a training run)")
     seeds = [int(x) for x in comma_items(spec)]
     if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
         raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
@@ -126,10 +133,19 @@ def precision_list(text):
 
 
 def workers(flag="--workers"):
-    """``--workers`` as an argparse ``type``: 1 .. the CPU cores this process may use (each worker is
-    one process of its own)."""
+    """``--workers`` (processes) or ``--threads`` as an argparse ``type``: 1 .. the CPU cores this process
+    may use; more only contend for them (``--workers 1000000`` opened a million processes)."""
     cores = cpu_cores()
     return number(flag, low=1, high=cores, ceiling=f"the {cores} CPU core(s) this process may use")
+
+
+# The ceiling of a generated corpus (scripts/demo.py --train-size/--eval-size, speed.sh synthetic
+# --sentences), in sentence pairs: 30 x the demo's default, and no more memory than a small corpus's.
+MAX_GENERATED_PAIRS = 1_000_000
+
+
+def generated_pairs(flag):
+    return number(flag, low=1, high=MAX_GENERATED_PAIRS, ceiling="the ceiling of a generated corpus")
 
 
 # The ceiling of every resampling count (--bootstrap-samples; ROUGE-1.5.5's -r): 10 x the field's 1000,
