@@ -42,9 +42,12 @@ def parse_seeds(spec):
         if n < 1 or n > MAX_SEEDS:
             raise ValueError(f"must be >= 1 and <= {MAX_SEEDS} (each seed is a training run)")
         return list(range(1, n + 1))
-    if spec.count(",") >= MAX_SEEDS:
-        raise ValueError(f"more than {MAX_SEEDS} seeds (each seed is a training run)")
+    too_many = f"more than {MAX_SEEDS} seeds (each seed is a training run)"
+    if spec.count(",") > MAX_SEEDS:  # counted before the items are read
+        raise ValueError(too_many)
     seeds = [int(x) for x in comma_items(spec)]
+    if len(seeds) > MAX_SEEDS:
+        raise ValueError(too_many)
     if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
         raise ValueError(f"a list of distinct seeds >= 1, got {spec!r}")
     return seeds
