@@ -12,7 +12,7 @@ Checked twice, from the same declaration:
 
 * on the command line, by argparse: :func:`add_option_args` gives each option with a declared rule
   an argparse ``type`` that applies it, so fairseq-train stops with its usual one-line usage error
-  (``fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0``,
+  (``fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0 and <= 65536``,
   exit status 2) before anything else runs;
 * when the model or criterion is built, by :func:`check_options`: values argparse never sees (a
   hydra YAML, ``--model-overrides``) and what depends on other options (layer indices and the

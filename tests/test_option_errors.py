@@ -199,7 +199,7 @@ def test_an_option_error_in_a_spawned_process_is_one_line_too(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, status, last_line", [
     (["--arch", "transformer_man_small", "--static-mask-window", "-1"], 2,
-     "fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0"),
+     "fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0 and <= 65536"),
     (["--arch", "transformer_calibrated_small", "--criterion", CRITERION, "--perturbation-weight", "-1"], 2,
      "fairseq-train: error: argument --perturbation-weight: invalid value '-1': must be >= 0"),
     (["--arch", "transformer_localness_small", "--localness-layers", "0,5"], 1,
