@@ -128,3 +128,14 @@ def test_evaluate_refuses_a_read_only_run_folder_before_decoding(shared_tmp):
     proc = run_unprivileged(["-m", "man_fairseq.recipes.evaluation.evaluate", str(run), "--cpu"])
     assert proc.returncode == 2
     assert proc.stderr == f"ERROR: {run}: {run} is not writable; nothing was evaluated\n"
+
+
+def test_demo_refuses_an_out_folder_beneath_a_file(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo
+
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--out", str(afile / "out")])
+    assert str(e.value.code) == f"demo: {afile / 'out'}: {afile} is a file, not a folder"
