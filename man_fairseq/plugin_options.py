@@ -37,12 +37,12 @@ from hydra.errors import CompactHydraException
 
 VALID = "valid"  # the dataclass field metadata key of a Rule
 # The ceiling of every distance and window option (in tokens): 64 x fairseq's default
-# --max-source-positions (1024). A larger value is never reached by a sequence, and the DMAN distance
-# table (2K+1 parameters per sublayer) or the int64 distance arithmetic would exhaust memory or
+# --max-source-positions (1024), far beyond any sequence the recipes train on. Larger ones made the
+# DMAN distance table (2K+1 parameters per sublayer) exhaust memory or the int64 distance arithmetic
 # overflow before the first update (--dman-max-relative-distance 10^12: 8 TB).
 MAX_DISTANCE = 65536
 # The ceiling of the fixed fusion's lambda: a + lambda a^c stays within 1 + lambda of the attention
-# weights, finite in fp16 (max 65504) through the value product; 1e300 overflowed to inf and NaN.
+# weights, finite in fp16 (max 65504); 1e300 overflowed to inf and NaN.
 MAX_CALIBRATION_LAMBDA = 100
 
 
