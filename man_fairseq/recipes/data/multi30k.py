@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ...interrupt import one_line_on_ctrl_c
 from ..config import REPO
-from ..options import number, workers
+from ..options import workers
 from . import subword
 from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import PrepError, log, read_lines, report_counts, tokenize_lines, write_lines
