@@ -39,6 +39,14 @@ SCRIPT_MAINS = {
     "scripts/results_table.py": "man_fairseq.recipes.evaluation.results_table:main",
     "data-prep/prepare-*.sh": "man_fairseq.recipes.data.prepare:main",
     "data-prep/prepare-multi30k.sh": "man_fairseq.recipes.data.multi30k:main",
+    # the lab's instruments with a command line of their own
+    "python -m lab.lr_probe": "lab.lr_probe:main",
+    "python -m lab.sublayer_grads": "lab.sublayer_grads:main",
+    "python -m lab.dev_set_rouge": "lab.dev_set_rouge:main",
+    "python -m lab.gpu_check": "lab.gpu_check:main",
+    "python -m lab.flex_keys": "lab.flex_keys:main",
+    "python -m lab.compare_rouge_scorers": "lab.compare_rouge_scorers:main",
+    "python -m lab.man_training_study": "lab.man_training_study:main",
 }
 
 
