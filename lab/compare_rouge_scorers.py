@@ -18,6 +18,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
+
 
 def baselines(shared, max_docs=None):
     from man_fairseq.recipes.data.dataprep import tokenize_lines
@@ -56,6 +58,7 @@ def table(shared, max_docs=None):
     return "\n".join(markdown_table(["data", "scorer", "R-1", "R-2", "R-L"], cells)) + "\n"
 
 
+@one_line_on_ctrl_c("python -m lab.compare_rouge_scorers")
 def main(argv=None):
     from man_fairseq.logging_setup import quiet_logging
 

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from man_fairseq.recipes.studies.summarization_table import KEYS, NAMES  # noqa: E402  (after the path insert)
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 class DevSetError(RuntimeError):
@@ -249,6 +250,7 @@ def write(runs, left_out, args, subset, subset_name, ref_path):
     return md
 
 
+@one_line_on_ctrl_c("python -m lab.dev_set_rouge")
 def main(argv=None):
     from man_fairseq.logging_setup import quiet_logging
     from man_fairseq.recipes.studies import reproduce

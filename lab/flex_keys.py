@@ -11,11 +11,13 @@ attention kind, with the batch padded and as it is. No model, no GPU: the number
 
 import argparse
 import os
+import sys
 from typing import Dict, Iterable, Sequence, Set, Tuple
 
 import numpy as np
 
 from man_fairseq.modules.flex_backend import bucket_batch, bucket_length
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 KINDS = ("encoder self", "decoder self", "cross")
 
@@ -60,6 +62,7 @@ def training_batches(data: str, source_lang: str, target_lang: str, max_tokens: 
     return batches, source_sizes, np.array(tgt.sizes)
 
 
+@one_line_on_ctrl_c("python -m lab.flex_keys")
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("data", help="a fairseq-preprocess folder")
@@ -83,4 +86,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

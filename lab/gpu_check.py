@@ -36,6 +36,7 @@ from man_fairseq.tables import markdown_table
 from man_fairseq.recipes.training import fairseq_log
 from man_fairseq.recipes.config import CONFIG_DIR, REPO, load_config
 from man_fairseq.recipes.training.launch import train_args
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
@@ -242,6 +243,7 @@ def render(env: Dict[str, str], checks: List[Check], note: str = "") -> str:
     return "\n".join(lines)
 
 
+@one_line_on_ctrl_c("python -m lab.gpu_check")
 def main(argv=None) -> int:
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(prog="python -m lab.gpu_check", description=__doc__.split("\n\n")[0],

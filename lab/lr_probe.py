@@ -48,6 +48,7 @@ from man_fairseq.recipes.training.launch import split_fairseq_args, train_args
 from man_fairseq.recipes.tools import tool_env
 from man_fairseq.recipes.workdir import MARKER, created
 from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
@@ -333,6 +334,7 @@ def plot_only(args):
     return 0
 
 
+@one_line_on_ctrl_c("python -m lab.lr_probe")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(prog="python -m lab.lr_probe", description=__doc__.split("\n\n")[0])

@@ -21,6 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
+
 VALID_RE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+).*?\| num_updates (\d+)")
 TRAIN_RE = re.compile(r"\| epoch (\d+) \| loss ([0-9.]+) \| nll_loss ([0-9.]+).*?\| num_updates (\d+)")
 WPS_RE = re.compile(r"train_inner:epoch \d+:.*?wps=([0-9.]+)")
@@ -102,6 +104,7 @@ def figure(records, png):
     plt.close(fig)
 
 
+@one_line_on_ctrl_c("python -m lab.man_training_study")
 def main(argv=None):
     from man_fairseq.logging_setup import quiet_logging
 
@@ -148,4 +151,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from man_fairseq.recipes.training.launch import split_fairseq_args
 from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 # fairseq's own layers: parameter prefix inside a layer -> sublayer name
 FAIRSEQ_SUBLAYERS = {
@@ -136,6 +137,7 @@ def plot(rows, png, title=""):
     plt.close(fig)
 
 
+@one_line_on_ctrl_c("python -m lab.sublayer_grads")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     ours, train_argv = split_fairseq_args(argv)

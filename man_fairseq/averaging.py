@@ -144,6 +144,12 @@ def average_checkpoints(inputs: List[str]):
     fp16/bf16 parameters are summed in fp32 and the average is written in fp32."""
     if not inputs:
         raise AverageError("no checkpoints to average")
+    seen = {}
+    for fpath in inputs:  # one file twice weighs it double: an "average" of what was not trained
+        real = os.path.realpath(fpath)
+        if real in seen:
+            raise AverageError(f"{fpath} is given twice (also as {seen[real]}); each checkpoint is averaged once")
+        seen[real] = fpath
     params_dict = collections.OrderedDict()
     new_state = None
     for fpath in inputs:

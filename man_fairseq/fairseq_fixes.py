@@ -48,6 +48,10 @@ ignored without a word. Such a key, as given on the command line, is now refused
 naming it (:func:`man_fairseq.plugin_options.check_model_overrides`); bad values of known keys
 were refused already, when the model is built. A ``--path`` that is not a checkpoint at all (a text
 file) is one line saying so too.
+
+An eighth: ``from_pretrained`` with a run folder, checkpoint file or data folder that does not exist
+ended in ``TypeError: expected str ... not NoneType`` (fairseq's archive lookup returns None for a
+path it cannot find); it is now a FileNotFoundError naming the path and the keyword.
 """
 
 import atexit
@@ -63,7 +67,7 @@ import weakref
 
 import numpy as np
 import torch
-from fairseq import checkpoint_utils, options
+from fairseq import checkpoint_utils, hub_utils, options
 from fairseq.data import data_utils, iterators
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.tasks.translation import TranslationTask
@@ -71,6 +75,7 @@ from fairseq.tasks.translation import TranslationTask
 logger = logging.getLogger(__name__)
 
 _fork_batch_by_size = data_utils.batch_by_size
+_fairseq_from_pretrained = hub_utils.from_pretrained
 
 
 def batch_by_size(
@@ -301,7 +306,27 @@ def stop_background_consumers(timeout=CONSUMER_STOP_SECONDS):
             consumer.join(0.05)
 
 
+def _local_missing(name, archive_map):
+    """Whether ``name`` is meant as a local path (not an archive name or a URL) and does not exist."""
+    return isinstance(name, str) and name not in (archive_map or {}) and "://" not in name and not os.path.exists(name)
+
+
+def from_pretrained(model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", archive_map=None, **kwargs):
+    if _local_missing(model_name_or_path, archive_map):
+        raise FileNotFoundError(f"from_pretrained: the run folder {model_name_or_path} does not exist")
+    if isinstance(model_name_or_path, str) and os.path.isdir(model_name_or_path):
+        for name in checkpoint_file.split(os.pathsep):
+            if not os.path.isfile(os.path.join(model_name_or_path, name)):
+                raise FileNotFoundError(f"from_pretrained: checkpoint_file {name!r} is not in the run folder "
+                                        f"{model_name_or_path} (it is relative to it)")
+    if not str(data_name_or_path).startswith(".") and _local_missing(data_name_or_path, archive_map):
+        raise FileNotFoundError(f"from_pretrained: the data folder {data_name_or_path} (data_name_or_path, the "
+                                "folder with the dictionaries) does not exist")
+    return _fairseq_from_pretrained(model_name_or_path, checkpoint_file, data_name_or_path, archive_map, **kwargs)
+
+
 def apply():
+    hub_utils.from_pretrained = from_pretrained
     data_utils.batch_by_size = batch_by_size
     TranslationTask.inference_step = inference_step
     options.parse_args_and_arch = parse_args_and_arch

@@ -12,7 +12,7 @@ Checked twice, from the same declaration:
 
 * on the command line, by argparse: :func:`add_option_args` gives each option with a declared rule
   an argparse ``type`` that applies it, so fairseq-train stops with its usual one-line usage error
-  (``fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0``,
+  (``fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0 and <= 65536``,
   exit status 2) before anything else runs;
 * when the model or criterion is built, by :func:`check_options`: values argparse never sees (a
   hydra YAML, ``--model-overrides``) and what depends on other options (layer indices and the
@@ -36,6 +36,14 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass, interpret_dc_type
 from hydra.errors import CompactHydraException
 
 VALID = "valid"  # the dataclass field metadata key of a Rule
+# The ceiling of every distance and window option (in tokens): 64 x fairseq's default
+# --max-source-positions (1024), far beyond any sequence the recipes train on. Larger ones made the
+# DMAN distance table (2K+1 parameters per sublayer) exhaust memory or the int64 distance arithmetic
+# overflow before the first update (--dman-max-relative-distance 10^12: 8 TB).
+MAX_DISTANCE = 65536
+# The ceiling of the fixed fusion's lambda: a + lambda a^c stays within 1 + lambda of the attention
+# weights, finite in fp16 (max 65504); 1e300 overflowed to inf and NaN.
+MAX_CALIBRATION_LAMBDA = 100
 
 
 def option_flag(name: str) -> str:

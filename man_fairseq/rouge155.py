@@ -34,7 +34,7 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
-from .textfile import check_aligned
+from .textfile import ScoreInputError, check_aligned
 
 FILES2ROUGE_DEFAULT_N = 2
 PERL_HELP = ("ROUGE-1.5.5 needs Perl with the XML::Parser and DB_File modules: on Debian/Ubuntu "
@@ -212,6 +212,22 @@ def write_documents(references, summaries, folder: Path, eos=".", ignore_empty_r
     return config, ignored
 
 
+def check_ascii_letters(texts, name):
+    """Refuse (ScoreInputError naming ``name`` and the line) a line most of whose letters are not ASCII.
+
+    ROUGE-1.5.5 keeps a-z and 0-9 only (it lowercases and turns everything else into spaces), so
+    Greek, Cyrillic or CJK text loses its words: identical files scored 0 or 0.25, not 1, with exit
+    status 0. English with a few accented names keeps nearly all its letters and is scored as
+    files2rouge scores it."""
+    for i, text in enumerate(texts, start=1):
+        letters = [c for c in text if c.isalpha()]
+        other = sum(not c.isascii() for c in letters)
+        if other * 2 > len(letters):
+            raise ScoreInputError(f"{name} line {i}: {other} of its {len(letters)} letters are not ASCII letters, which "
+                             "ROUGE-1.5.5 drops (it scores a-z and 0-9 only; identical text would not score 1): "
+                             "transliterate the text to ASCII first, or use a scorer for its script")
+
+
 def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=False):
     """files2rouge's ROUGE options (without ``-e``, stemming and the config file)."""
     if rouge_args is not None:
@@ -235,6 +251,8 @@ def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=
     ROUGE runs. Raises :class:`Rouge155Failed` when ROUGE-1.5.5.pl fails."""
     references, summaries = list(references), list(summaries)
     check_aligned([(names[0], references), (names[1], summaries)])  # before Perl and its data are needed
+    for name, texts in zip(names, (references, summaries)):
+        check_ascii_letters(texts, name)
     release = release_dir()
     options = ["-e", str(data_dir(release, exception_db))] + rouge_arguments(rouge_args, rouge_n, no_rouge_l)
     if per_document:

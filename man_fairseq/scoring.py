@@ -117,10 +117,12 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", names
     if order not in ROUGE_ORDERS:
         raise ValueError(f"ROUGE order must be one of {sorted(ROUGE_ORDERS)}, not {order!r}")
     first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)
+    hyp_name, ref_name = names or ("hypotheses", "references")
     if implementation == "rouge155":
         # an empty hypothesis scores 0 and stays in the average (files2rouge would stop)
         output, _ = rouge155.run(first, second, eos=eos, empty_scores_zero=True, exception_db=exception_db,
-                                 per_document=per_document)
+                                 per_document=per_document,
+                                 names=(hyp_name, ref_name) if order == "hyp-ref" else (ref_name, hyp_name))
         scores = rouge155.average_f(output)
         scores["implementation"] = (f"ROUGE-1.5.5 as files2rouge runs it (-c 95 -r 1000 -n 2 -a -m, "
                                     f"sentences split at ' {eos}'), {ROUGE_ORDERS[order]}; "

@@ -29,10 +29,11 @@ from man_fairseq import textfile  # noqa: E402
 from man_fairseq.logging_setup import quiet_logging  # noqa: E402
 from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
 from man_fairseq.recipes.evaluation import steps  # noqa: E402
-from man_fairseq.recipes.options import SEEDS_HELP, number, seeds  # noqa: E402
+from man_fairseq.recipes.options import SEEDS_HELP, generated_pairs, number, seeds, workers  # noqa: E402
 from man_fairseq.recipes.tools import run_tool  # noqa: E402
 from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
 from man_fairseq.tables import markdown_table, mean_std, slug  # noqa: E402,F401
+from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
 
 # Same width, heads and depth, both pre-norm (as the MAN authors trained, and every study here);
 # MAN halves the FFN to keep the parameter count (docs/man.md#sizes-the-halved-ffn).
@@ -130,9 +131,9 @@ def build_parser():
     p.add_argument("--out", type=Path, default=REPO / "demo-out", help="work folder (default: demo-out/)")
     p.add_argument("--epochs", type=number("--epochs", low=1), default=10)
     p.add_argument("--average", type=number("--average", low=1), default=3, help="average the last N epoch checkpoints")
-    p.add_argument("--train-size", type=number("--train-size", low=1), default=3000, help="synthetic corpus: training pairs")
-    p.add_argument("--eval-size", type=number("--eval-size", low=1), default=300, help="synthetic corpus: valid and test pairs each")
-    p.add_argument("--threads", type=number("--threads", low=1), default=2)
+    p.add_argument("--train-size", type=generated_pairs("--train-size"), default=3000, help="synthetic corpus: training pairs")
+    p.add_argument("--eval-size", type=generated_pairs("--eval-size"), default=300, help="synthetic corpus: valid and test pairs each")
+    p.add_argument("--threads", type=workers("--threads"), default=2)
     p.add_argument("--seeds", type=seeds, default=None, help="training seeds, as scripts/reproduce.sh takes them: " + SEEDS_HELP
                    .replace("(default %(default)s)", "(default: seed 1 alone); several report mean ± std"))
     p.add_argument("--seed", type=number("--seed", low=1), default=None, help="one training seed S, the same as --seeds S, "
@@ -212,6 +213,7 @@ def results_table(rows, seeds, args, seconds):
     return "\n".join(table) + "\n" + note
 
 
+@one_line_on_ctrl_c("scripts/demo.py")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = build_parser()
@@ -257,4 +259,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -135,3 +135,15 @@ def test_output_may_not_overwrite_an_input(runs):
                     "--output", d / "checkpoint_1_3.pt", check=False)
     assert proc.returncode == 2 and "is one of the inputs" in proc.stdout
     assert (d / "checkpoint_1_3.pt").read_bytes() == before
+
+
+def test_one_checkpoint_given_twice_is_refused_not_averaged(tmp_path, capsys):
+    # it was "averaged": the mean of a file and itself, written with exit status 0
+    ckpt = tmp_path / "checkpoint1.pt"
+    ckpt.write_bytes(b"never read: refused before loading")
+    out, again = tmp_path / "avg.pt", f"{tmp_path}/./checkpoint1.pt"  # the same file, spelt otherwise
+    with pytest.raises(SystemExit) as e:
+        average_main(["--inputs", str(ckpt), again, "--output", str(out)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == f"ERROR: {again} is given twice (also as {ckpt}); each checkpoint is averaged once\n"
+    assert not out.exists()

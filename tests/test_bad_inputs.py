@@ -301,7 +301,7 @@ def test_a_file_that_is_not_a_checkpoint_is_named_so_by_our_commands(tmp_path, c
     text = tmp_path / "notes.pt"
     text.write_text("hello world\n")  # torch.load says `KeyError: 101`
     with pytest.raises(SystemExit) as stopped:
-        average_checkpoints.cli_main(["--inputs", str(text), str(text), "--output", str(tmp_path / "avg.pt")])
+        average_checkpoints.cli_main(["--inputs", str(text), "--output", str(tmp_path / "avg.pt")])
     assert stopped.value.code == 2
     assert capsys.readouterr().err == (f"ERROR: cannot read checkpoint {text}: not a PyTorch checkpoint (neither the "
                                        "zip archive torch.save writes nor a pickle); give a checkpoint*.pt written "

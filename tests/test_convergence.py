@@ -47,6 +47,18 @@ def test_a_convergence_study_scores_no_average(capsys):
         "--avg-last: gigaword-cpu-converge scores each run's best checkpoint by dev loss, never an average")
 
 
+def test_a_convergence_run_into_a_fresh_results_dir_names_the_records_it_needs_before_training(tmp_path, capsys):
+    # it trained to the end, then said "no current run record ... nothing to tabulate"
+    results, runs = tmp_path / "fresh", tmp_path / "runs"
+    assert reproduce.main(["multi30k-cpu-converge", "--seeds", "1,", "--data", str(tmp_path / "data"),
+                           "--runs-dir", str(runs), "--results-dir", str(results)]) == 2
+    assert capsys.readouterr().err == (
+        "ERROR: multi30k-cpu-converge is tabulated beside multi30k-cpu's fixed-budget records "
+        f"(RESULTS/multi30k-cpu/FAMILY-seedN.json), and {results / 'multi30k-cpu'} holds none: run "
+        "scripts/reproduce.sh multi30k-cpu first, or pass the --results-dir that holds them\n")
+    assert not runs.exists()
+
+
 def _train(data, save_dir, *extra):
     cmd = ["fairseq-train", data, "--user-dir", REPO / "man_fairseq", "--arch", "transformer_man_small",
            "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--save-dir", save_dir, "--patience", "3",

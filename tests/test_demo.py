@@ -9,6 +9,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import demo  # noqa: E402
+from man_fairseq.recipes import options  # noqa: E402
 
 
 def test_demo_runs_the_whole_pipeline(tmp_path):
@@ -63,14 +64,29 @@ def _write(folder, split, src_lines, tgt_lines):
     (folder / f"{split}.en").write_text("".join(l + "\n" for l in tgt_lines))
 
 
+MANY_SEEDS = ",".join(map(str, range(1, 1102)))
+
+
 @pytest.mark.parametrize("argv, said", [
     (["--epochs", "0"], "argument --epochs: invalid value '0': must be >= 1"),  # trained nothing, then failed
-    (["--seeds", "0"], "argument --seeds: invalid value '0': must be >= 1"),
-    (["--threads", "0"], "argument --threads: invalid value '0': must be >= 1"),
-    (["--train-size", "-5"], "argument --train-size: invalid value '-5': must be >= 1"),
+    (["--seeds", "0"], "argument --seeds: invalid value '0': must be >= 1 and <= 1000 (each seed is a training run)"),
+    (["--threads", "0"], "argument --threads: invalid value '0': must be >= 1 and <= 2 "
+                         "(the 2 CPU core(s) this process may use)"),
+    (["--train-size", "-5"], "argument --train-size: invalid value '-5': must be >= 1 and <= 1000000 "
+                             "(the ceiling of a generated corpus)"),
+    # the ceilings (issue #72): 10^12 seeds filled the memory before any work, 10^6 threads the process table
+    (["--seeds", str(10 ** 12)], "argument --seeds: invalid value '1000000000000': must be >= 1 and <= 1000 "
+                                 "(each seed is a training run)"),
+    (["--seeds", MANY_SEEDS], f"argument --seeds: invalid value '{MANY_SEEDS}': more than 1000 seeds (each seed is "
+                              "a training run)"),
+    (["--threads", "1000000"], "argument --threads: invalid value '1000000': must be >= 1 and <= 2 "
+                               "(the 2 CPU core(s) this process may use)"),
+    (["--eval-size", str(10 ** 9)], "argument --eval-size: invalid value '1000000000': must be >= 1 and <= 1000000 "
+                                    "(the ceiling of a generated corpus)"),
     (["--epochs", "2", "--average", "3"], "--average 3: more than the 2 epoch(s) of --epochs"),  # failed after training
 ])
-def test_counts_are_checked_when_the_arguments_are_read(tmp_path, argv, said, capsys):
+def test_counts_are_checked_when_the_arguments_are_read(tmp_path, argv, said, capsys, monkeypatch):
+    monkeypatch.setattr(options, "cpu_cores", lambda: 2, raising=False)
     with pytest.raises(SystemExit) as e:
         demo.main(["--out", str(tmp_path / "out"), *argv])
     assert e.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f"error: {said}")

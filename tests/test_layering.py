@@ -5,7 +5,7 @@ the lab out; no file of ``man_fairseq/``, ``lab/`` or ``scripts/`` is over 400 l
 
 Floors, lowest first (a module sits on the floor of the longest prefix that names it):
 
-* ground: logging setup, paths, text files, provenance, the toy corpus, table helpers, and what the
+* ground: logging setup, paths, text files, provenance, the toy corpus, table helpers, the Ctrl-C line, and what the
   plugin's own modules need before fairseq loads anything (options, checkpoint allow-list);
 * plugin: what ``--user-dir man_fairseq`` registers (modules, models, criterions, fairseq fixes);
 * library: checkpoint averaging, scoring (BLEU, ROUGE-1.5.5), the analyses;
@@ -28,7 +28,7 @@ LAB = REPO / "lab"
 FLOORS = [
     ("ground", ["man_fairseq.logging_setup", "man_fairseq.paths", "man_fairseq.textfile", "man_fairseq.provenance",
                 "man_fairseq.toy_corpus", "man_fairseq.tables", "man_fairseq.known_warnings",
-                "man_fairseq.plugin_options", "man_fairseq.checkpoint_compat"]),
+                "man_fairseq.plugin_options", "man_fairseq.checkpoint_compat", "man_fairseq.interrupt"]),
     ("plugin", ["man_fairseq", "man_fairseq.fairseq_fixes", "man_fairseq.modules", "man_fairseq.models",
                 "man_fairseq.criterions"]),
     ("library", ["man_fairseq.averaging", "man_fairseq.scoring", "man_fairseq.rouge155", "man_fairseq.analysis"]),

@@ -22,6 +22,7 @@ import pytest
 from conftest import REPO, TINY_MODEL
 
 from man_fairseq.recipes.training import fairseq_log
+from man_fairseq.recipes.options import cpu_cores
 from man_fairseq.recipes.studies import reproduce, study_table
 from man_fairseq.recipes.studies.study_records import read_records
 from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
@@ -312,7 +313,8 @@ def test_prepare_refuses_what_would_end_in_a_traceback_or_another_tools_words(tm
     assert proc.returncode == 2 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
     assert last == {
         "empty train": f"ERROR: train: {folder / 'train.de.gz'} and {folder / 'train.en.gz'} hold no lines; nothing to prepare",
-        "--workers 0": "data-prep/prepare-multi30k.sh: error: argument --workers: invalid value '0': must be >= 1",
+        "--workers 0": "data-prep/prepare-multi30k.sh: error: argument --workers: invalid value '0': must be >= 1 and "
+                       f"<= {cpu_cores()} (the {cpu_cores()} CPU core(s) this process may use)",
         "--bpe-merges 0": "data-prep/prepare-multi30k.sh: error: argument --bpe-merges: invalid value '0': must be >= 1",
     }[case]
     assert not (tmp_path / "d").exists()
@@ -325,8 +327,9 @@ def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path
         reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r"),
                         f"{option}=0"])
     assert e.value.code == 2
+    ceiling = " and <= 10000 (10 x the field's 1000 resamples)" if option == "--bootstrap-samples" else ""
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"scripts/reproduce.sh: error: argument {option}: invalid value '0': must be >= 1")
+        f"scripts/reproduce.sh: error: argument {option}: invalid value '0': must be >= 1{ceiling}")
     assert not (tmp_path / "r").exists()
 
 

@@ -95,6 +95,17 @@ def test_a_bad_value_of_every_option_is_an_argparse_error(tmp_path, capsys, arch
      "argument --diffwin-decoder-mask: invalid value 'segment': decoder self-attention supports token masks only"),
     ("transformer_calibrated_small", ["--calibration-lambda", "nan"],
      "argument --calibration-lambda: invalid value 'nan': must be a finite number"),
+    # the ceilings (issue #72): each value once allocated terabytes, overflowed int64 or ended in NaN
+    ("transformer_man_small", ["--dman-max-relative-distance", str(10 ** 12)],
+     "argument --dman-max-relative-distance: invalid value '1000000000000': must be >= 0 and <= 65536"),
+    ("transformer_man_small", ["--static-mask-window", str(10 ** 21)],
+     "argument --static-mask-window: invalid value '1000000000000000000000': must be >= 0 and <= 65536"),
+    ("transformer_localness_small", ["--max-relative-position", "65537"],
+     "argument --max-relative-position: invalid value '65537': must be >= 1 and <= 65536"),
+    ("transformer_diffwin_small", ["--diffwin-segment-size", "65537"],
+     "argument --diffwin-segment-size: invalid value '65537': must be >= 1 and <= 65536"),
+    ("transformer_calibrated_small", ["--calibration-lambda", "1e300"],
+     "argument --calibration-lambda: invalid value '1e300': must be >= 0 and <= 100"),
 ])
 def test_argparse_errors_say_what_is_wrong(tmp_path, capsys, arch, extra, message):
     with pytest.raises(SystemExit):
@@ -188,7 +199,7 @@ def test_an_option_error_in_a_spawned_process_is_one_line_too(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, status, last_line", [
     (["--arch", "transformer_man_small", "--static-mask-window", "-1"], 2,
-     "fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0"),
+     "fairseq-train: error: argument --static-mask-window: invalid value '-1': must be >= 0 and <= 65536"),
     (["--arch", "transformer_calibrated_small", "--criterion", CRITERION, "--perturbation-weight", "-1"], 2,
      "fairseq-train: error: argument --perturbation-weight: invalid value '-1': must be >= 0"),
     (["--arch", "transformer_localness_small", "--localness-layers", "0,5"], 1,

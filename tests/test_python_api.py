@@ -198,3 +198,26 @@ def test_documented_tokenizer_options_tokenize_as_data_prep(folder):
             moses_no_dash_splits="moses_no_dash_splits" in options, moses_no_escape="moses_no_escape" in options))
         ours = tokenize_lines(SENTENCES, lang, **prep_options)
         assert [tokenizer.encode(s.lower() if lowercased else s) for s in SENTENCES] == ours
+
+
+@pytest.mark.parametrize("wrong", ["run", "checkpoint", "data"])
+def test_from_pretrained_names_a_path_that_does_not_exist(tmp_path, wrong):
+    """Each was a TypeError on None from fairseq's archive lookup (issue #72 item 6)."""
+    import man_fairseq  # noqa: F401  (its fixes)
+    from fairseq.models.transformer import TransformerModel
+
+    run, data = tmp_path / "run", tmp_path / "data"
+    (run / "checkpoints").mkdir(parents=True)
+    data.mkdir()
+    (run / "checkpoints" / "checkpoint_best.pt").write_bytes(b"")
+    given = {"run": (tmp_path / "no-run", "checkpoints/checkpoint_best.pt", data),
+             "checkpoint": (run, "checkpoint_best.pt", data),
+             "data": (run, "checkpoints/checkpoint_best.pt", tmp_path / "no-data")}[wrong]
+    message = {"run": f"from_pretrained: the run folder {tmp_path / 'no-run'} does not exist",
+               "checkpoint": f"from_pretrained: checkpoint_file 'checkpoint_best.pt' is not in the run folder {run} "
+                             "(it is relative to it)",
+               "data": f"from_pretrained: the data folder {tmp_path / 'no-data'} (data_name_or_path, the folder with "
+                       "the dictionaries) does not exist"}[wrong]
+    with pytest.raises(FileNotFoundError) as e:
+        TransformerModel.from_pretrained(str(given[0]), checkpoint_file=given[1], data_name_or_path=str(given[2]))
+    assert str(e.value) == message

@@ -148,7 +148,7 @@ def test_man_files2rouge_errors_likerun_files2rouge(tmp_path, capsys):
     assert (code, err) == (2, "ERROR: 'rouge_n' should not be set with 'rouge_args'\n")
     # a negative -n: ROUGE-1.5.5 would print ROUGE-L alone with exit status 0, as for -n 0
     code, _, err = run_files2rouge([ref, ref, "-n", "-1"], capsys)
-    assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 "
+    assert code == 2 and err.endswith("error: argument -n/--rouge_n: invalid value '-1': must be >= 0 and <= 9 "
                                       "(0: no ROUGE-N, ROUGE-L only)\n")
     code, _, err = run_files2rouge([ref, ref, "-n", "0", "-nol"], capsys)
     assert code == 2 and err.endswith("error: -n 0 with -nol leaves nothing to score\n")
@@ -285,3 +285,28 @@ def test_compare_script_tables_every_scorer(shared_data):
         assert hyp_ref[2:4] == ref_hyp[2:4]  # ROUGE-N is symmetric
         assert "WordNet exception DB" in wordnet_db[1] and hyp_ref[1].startswith("ROUGE-1.5.5 as files2rouge, hyp-ref")
         assert fallback[2:4] == whole_line[2:4]  # same rouge-score run, only R-L differs
+
+
+@pytest.mark.parametrize("text", ["Καλημέρα κόσμε .", "Привет , мир .", "你好 世界 。"])
+def test_text_rouge_155_cannot_read_is_refused_not_scored_low(tmp_path, capsys, text):
+    # ROUGE-1.5.5 keeps a-z and 0-9 only: identical Greek, Cyrillic or CJK files scored 0 or 0.25 with exit 0
+    ref = tmp_path / "ref.txt"
+    ref.write_text("the cat sat .\n" + text + "\n")
+    code, out, err = run_files2rouge([ref, ref], capsys)
+    assert code == 2 and "Average_F" not in out
+    assert err.startswith(f"ERROR: REFERENCE {ref} line 2: ") and "not ASCII letters, which ROUGE-1.5.5 drops" in err
+    assert err.count("\n") == 1
+
+
+def test_english_with_a_few_accented_letters_is_scored_as_files2rouge_scores_it(tmp_path, capsys):
+    ref = tmp_path / "ref.txt"
+    ref.write_text("josé ate at the café in são paulo .\n")
+    code, out, _ = run_files2rouge([ref, ref], capsys)
+    assert code == 0 and scores(out)[("1", "F")] == scores(out)[("L", "F")] == 1.0
+
+
+def test_the_recipes_refuse_it_naming_their_file():
+    # evaluate.sh and the studies score through scoring.rouge: the one line names the hypotheses file
+    with pytest.raises(scoring.ScoreInputError, match=r"^hypotheses h\.txt line 2: 13 of its 13 letters are not ASCII"):
+        scoring.rouge(["a b .", "Καλημέρα κόσμε ."], ["a b .", "Καλημέρα κόσμε ."],
+                      names=("hypotheses h.txt", "references r.txt"))

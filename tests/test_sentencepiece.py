@@ -200,6 +200,20 @@ def test_sentencepiece_training_is_seeded_and_too_large_a_vocabulary_is_one_line
     assert not (tmp_path / "c.model").exists()
 
 
+def test_a_char_model_with_fewer_pieces_than_asked_is_refused_not_recorded_as_asked(tmp_path):
+    # --spm-model-type char --spm-vocab-size 300 made a model of the text's characters, and the record said 300
+    train = tmp_path / "train.txt"
+    train.write_text("the cat sat on the mat\nthe dog ran\n" * 50)
+    chars = len(set("the cat sat on the mat the dog ran") - {" "})  # sentencepiece's <unk>, <s>, </s> and ▁ besides
+    with pytest.raises(PrepError, match=rf"sentencepiece's char model of {train} has {chars + 4} pieces \(for a char "
+                                        rf"model: the training text's characters\), not --spm-vocab-size 300: pass "
+                                        rf"--spm-vocab-size {chars + 4}$"):
+        subword.learn_sentencepiece([train], tmp_path / "c.model", "char", 300)
+    assert not (tmp_path / "c.model").exists() and not list(tmp_path.glob("spm-partial*"))
+    subword.learn_sentencepiece([train], tmp_path / "c.model", "char", chars + 4)
+    assert (tmp_path / "c.model").is_file()
+
+
 def test_a_folder_without_a_record_decodes_as_bpe(tmp_path):
     assert subword.read_subword(tmp_path) == {"kind": "bpe", "codes": "code"}
     assert subword.post_process_args(subword.read_subword(tmp_path)) == ["--remove-bpe", "@@ "]

@@ -15,6 +15,7 @@ from conftest import REPO, TINY_MODEL
 from lab.speed import records as speed_table, study as speed
 from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
 from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
+from man_fairseq.recipes import options
 
 
 def run_of(repeat, family, wps, memory, per_s, wpb=(100.0, 100.0, 100.0), tokens=50):
@@ -174,11 +175,16 @@ def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
     (["--threads", "0"], "argument --threads: invalid value '0': distinct thread counts, each >= 1"),
     (["--threads", "1,1"], "argument --threads: invalid value '1,1': distinct thread counts, each >= 1"),
     (["--threads", "one"], "argument --threads: invalid value 'one': a comma-separated list of thread counts"),
+    # an empty item is a typo, refused as reproduce's --seeds 1,,2 is (was read as 1,2)
+    (["--threads", "1,,2"], "argument --threads: invalid value '1,,2': an empty item in '1,,2' (a comma too many?)"),
+    (["--threads", "1,100000"], "argument --threads: invalid value '1,100000': each <= 2 "
+                                "(the 2 CPU core(s) this process may use)"),
     (["--repeats", "0"], "argument --repeats: invalid value '0': must be >= 1"),
     (["--decode-sentences", "0"], "argument --decode-sentences: invalid value '0': must be >= 1"),
     (["--updates", "15"], "--updates 15 with --log-interval 10: need at least 20 updates (the first interval is warm-up)"),
 ])
-def test_bad_input_is_one_argparse_line(tmp_path, capsys, argv, message):
+def test_bad_input_is_one_argparse_line(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr(options, "cpu_cores", lambda: 2, raising=False)
     with pytest.raises(SystemExit) as e:
         speed.main(["gigaword-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r"), *argv])
     assert e.value.code == 2

@@ -9,10 +9,12 @@
 """
 
 import sys
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 MODES = ("study", "synthetic", "profile")
 
 
+@one_line_on_ctrl_c("scripts/speed.sh")
 def main(argv=None):
     import importlib
 

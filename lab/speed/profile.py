@@ -25,7 +25,8 @@ from pathlib import Path
 from lab.speed import records
 from lab.speed.model import build, config_argv
 from man_fairseq.recipes.config import REPO, load_config
-from man_fairseq.recipes.options import number
+from man_fairseq.recipes.options import number, workers
+from man_fairseq.paths import output_folder_problem
 from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
 from man_fairseq.tables import markdown_table
 
@@ -170,7 +171,7 @@ def parse(argv, prog):
     p.add_argument("--batches", type=number("--batches", low=1), default=None,
                    help="timed updates (default 3; --passes: 20)")
     p.add_argument("--warmup", type=number("--warmup", low=0), default=2, help="untimed updates first")
-    p.add_argument("--threads", type=number("--threads", low=1), default=1)
+    p.add_argument("--threads", type=workers("--threads"), default=1)
     p.add_argument("--cudnn-attention", choices=("on", "off"), default="on",
                    help="on CUDA, off: torch.backends.cuda.enable_cudnn_sdp(False), so that SDPA never takes "
                         "cuDNN's kernel (which builds a graph for every new shape; default %(default)s: torch's choice)")
@@ -215,6 +216,8 @@ def parse(argv, prog):
     elif Path(args.output).exists():
         p.error(f"--output: {args.output} exists; it is not replaced")
     args.output, args.batches = Path(args.output), args.batches or (20 if args.passes else 3)
+    if problem := output_folder_problem(args.output.absolute().parent):  # found before profiling, not after it
+        p.error(f"--output {args.output}: {problem}")
     return args
 
 

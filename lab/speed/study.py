@@ -22,6 +22,7 @@ from pathlib import Path
 from lab.speed import records
 from lab.speed.cuda_peak import PEAK_LINE
 from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.paths import output_folder_problem
 from man_fairseq.recipes.config import REPO, ConfigError, load_config
 from man_fairseq.recipes.data.dataprep import PrepError
 from man_fairseq.recipes.data.manifest import read_manifest
@@ -298,6 +299,8 @@ def parse(p, argv):
     for folder in (Path(args.results_dir).resolve(), Path(args.results_dir).resolve() / "speed"):
         if folder.exists() and not folder.is_dir():
             p.error(f"--results-dir: {folder} is a file, not a folder")
+        if problem := output_folder_problem(folder):  # found before the measurement, not after it
+            p.error(f"--results-dir: {problem}")
     return args
 
 

@@ -14,7 +14,7 @@ from man_fairseq.logging_setup import quiet_logging
 from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
 from man_fairseq.recipes.config import CONFIG_DIR, load_config
 from man_fairseq.recipes.data.manifest import write_manifest
-from man_fairseq.recipes.options import number
+from man_fairseq.recipes.options import generated_pairs
 
 DATASET = "synthetic"
 # each width: the joint dictionary's size (the paper's parameter counts) and {family: paper config}, the
@@ -72,7 +72,7 @@ def synthetic_options(p):
     p.add_argument("--backend", default="auto",
                    help=f"comma-separated --attention-backend values ({','.join(ATTENTION_BACKENDS)}) of every "
                         "family but the Transformer: one record each")
-    p.add_argument("--sentences", type=number("--sentences", low=1), default=4000,
+    p.add_argument("--sentences", type=generated_pairs("--sentences"), default=4000,
                    help="random training pairs (fairseq-train runs more epochs where --updates needs them)")
     return p
 

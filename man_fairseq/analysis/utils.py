@@ -110,6 +110,16 @@ def check_counts(args, **minimums: int) -> None:
             raise SystemExit(f"--{name.replace('_', '-')} {value}: expected an integer >= {minimum}")
 
 
+def check_output_dir(path: str, flag: str = "--output-dir") -> None:
+    """The output folder can be written (or made), checked before any checkpoint is loaded: a file
+    there (``--output-dir FILE``) or a read-only folder was a traceback after the measurement."""
+    from man_fairseq.paths import output_folder_problem
+
+    problem = output_folder_problem(path)
+    if problem:
+        raise SystemExit(f"{flag} {path}: {problem}")
+
+
 def checkpoint_folder(path: str) -> str:
     """The folder name of a checkpoint (``runs/acn/checkpoint_best.pt`` -> ``acn``), a default label."""
     import os

@@ -15,6 +15,7 @@ import sys
 from typing import List, Optional
 
 from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 SUBCOMMANDS = {
     "locality": ("man_fairseq.cli.attention_locality", "attention share within |t-s| <= w (MAN Table 5)"),
@@ -30,6 +31,7 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+@one_line_on_ctrl_c("man-analyze")
 def cli_main(argv: Optional[List[str]] = None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     import importlib
@@ -47,4 +49,4 @@ def cli_main(argv: Optional[List[str]] = None):
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

@@ -34,6 +34,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from collections import Counter, defaultdict
 from typing import List
 
@@ -43,8 +44,9 @@ from man_fairseq.analysis.locality import (  # noqa: F401  (the measurements, by
     AttentionRecorder, LocalityStats, encoder_self_attentions, locality_shares, real_positions, self_attention_label,
     uniform_shares,
 )
-from man_fairseq.analysis.utils import check_counts, load_checkpoint
+from man_fairseq.analysis.utils import check_counts, check_output_dir, load_checkpoint
 from man_fairseq import tables
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 logger = logging.getLogger("man_fairseq.attention_locality")
 
@@ -263,6 +265,7 @@ def main(args):
     return rows
 
 
+@one_line_on_ctrl_c("man-attention-locality")
 def cli_main(argv=None):
     from man_fairseq.logging_setup import setup_logging
 
@@ -273,8 +276,9 @@ def cli_main(argv=None):
     except ValueError as e:
         raise SystemExit(str(e))
     check_counts(args, batch_size=1, max_tokens=1, max_sentences=1, log_interval=1)
+    check_output_dir(args.output_dir)
     main(args)
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

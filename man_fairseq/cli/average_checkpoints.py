@@ -15,6 +15,7 @@ import sys
 
 from man_fairseq.averaging import AverageError, average_files, select_inputs
 from man_fairseq.logging_setup import quiet_logging
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 def main(argv=None):
@@ -35,6 +36,7 @@ def main(argv=None):
     average_files(inputs, args.output, args.overwrite)
 
 
+@one_line_on_ctrl_c("man-average-checkpoints")
 def cli_main(argv=None):
     """The console command: main(), with an AverageError as one line ``ERROR: ...`` and exit status 2.
     ``argv`` lets tests and scripts/demo.py run it in-process (no second interpreter to import
@@ -47,4 +49,4 @@ def cli_main(argv=None):
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

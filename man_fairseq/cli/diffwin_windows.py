@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import re
+import sys
 from collections import defaultdict
 from typing import Dict, List, Optional
 
@@ -47,11 +48,12 @@ import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, analysis_parser, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    Progress, analysis_parser, arch_name, batch_iterator, check_counts, check_output_dir, checkpoint_folder,
     load_checkpoint, model_labels,
 )
 from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.tables import markdown_table, slug
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 logger = logging.getLogger("man_fairseq.diffwin_windows")
 
@@ -334,12 +336,14 @@ def main(args):
     return results
 
 
+@one_line_on_ctrl_c("man-diffwin-windows")
 def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
     args = get_parser().parse_args(argv)
     check_counts(args, batch_size=1, max_sentences=1, num_heatmaps=0, log_interval=1)
+    check_output_dir(args.output_dir)
     main(args)
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

@@ -43,13 +43,14 @@ Usage::
 
 import json
 import os
+import sys
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor
 
 from man_fairseq.analysis.utils import (
-    Progress, analysis_parser, arch_name, batch_iterator, check_counts, checkpoint_folder,
+    Progress, analysis_parser, arch_name, batch_iterator, check_counts, check_output_dir, checkpoint_folder,
     load_checkpoint, model_labels,
 )
 from man_fairseq.analysis.calibration_plots import save_binned_plot, save_heatmap, save_kendall_plot, save_stats_plot
@@ -58,6 +59,7 @@ from man_fairseq.analysis.calibration_stats import (
 )
 from man_fairseq.logging_setup import setup_logging
 from man_fairseq.tables import markdown_table, slug
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 def get_parser():
@@ -333,12 +335,14 @@ def main(args):
     return results
 
 
+@one_line_on_ctrl_c("man-export-calibration")
 def cli_main(argv: Optional[List[str]] = None):
     setup_logging()
     args = get_parser().parse_args(argv)
     check_counts(args, batch_size=1, max_sentences=1, num_heatmaps=0, kendall_sentences=0, log_interval=1)
+    check_output_dir(args.output_dir)
     main(args)
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from man_fairseq.logging_setup import quiet_logging
 from man_fairseq import rouge155, textfile
+from man_fairseq.recipes.options import resamples
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 def read_lines(path):
@@ -34,13 +36,34 @@ def read_lines(path):
     return list(io.StringIO(textfile.read_text(path), newline=None))
 
 
+# -n's ceiling: ROUGE-1 .. ROUGE-9 (the literature reports up to ROUGE-4); ROUGE-1.5.5 counts every
+# n-gram of every n up to N in every document, so -n 1000000 ran for hours.
+MAX_N = 9
+
+
 def n_gram_size(text):
     """``-n``: ROUGE-1 .. ROUGE-N; 0 leaves ROUGE-N out (ROUGE-L only). ROUGE-1.5.5 itself takes a
     negative N silently, as 0."""
     n = int(text)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= 0 (0: no ROUGE-N, ROUGE-L only)")
+    if n < 0 or n > MAX_N:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be >= 0 and <= {MAX_N} "
+                                         "(0: no ROUGE-N, ROUGE-L only)")
     return n
+
+
+def check_rouge_args(text):
+    """``-a``'s ``-n`` and ``-r`` (ROUGE-1.5.5's bootstrap resamples) within the same ceilings as the
+    command's own options, before ROUGE runs (``-r 10^12`` would run for days)."""
+    words = text.split()
+    for flag, parse in (("-n", n_gram_size), ("-r", resamples("-r"))):
+        for i, word in enumerate(words):
+            if word == flag and i + 1 < len(words):
+                try:
+                    parse(words[i + 1])
+                except (argparse.ArgumentTypeError, ValueError) as e:
+                    raise ValueError(f"-a {text!r}: ROUGE's {flag} {words[i + 1]}: "
+                                     + (str(e).split(": ", 1)[-1] if isinstance(e, argparse.ArgumentTypeError)
+                                        else "not an integer")) from None
 
 
 def build_parser():
@@ -86,6 +109,7 @@ def check_saveto(path, inputs, overwrite=False):
         raise ValueError(f"-s {path}: exists; pass --overwrite to replace it, or choose a new file")
 
 
+@one_line_on_ctrl_c("man-files2rouge")
 def main(argv=None):
     quiet_logging()
     parser = build_parser()
@@ -107,6 +131,8 @@ def main(argv=None):
         print("%d line(s) ignored\nRunning ROUGE..." % len(ignored), flush=True)
 
     try:
+        if args.args is not None:
+            check_rouge_args(args.args)
         if args.saveto:
             check_saveto(args.saveto, (args.reference, args.summary), args.overwrite)
         refs, summaries = read_lines(args.reference), read_lines(args.summary)
@@ -131,9 +157,8 @@ def main(argv=None):
     return 0
 
 
-def cli_main():
-    sys.exit(main())
+cli_main = main  # the console script, which exits with main's status
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

@@ -28,6 +28,7 @@ options::
 
 import os
 import re
+import sys
 from collections import defaultdict
 
 import torch
@@ -36,6 +37,7 @@ import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is 
 from man_fairseq.logging_setup import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
 from man_fairseq.tables import markdown_table, slug
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
 COLUMNS = ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
@@ -263,6 +265,7 @@ def main(args):
                 print(f.read())
 
 
+@one_line_on_ctrl_c("man-localness-windows")
 def cli_main(argv=None):
     from fairseq import options
 
@@ -272,8 +275,11 @@ def cli_main(argv=None):
     group.add_argument("--windows-output-dir", "--output-dir", required=True,
                        help="folder for windows.tsv, windows.md, heads.md, windows_<attention>.png, heads_<attention>.png")
     args = options.parse_args_and_arch(parser, input_args=argv)
+    from man_fairseq.analysis.utils import check_output_dir
+
+    check_output_dir(args.windows_output_dir)
     main(args)
 
 
 if __name__ == "__main__":
-    cli_main()
+    sys.exit(cli_main())

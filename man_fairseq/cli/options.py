@@ -24,6 +24,7 @@ import man_fairseq  # noqa: F401  (registers the archs and the criterion)
 from man_fairseq.plugin_options import option_flag, own_fields, rule_of
 from man_fairseq.logging_setup import quiet_logging
 from man_fairseq.tables import markdown_cell, markdown_table
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 class Option(NamedTuple):
@@ -175,6 +176,7 @@ def markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+@one_line_on_ctrl_c("man-options")
 def cli_main(argv: Optional[List[str]] = None) -> int:
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     parser = argparse.ArgumentParser(

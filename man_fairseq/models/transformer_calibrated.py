@@ -13,7 +13,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from torch import nn
 
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
-from ..plugin_options import VALID, Number, PluginOptionError
+from ..plugin_options import MAX_CALIBRATION_LAMBDA, VALID, Number, PluginOptionError
 from .biased_transformer import BiasedTransformerModel
 from .family import CROSS, AttentionPlan, attention_backend_of, fairseq_sizes, register_family, stack_depths
 
@@ -28,7 +28,7 @@ class CalibrationConfig(FairseqDataclass):
                   "gate (g a + (1-g) a^c, g = sigmoid(q W_g + b_g) per head)"},
     )
     calibration_lambda: float = field(
-        default=0.1, metadata={"help": "lambda of the fixed fusion", VALID: Number(0)}
+        default=0.1, metadata={"help": "lambda of the fixed fusion", VALID: Number(0, MAX_CALIBRATION_LAMBDA)}
     )
     calibration_anneal_steps: float = field(
         default=100000.0,

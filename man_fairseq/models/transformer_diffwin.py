@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, WindowPointers, build_window
-from ..plugin_options import VALID, Choice, Number, PluginOptionError, fit_layers
+from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, PluginOptionError, fit_layers
 from .biased_transformer import BiasedTransformerModel
 from .family import (
     CROSS,
@@ -77,7 +77,8 @@ class DiffWinConfig(FairseqDataclass):
         default="token", metadata={"help": "token or segment mask in cross-attention"}
     )
     diffwin_segment_size: int = field(
-        default=5, metadata={"help": "segment size b of segment masks", VALID: Number(1, integer=True)}
+        default=5, metadata={"help": "segment size b of segment masks",
+                             VALID: Number(1, MAX_DISTANCE, integer=True)}
     )
     diffwin_layers: int = field(
         default=3,

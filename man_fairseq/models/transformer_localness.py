@@ -18,7 +18,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from ..modules.relative_position import RelativePositionMultiheadAttention
-from ..plugin_options import VALID, Number, Parsed, fit_layers, parse_layer_spec
+from ..plugin_options import MAX_DISTANCE, VALID, Number, Parsed, fit_layers, parse_layer_spec
 from .biased_transformer import BiasedTransformerModel, parse_layer_set
 from .family import (
     ATTENTION_TYPES,
@@ -73,7 +73,7 @@ class LocalnessConfig(FairseqDataclass):
     max_relative_position: int = field(
         default=16,
         metadata={"help": "clipping distance K of the relative position representations",
-                  VALID: Number(1, integer=True)},
+                  VALID: Number(1, MAX_DISTANCE, integer=True)},
     )
     relative_position_attention_types: str = field(
         default="encoder_self,decoder_self",

@@ -21,7 +21,7 @@ from fairseq.models.transformer.transformer_legacy import (
 )
 
 from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
-from ..plugin_options import VALID, Choice, Number, Parsed, PluginOptionError
+from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, Parsed, PluginOptionError
 from .biased_transformer import wrap_layer
 from .family import PluginModel, Plan, Size, attention_backend_of, register_family
 
@@ -48,7 +48,7 @@ class MANConfig(FairseqDataclass):
     dman_max_relative_distance: int = field(
         default=256,
         metadata={"help": "DMAN relative distances |t-s| beyond this share the boundary value (K)",
-                  VALID: Number(0, integer=True)},
+                  VALID: Number(0, MAX_DISTANCE, integer=True)},
     )
     dman_init: ChoiceEnum(["normal", "zeros"]) = field(
         default="normal",
@@ -57,7 +57,8 @@ class MANConfig(FairseqDataclass):
                   "the paper; docs/gigaword-cpu.md)"},
     )
     static_mask_window: int = field(
-        default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)", VALID: Number(0, integer=True)}
+        default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)",
+                             VALID: Number(0, MAX_DISTANCE, integer=True)}
     )
     man_norm: str = field(
         default="fairseq",

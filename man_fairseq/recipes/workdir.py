@@ -11,6 +11,8 @@ import fcntl
 import shutil
 from pathlib import Path
 
+from ..paths import output_folder_problem
+
 MARKER = ".man-fairseq-created"
 
 
@@ -27,6 +29,8 @@ def prepare_out_dir(out, inputs=(), command="this command"):
     marker = out / MARKER
     if out.exists() and not out.is_dir():
         raise SystemExit(f"{command}: {out} exists and is not a folder")
+    if problem := output_folder_problem(out):  # read-only: one line now, not a traceback after the work
+        raise SystemExit(f"{command}: {out}: {problem}")
     if out.is_dir() and any(out.iterdir()):
         if not marker.is_file():
             raise SystemExit(f"{command}: {out} is not empty and was not created by {command} "

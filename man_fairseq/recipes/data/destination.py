@@ -3,14 +3,15 @@
 A finished data folder's marker (:data:`~.steps.MARKER`) holds its making record: the dataset
 and the options that change its contents (``--from``, BPE merges, cleaning and cutting lengths,
 languages). :func:`check_dest` runs before any step, so that a ``--dest`` this run must not
-replace is refused in one line before minutes or hours of work: a file; a non-empty folder
-data-prep did not make; a data folder made for another dataset or with other options, unless
+replace, or a ``--dest`` or ``--work`` it cannot write, is refused in one line before minutes or
+hours of work: a file; a read-only folder; a non-empty folder data-prep did not make; a data folder made for another dataset or with other options, unless
 ``--force``. The same command run again finds the same record and resumes or skips as before.
 """
 
 import json
 from pathlib import Path
 
+from ...paths import output_folder_problem
 from .dataprep import PrepError
 from .steps import MARKER, is_ours
 
@@ -87,10 +88,12 @@ def check_dest(dest, record, force=False, work=None):
     folder ``work`` made it (its binarize stamp names it) and no record of another dataset
     (``<dataset>.json``) is in it; otherwise it is refused unless ``force``."""
     dest = Path(dest).absolute()
+    for flag, folder in (("--dest", dest), ("--work", work)):
+        problem = folder is not None and output_folder_problem(folder)
+        if problem:  # checked before the first step: binarizing came after the tokenization and BPE
+            raise PrepError(f"{flag} {folder}: {problem}; nothing was prepared")
     if not dest.exists():
         return
-    if not dest.is_dir():
-        raise PrepError(f"--dest {dest} is a file, not a folder")
     if not any(dest.iterdir()):
         return
     if not is_ours(dest):

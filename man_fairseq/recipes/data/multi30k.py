@@ -20,8 +20,9 @@ import json
 import sys
 from pathlib import Path
 
+from ...interrupt import one_line_on_ctrl_c
 from ..config import REPO
-from ..options import number
+from ..options import workers
 from . import subword
 from .binarize import binarize, learn_and_apply_bpe
 from .dataprep import PrepError, log, read_lines, report_counts, tokenize_lines, write_lines
@@ -202,6 +203,7 @@ def build_multi30k(args):
     return counts
 
 
+@one_line_on_ctrl_c("data-prep/prepare-multi30k.sh")  # the line of an interrupt outside the run's own handler
 def main(argv=None):
     p = argparse.ArgumentParser(
         prog="data-prep/prepare-multi30k.sh",
@@ -214,7 +216,7 @@ def main(argv=None):
     p.add_argument("--tgt", default="en")
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/multi30k.SRC-TGT)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/multi30k.SRC-TGT)")
-    p.add_argument("--workers", type=number("--workers", low=1), default=1)
+    p.add_argument("--workers", type=workers(), default=1)
     subword.add_options(p, f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")

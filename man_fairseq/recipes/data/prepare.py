@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from . import cnndm
+from ...interrupt import one_line_on_ctrl_c
 from ..config import REPO
-from ..options import number
+from ..options import number, workers
 from .moses import lowercase
 from . import subword
 from .binarize import bpe_and_binarize
@@ -249,7 +250,7 @@ def parse_args(argv=None):
                    help="local archive or folder with the original files (no download)")
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/DATASET)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/<standard name>)")
-    p.add_argument("--workers", type=number("--workers", low=1), default=1)
+    p.add_argument("--workers", type=workers(), default=1)
     subword.add_options(p, "BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
     p.add_argument("--max-len", type=number("--max-len", low=1), default=None,
                    help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword; default 175, 250, 200)")
@@ -325,6 +326,7 @@ def run(argv=None):
     return dest
 
 
+@one_line_on_ctrl_c("data-prep/prepare-*.sh")  # the line of an interrupt outside the run's own handler
 def main(argv=None):
     return run_command(lambda: run(argv))
 

@@ -26,6 +26,9 @@ SPM_MODEL = "spm.model"
 SPM_MODEL_TYPES = ("unigram", "bpe", "char", "word")
 DEFAULT_SPM_MODEL_TYPE = "unigram"  # spm_train's default
 DEFAULT_SPM_VOCAB_SIZE = 8000  # spm_train's default
+# --spm-vocab-size's ceiling: sentencepiece's --seed_sentencepiece_size default, the pieces unigram training
+# starts from; 2147483648 (over sentencepiece's int32) was its traceback after two steps.
+MAX_SPM_VOCAB_SIZE = 1_000_000
 SPM_SEED = 1  # sentencepiece's random generator (unigram's sampling), fixed so a rerun gives the same model
 
 
@@ -38,7 +41,8 @@ def add_options(parser, bpe_merges_help):
                              f"sentencepiece model trained on the training split, stored as {SPM_MODEL}")
     parser.add_argument("--spm-model-type", choices=SPM_MODEL_TYPES, default=None,
                         help=f"--subword sentencepiece: model type (default {DEFAULT_SPM_MODEL_TYPE}, spm_train's)")
-    parser.add_argument("--spm-vocab-size", type=number("--spm-vocab-size", low=1), default=None,
+    vocab_size = number("--spm-vocab-size", low=1, high=MAX_SPM_VOCAB_SIZE, ceiling="sentencepiece's seed pieces")
+    parser.add_argument("--spm-vocab-size", type=vocab_size, default=None,
                         help="--subword sentencepiece: vocabulary size "
                              f"(default {DEFAULT_SPM_VOCAB_SIZE}, spm_train's)")
 
@@ -100,6 +104,13 @@ def learn_sentencepiece(train_files, model_path, model_type, vocab_size, workers
                         "(see --spm-vocab-size, --spm-model-type)") from None
     finally:
         joined.unlink(missing_ok=True)
+    pieces = spm.SentencePieceProcessor(model_file=f"{prefix}.model").get_piece_size()
+    if pieces != vocab_size:  # a char model stops at its characters: the record would say vocab_size
+        for suffix in (".model", ".vocab"):
+            Path(f"{prefix}{suffix}").unlink(missing_ok=True)
+        raise PrepError(f"sentencepiece's {model_type} model of {', '.join(map(str, train_files))} has {pieces} pieces "
+                        f"(for a char model: the training text's characters), not --spm-vocab-size {vocab_size}: "
+                        f"pass --spm-vocab-size {pieces}")
     Path(f"{prefix}.model").replace(model_path)
     Path(f"{prefix}.vocab").unlink(missing_ok=True)
 

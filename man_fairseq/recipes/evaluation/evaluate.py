@@ -33,7 +33,9 @@ from ..training.launch import visible_gpus
 from . import result_files
 from .steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
 from ... import rouge155, scoring, textfile
+from ...paths import output_folder_problem
 from ...logging_setup import quiet_logging
+from man_fairseq.interrupt import EXIT_INTERRUPTED, interrupted_line, one_line_on_ctrl_c
 
 
 def subset_size(data, subset, src, tgt):
@@ -232,6 +234,7 @@ def build_parser():
     return p
 
 
+@one_line_on_ctrl_c("scripts/evaluate.sh")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     parser = build_parser()
@@ -241,6 +244,9 @@ def main(argv=None):
     if not (run / "config.yaml").is_file():
         print(f"ERROR: {run}: no config.yaml; RUN must be a run folder written by scripts/train.sh", file=sys.stderr)
         return 2
+    if problem := output_folder_problem(run):  # its eval/ and results.* are written there, after decoding
+        print(f"ERROR: {run}: {problem}; nothing was evaluated", file=sys.stderr)
+        return 2
     moved = []  # filled by evaluate() once it knows which result files it writes
     try:
         evaluate(run, args, moved)
@@ -249,6 +255,11 @@ def main(argv=None):
         print("ERROR: " + " ".join(str(e).split()) + (f" (the previous result is in {moved[0]})" if moved else ""),
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if not moved:
+            raise  # the decorator's line
+        print(interrupted_line("scripts/evaluate.sh", f"the previous result is in {moved[0]}"), file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..config import CONFIG_DIR, REPO, all_configs
 from ...logging_setup import quiet_logging
 from ...tables import markdown_table
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 PAPER_TITLES = {
     "man": "Mask Attention Networks",
@@ -174,6 +175,7 @@ def build_tables(configs, runs, all_configs=None):
     return "\n".join(out) + "\n"
 
 
+@one_line_on_ctrl_c("scripts/results_table.py")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     import argparse

@@ -35,13 +35,15 @@ from ... import rouge155
 from ...logging_setup import quiet_logging
 from ...provenance import cpu_model, git_commit
 from ...scoring import ScoreInputError
+from ...interrupt import one_line_on_ctrl_c
+from ...paths import output_folder_problem
 from ...textfile import NotUtf8Error
 from ..config import REPO, load_config
 from ..data.dataprep import PrepError
 from ..data.manifest import read_manifest
 from ..data.subword import read_subword
 from ..evaluation.evaluate import EvaluateError
-from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resolve_precision, seeds
+from ..options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resamples, resolve_precision, seeds
 from ..training.fairseq_log import LogError, model_params, seconds_per_update
 from ..workdir import try_lock
 from .experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, other_families,  # noqa: F401  (reproduce.FAMILIES)
@@ -184,7 +186,7 @@ def build_parser():
     p.add_argument("--results-dir", default=str(REPO / "results"))
     p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last (epoch checkpoints averaged)")
     p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128, help="fairseq-generate sentences per batch")
-    p.add_argument("--bootstrap-samples", type=number("--bootstrap-samples", low=1), default=1000)
+    p.add_argument("--bootstrap-samples", type=resamples("--bootstrap-samples"), default=1000)
     p.add_argument("--test-sample", type=number("--test-sample", low=0), default=None, metavar="N",
                    help="score a fixed sample of N pairs of each test set (seeded, the same for every run; "
                         "overrides eval.test_sample, e.g. cnndm-cpu's 2,000 validation articles; 0: all of them)")
@@ -236,6 +238,8 @@ def parse_args(argv=None):
     for flag, folder in (("--runs-dir", args.runs_dir), ("--results-dir", args.results_dir)):
         if folder.exists() and not folder.is_dir():  # found before any training, not by mkdir after it
             p.error(f"{flag} {folder}: is a file, not a folder")
+        if problem := output_folder_problem(folder):  # a read-only one, or one beneath a file
+            p.error(f"{flag} {folder}: {problem}")
     args.named = set(named)  # --force applies to these; the baseline runs too, retrained only when named
     return args
 
@@ -314,6 +318,7 @@ STUDY_ERRORS = (ReproduceError, LogError, PrepError, StudyEvalError, EvaluateErr
                 RecordError, TableError, OSError)
 
 
+@one_line_on_ctrl_c("scripts/reproduce.sh")  # the line of an interrupt outside the run's own handler
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     args = parse_args(argv)
@@ -322,6 +327,7 @@ def main(argv=None):
     try:
         if args.table_only:
             check_records_exist(args)
+        check_fixed_budget_records(args)
         try:
             manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
         except PrepError as e:
@@ -359,6 +365,20 @@ def check_records_exist(args):
     if not any(any(folder.glob("*-seed*.json")) for folder in folders if folder.is_dir()):
         raise ReproduceError(f"--table-only: no run record in {' or '.join(map(str, folders))}: nothing to tabulate "
                              f"(train one first: scripts/reproduce.sh {args.experiment} --seeds 1,)")
+
+
+def check_fixed_budget_records(args):
+    """A to-convergence protocol's table is its study's, built on the study's fixed-budget records (the
+    Transformer's and each family's of the same seed): without any in ``--results-dir`` the table could
+    not be built, said before training, not after it."""
+    study = EXPERIMENTS[args.experiment].get("converges")
+    if study is None:
+        return
+    folder = args.results_dir / study
+    if not (folder.is_dir() and any(folder.glob("*-seed*.json"))):
+        raise ReproduceError(
+            f"{args.experiment} is tabulated beside {study}'s fixed-budget records (RESULTS/{study}/FAMILY-seedN.json), "
+            f"and {folder} holds none: run scripts/reproduce.sh {study} first, or pass the --results-dir that holds them")
 
 
 if __name__ == "__main__":

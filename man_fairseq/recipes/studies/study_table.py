@@ -15,6 +15,7 @@ are listed below the table, never mixed into it. Writes ``<prefix>.md``, ``<pref
 import datetime
 import json
 import os
+import shlex
 from pathlib import Path
 
 from ...scoring import check_aligned, sacrebleu_detok
@@ -245,7 +246,7 @@ def overrides_note(args):
 
         note += f" [data `{shown_path(args.data)}`, {read_subword(args.data)['kind']} subwords]"
     if getattr(args, "fairseq_args", None):
-        note += f" [with fairseq options `{' '.join(args.fairseq_args)}`, which override the configs' values above]"
+        note += f" [with fairseq options `{shlex.join(args.fairseq_args)}`, which override the configs' values above]"
     return note
 
 
@@ -265,12 +266,13 @@ def shown_path(path):
 
 def one_run_command(study, seeds, flags, args):
     """The table's command for one run of it: the study, the options that change a score (``flags``)
-    and where the table's runs read and write when not at the defaults (``--data``, ``--results-dir``)."""
-    where = f" --data {shown_path(args.data)}" if other_data(args) else ""
+    and where the table's runs read and write when not at the defaults (``--data``, ``--results-dir``),
+    shell-quoted, so that it runs as printed (a path with a space, ``--adam-betas '(0.9, 0.98)'``)."""
+    where = f" --data {shlex.quote(shown_path(args.data))}" if other_data(args) else ""
     if Path(args.results_dir).resolve() != (REPO / "results").resolve():
-        where += f" --results-dir {shown_path(args.results_dir)}"
+        where += f" --results-dir {shlex.quote(shown_path(args.results_dir))}"
     return (f"scripts/reproduce.sh {study} --seeds {seeds} --families FAMILY{where}{flags}"
-            + (" -- " + " ".join(args.fairseq_args) if args.fairseq_args else ""))
+            + (" -- " + shlex.join(args.fairseq_args) if args.fairseq_args else ""))
 
 
 def header_lines(meta, sources):

@@ -24,6 +24,7 @@ from ..options import PRECISION_HELP, PRECISIONS, resolve_precision
 from ..tools import echo, run_tool, tool_env
 from ...logging_setup import quiet_logging
 from ...paths import USER_DIR
+from man_fairseq.interrupt import one_line_on_ctrl_c
 
 
 def split_fairseq_args(argv):
@@ -126,6 +127,7 @@ def visible_gpus():
         return 0
 
 
+@one_line_on_ctrl_c("scripts/train.sh", "fairseq-train keeps its last checkpoint: the same command again resumes from it")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(

@@ -1,0 +1,119 @@
+"""Ctrl-C is one line on stderr and exit status 130 in every command (issue #72 item 6), never a
+KeyboardInterrupt traceback: each entry point is wrapped in man_fairseq.interrupt.one_line_on_ctrl_c
+(data-prep and scripts/reproduce.sh print their own line inside it: tests/test_data_prep.py,
+tests/test_reproduce_interrupt.py)."""
+
+import importlib
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+import pytest
+
+from conftest import REPO, child_env, default_ctrl_c
+from man_fairseq.interrupt import EXIT_INTERRUPTED
+
+
+def console_scripts():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    return sorted(scripts.items())
+
+
+def script_main(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+# the entry points of scripts/*.sh, scripts/*.py and data-prep/*.sh (beside the console scripts)
+SCRIPT_MAINS = {
+    "scripts/train.sh": "man_fairseq.recipes.training.launch:main",
+    "scripts/evaluate.sh": "man_fairseq.recipes.evaluation.evaluate:main",
+    "scripts/reproduce.sh": "man_fairseq.recipes.studies.reproduce:main",
+    "scripts/speed.sh": "lab.speed.__main__:main",
+    "scripts/results_table.py": "man_fairseq.recipes.evaluation.results_table:main",
+    "data-prep/prepare-*.sh": "man_fairseq.recipes.data.prepare:main",
+    "data-prep/prepare-multi30k.sh": "man_fairseq.recipes.data.multi30k:main",
+    # the lab's instruments with a command line of their own
+    "python -m lab.lr_probe": "lab.lr_probe:main",
+    "python -m lab.sublayer_grads": "lab.sublayer_grads:main",
+    "python -m lab.dev_set_rouge": "lab.dev_set_rouge:main",
+    "python -m lab.gpu_check": "lab.gpu_check:main",
+    "python -m lab.flex_keys": "lab.flex_keys:main",
+    "python -m lab.compare_rouge_scorers": "lab.compare_rouge_scorers:main",
+    "python -m lab.man_training_study": "lab.man_training_study:main",
+}
+
+
+def resolve(target):
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("command, target", console_scripts() + sorted(SCRIPT_MAINS.items()))
+def test_every_entry_point_prints_ctrl_c_as_one_line(command, target):
+    assert getattr(resolve(target), "ctrl_c_is_one_line", False), f"{command}: {target} is not wrapped"
+
+
+def test_the_demo_prints_ctrl_c_as_one_line():
+    assert getattr(script_main(REPO / "scripts" / "demo.py"), "ctrl_c_is_one_line", False)
+
+
+def ctrl_c(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def test_files2rouge(tmp_path, capsys, monkeypatch):
+    from man_fairseq.cli import files2rouge
+
+    ref = tmp_path / "ref.txt"
+    ref.write_text("a b .\n")
+    monkeypatch.setattr(files2rouge.rouge155, "run", ctrl_c)
+    assert files2rouge.main([str(ref), str(ref)]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "man-files2rouge: interrupted (Ctrl-C)\n"
+
+
+def test_evaluate_names_where_the_previous_result_is(tmp_path, capsys, monkeypatch):
+    from man_fairseq.recipes.evaluation import evaluate
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: x\n")
+    (run / "results.json").write_text("{}\n")
+    monkeypatch.setattr(evaluate, "evaluate", ctrl_c)
+    assert evaluate.main([str(run), "--cpu"]) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err == f"scripts/evaluate.sh: interrupted (Ctrl-C); the previous result is in {run / 'results.previous.json'}\n"
+    assert (run / "results.previous.json").read_text() == "{}\n"
+
+
+def test_speed(capsys, monkeypatch):
+    import lab.speed.__main__ as speed
+    import lab.speed.study
+
+    monkeypatch.setattr(lab.speed.study, "main", ctrl_c)
+    assert speed.main(["study", "gigaword-cpu"]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "scripts/speed.sh: interrupted (Ctrl-C)\n"
+
+
+def test_a_real_ctrl_c_while_rouge_runs(tmp_path):
+    """SIGINT to the command's process group (a terminal's Ctrl-C), ROUGE-1.5.5's Perl included."""
+    lines = "".join(f"the cat number {i} sat on the mat . it was a good cat .\n" for i in range(4000))
+    (tmp_path / "ref.txt").write_text(lines)
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "man_fairseq.cli.files2rouge", str(tmp_path / "ref.txt"),
+                             str(tmp_path / "ref.txt")], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_ctrl_c)
+    out = ""
+    while "Running ROUGE" not in out and proc.poll() is None:
+        out += proc.stdout.readline()
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
+    assert err == "man-files2rouge: interrupted (Ctrl-C)\n"
