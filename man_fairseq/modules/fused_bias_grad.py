@@ -1,0 +1,173 @@
+"""A learnable attention bias through PyTorch's fused (flash) CPU kernel, with the bias's own gradient.
+
+PyTorch's CPU attention sends a float mask that needs a gradient (DMAN, the additive windows) to the
+math kernel, which keeps the ``(B, H, T, S)`` probabilities from the forward to the backward pass; no
+fused CPU kernel computes a mask's gradient. Here the forward pass calls the fused CPU kernel
+(``aten::_scaled_dot_product_flash_attention_for_cpu``) with the bias detached as a float mask and
+keeps ``(q, k, v, out, logsumexp)`` plus the bias's small terms. The backward pass calls the fused
+backward kernel for q, k, v and rebuilds the bias gradient::
+
+    P  = exp(q k^T * scale + bias + mask - lse)
+    dS = P * (dO v^T - rowsum(dO * O))
+
+Both passes go one block of queries at a time, so no tensor larger than ``(B, H, block, S)`` exists
+(every row of the kernel's output, log-sum-exp and gradients depends on its own query only; the key
+and value gradients are summed over the blocks). Each block's ``dS`` is handed to the bias's reducer:
+
+* a bias module with ``fused_bias_terms(ctx)`` (its small terms, under autograd),
+  ``fused_bias_block(terms, rows)`` (the bias of the query rows ``rows``, a slice) and
+  ``fused_bias_grad(terms, rows, dS, grads)`` (adds the block's gradient of each term to
+  ``grads``) is reduced by its own formula (DMAN: ``mask_bias.DynamicMaskBias``);
+* any other bias module by :class:`WholeBias`: its bias computed under autograd as usual is the
+  one term, ``dS`` is summed to its broadcast shape, and autograd carries that gradient back
+  through the module (the bias tensor and its graph are kept, as on the other paths).
+"""
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+# Elements of one (B, H, block, S) block: the rows per block are this over B*H*S (at least 1).
+# Measured (docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel): a block that stays in
+# cache is as fast as the whole, and the transient memory then no longer grows with T.
+BLOCK_ELEMENTS = 1 << 20
+
+
+def rows_per_block(bsz: int, heads: int, src_len: int) -> int:
+    return max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
+
+
+def _blocks(tgt_len: int, rows: int) -> List[slice]:
+    return [slice(start, min(start + rows, tgt_len)) for start in range(0, tgt_len, rows)]
+
+
+def _query_rows(mask: Tensor, rows: slice) -> Tensor:
+    """The query rows of a (.., T|1, S) tensor; a tensor broadcast over the queries stays whole."""
+    return mask if mask.size(-2) == 1 else mask[..., rows, :]
+
+
+class WholeBias:
+    """The generic reducer: the whole bias tensor (under autograd) is the one term."""
+
+    def __init__(self, bias: Tensor):
+        self.bias = bias
+
+    def terms(self):
+        return (self.bias,)
+
+    @staticmethod
+    def block(terms, rows: slice) -> Tensor:
+        return _query_rows(terms[0], rows)
+
+    @staticmethod
+    def grad(terms, rows: slice, grad_scores: Tensor, grads: List[Optional[Tensor]]) -> None:
+        bias = terms[0]
+        shape = (1,) * (4 - bias.dim()) + tuple(bias.shape)
+        summed = [d for d in range(4) if shape[d] == 1 and grad_scores.size(d) > 1]
+        g = grad_scores.sum(summed, keepdim=True) if summed else grad_scores
+        if grads[0] is None:
+            grads[0] = torch.zeros(shape, dtype=grad_scores.dtype, device=grad_scores.device)
+        _query_rows(grads[0], rows).add_(g)
+
+
+class ModuleBias:
+    """A bias module's own reducer (``fused_bias_terms`` / ``fused_bias_block`` / ``fused_bias_grad``)."""
+
+    def __init__(self, module, ctx):
+        self.module = module
+        self._terms = module.fused_bias_terms(ctx)
+        self.block = module.fused_bias_block
+        self.grad = module.fused_bias_grad
+
+    def terms(self):
+        return self._terms
+
+
+def bias_learns(bias_module, ctx) -> bool:
+    """A training call whose bias module has parameters that need a gradient. Not while decoding
+    incrementally, nor for a bias that may mask every key of a query (the core's dead-row fill
+    needs the whole mask)."""
+    if bias_module is None or not torch.is_grad_enabled() or ctx.incremental_state is not None:
+        return False
+    if getattr(bias_module, "can_mask_all_keys", False):
+        return False
+    return any(p.requires_grad for p in bias_module.parameters())
+
+
+def reducer_for(bias_module, ctx):
+    if hasattr(bias_module, "fused_bias_terms"):
+        return ModuleBias(bias_module, ctx)
+    return WholeBias(bias_module(ctx))
+
+
+class _FusedBiasAttention(torch.autograd.Function):
+    """(q, k, v, fixed mask, scale, rows per block, reducer, *bias terms) -> (B, H, T, D)."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, fixed, scale, rows, reducer, *terms):
+        outs, lses = [], []
+        with torch.no_grad():
+            for block in _blocks(q.size(2), rows):
+                mask = _block_mask(reducer, terms, fixed, block, q, k)
+                out, lse = _FORWARD(q[:, :, block], k, v, 0.0, False, attn_mask=mask, scale=scale)
+                outs.append(out)
+                lses.append(lse)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
+        fctx.save_for_backward(q, k, v, out, lse, fixed, *terms)
+        fctx.scale, fctx.rows, fctx.reducer = scale, rows, reducer
+        return out
+
+    @staticmethod
+    def backward(fctx, grad_out: Tensor):
+        q, k, v, out, lse, fixed, *terms = fctx.saved_tensors
+        scale, reducer = fctx.scale, fctx.reducer
+        need_terms = fctx.needs_input_grad[7:]
+        grad_q = torch.empty_like(q)
+        grad_k = torch.zeros_like(k)
+        grad_v = torch.zeros_like(v)
+        grads: List[Optional[Tensor]] = [None] * len(terms)
+        grad_out = grad_out.contiguous()
+        for block in _blocks(q.size(2), fctx.rows):
+            mask = _block_mask(reducer, terms, fixed, block, q, k)
+            q_b, out_b, go_b = q[:, :, block], out[:, :, block], grad_out[:, :, block]
+            gq, gk, gv = _BACKWARD(go_b, q_b, k, v, out_b, lse[:, :, block], 0.0, False, attn_mask=mask, scale=scale)
+            grad_q[:, :, block] = gq
+            grad_k += gk
+            grad_v += gv
+            if any(need_terms):
+                # P rebuilt from the saved log-sum-exp, then dS = P * (dO v^T - rowsum(dO * O)), in place
+                p = torch.baddbmm(mask.flatten(0, 1), q_b.flatten(0, 1), k.transpose(-1, -2).flatten(0, 1),
+                                  alpha=scale).view(mask.shape)
+                p = p.sub_(lse[:, :, block, None]).exp_()
+                d = torch.matmul(go_b, v.transpose(-1, -2))
+                d = d.sub_((go_b * out_b).sum(-1, keepdim=True))
+                reducer.grad(terms, block, p.mul_(d), grads)
+        grads = [g if need else None for g, need in zip(grads, need_terms)]
+        return (grad_q, grad_k, grad_v, None, None, None, None, *grads)
+
+
+def _block_mask(reducer, terms: Sequence[Tensor], fixed: Optional[Tensor], block: slice, q: Tensor, k: Tensor) -> Tensor:
+    """The bias of the query rows ``block`` plus the fixed (causal / padding) mask, (B, H, rows, S) in q's dtype."""
+    mask = reducer.block(terms, block).to(q.dtype)
+    if fixed is not None:
+        mask = mask + _query_rows(fixed, block)
+    shape = (q.size(0), q.size(1), block.stop - block.start, k.size(2))
+    return mask.expand(shape).contiguous() if mask.shape != shape else mask
+
+
+def fused_bias_attention(q: Tensor, k: Tensor, v: Tensor, fixed: Optional[Tensor], scale: float, bias_module,
+                         ctx, rows: Optional[int] = None) -> Tensor:
+    """Attention of (B, H, T, D) q, k, v with the bias module's bias (under ``ctx``, the core's
+    AttentionContext) plus the ``fixed`` float mask (causal, padding: no gradient)."""
+    reducer = reducer_for(bias_module, ctx)
+    if rows is None:
+        rows = rows_per_block(q.size(0), q.size(1), k.size(2))
+    if fixed is not None:
+        fixed = fixed.detach().to(q.dtype)
+        fixed = fixed.view((1,) * (4 - fixed.dim()) + tuple(fixed.shape))
+    return _FusedBiasAttention.apply(q, k, v, fixed, scale, rows, reducer, *reducer.terms())
