@@ -4,15 +4,17 @@ PyTorch's CPU attention sends a float mask that needs a gradient (DMAN, the addi
 math kernel, which keeps the ``(B, H, T, S)`` probabilities from the forward to the backward pass; no
 fused CPU kernel computes a mask's gradient. Here the forward pass calls the fused CPU kernel
 (``aten::_scaled_dot_product_flash_attention_for_cpu``) with the bias detached as a float mask and
-keeps ``(q, k, v, out, logsumexp)`` plus the bias's small terms. The backward pass calls the fused
-backward kernel for q, k, v and rebuilds the bias gradient::
+keeps ``(q, k, v, out, logsumexp)`` plus the bias's small terms. The backward pass rebuilds the
+probabilities from the log-sum-exp and takes every gradient from them by batched products::
 
     P  = exp(q k^T * scale + bias + mask - lse)
     dS = P * (dO v^T - rowsum(dO * O))
+    dv = P^T dO,  dq = dS k * scale,  dk = dS^T q * scale
 
-Both passes go one block of queries at a time, so no tensor larger than ``(B, H, block, S)`` exists
-(every row of the kernel's output, log-sum-exp and gradients depends on its own query only; the key
-and value gradients are summed over the blocks). Each block's ``dS`` is handed to the bias's reducer:
+(PyTorch's fused backward kernel gives dq, dk, dv but not dS, and called per block it costs more:
+``_block_backward``.) Both passes go one block of queries at a time, so no tensor larger than
+``(B, H, block, S)`` exists (every row of the output, log-sum-exp and dS depends on its own query
+only; dk and dv are summed over the blocks). Each block's ``dS`` is handed to the bias's reducer:
 
 * a bias module with ``fused_bias_terms(ctx)`` (its small terms, under autograd),
   ``fused_bias_block(terms, rows)`` (the bias of the query rows ``rows``, a slice) and
@@ -29,7 +31,6 @@ import torch
 from torch import Tensor
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 # Elements of one (B, H, block, S) block: the rows per block are this over B*H*S (at least 1).
 # Measured (docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel): a block that stays in
@@ -109,6 +110,8 @@ class _FusedBiasAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(fctx, q, k, v, fixed, scale, rows, reducer, *terms):
+        # contiguous once: the kernels would copy a strided k and v at every block
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         outs, lses = [], []
         with torch.no_grad():
             for block in _blocks(q.size(2), rows):
@@ -128,27 +131,39 @@ class _FusedBiasAttention(torch.autograd.Function):
         scale, reducer = fctx.scale, fctx.reducer
         need_terms = fctx.needs_input_grad[7:]
         grad_q = torch.empty_like(q)
-        grad_k = torch.zeros_like(k)
+        grad_k = torch.zeros_like(k)  # q, k, v were saved contiguous: so are these
         grad_v = torch.zeros_like(v)
         grads: List[Optional[Tensor]] = [None] * len(terms)
         grad_out = grad_out.contiguous()
+        k_t = k.transpose(-1, -2).flatten(0, 1)  # (B*H, D, S) for the rebuilt scores
         for block in _blocks(q.size(2), fctx.rows):
             mask = _block_mask(reducer, terms, fixed, block, q, k)
             q_b, out_b, go_b = q[:, :, block], out[:, :, block], grad_out[:, :, block]
-            gq, gk, gv = _BACKWARD(go_b, q_b, k, v, out_b, lse[:, :, block], 0.0, False, attn_mask=mask, scale=scale)
-            grad_q[:, :, block] = gq
-            grad_k += gk
-            grad_v += gv
-            if any(need_terms):
-                # P rebuilt from the saved log-sum-exp, then dS = P * (dO v^T - rowsum(dO * O)), in place
-                p = torch.baddbmm(mask.flatten(0, 1), q_b.flatten(0, 1), k.transpose(-1, -2).flatten(0, 1),
-                                  alpha=scale).view(mask.shape)
-                p = p.sub_(lse[:, :, block, None]).exp_()
-                d = torch.matmul(go_b, v.transpose(-1, -2))
-                d = d.sub_((go_b * out_b).sum(-1, keepdim=True))
-                reducer.grad(terms, block, p.mul_(d), grads)
+            grad_q[:, :, block] = _block_backward(q_b, k_t, k, v, out_b, go_b, lse[:, :, block], mask, scale,
+                                                  grad_k, grad_v, reducer, terms, block, grads, any(need_terms))
         grads = [g if need else None for g, need in zip(grads, need_terms)]
         return (grad_q, grad_k, grad_v, None, None, None, None, *grads)
+
+
+def _block_backward(q_b, k_t, k, v, out_b, go_b, lse_b, mask, scale, grad_k, grad_v, reducer, terms, block, grads,
+                    bias_grad: bool) -> Tensor:
+    """One block's q gradient (returned), its k and v gradients (added) and its dS (to the reducer).
+
+    By batched products from P rebuilt with the saved log-sum-exp, not by the fused backward kernel:
+    that kernel returns zero-filled full-size k and v gradients per block and recomputes P itself,
+    which dS needs too (measured: docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel)."""
+    q3, go3 = q_b.flatten(0, 1), go_b.flatten(0, 1)
+    p = torch.baddbmm(mask.flatten(0, 1), q3, k_t, alpha=scale)
+    p = p.sub_(lse_b.flatten(0, 1)[..., None]).exp_()
+    grad_v.flatten(0, 1).baddbmm_(p.transpose(-1, -2), go3)
+    # dS = P * (dO v^T - rowsum(dO * O)), in place
+    ds = torch.bmm(go3, v.flatten(0, 1).transpose(-1, -2))
+    ds = ds.sub_((go_b * out_b).sum(-1, keepdim=True).flatten(0, 1)).mul_(p)
+    del p
+    if bias_grad:
+        reducer.grad(terms, block, ds.view(mask.shape), grads)
+    grad_k.flatten(0, 1).baddbmm_(ds.transpose(-1, -2), q3, alpha=scale)
+    return torch.bmm(ds, k.flatten(0, 1)).mul_(scale).view(q_b.shape)
 
 
 def _block_mask(reducer, terms: Sequence[Tensor], fixed: Optional[Tensor], block: slice, q: Tensor, k: Tensor) -> Tensor:
