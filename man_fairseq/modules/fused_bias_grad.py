@@ -33,8 +33,8 @@ from torch import Tensor
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 # Elements of one (B, H, block, S) block: the rows per block are this over B*H*S (at least 1).
-# Measured (docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel): a block that stays in
-# cache is as fast as the whole, and the transient memory then no longer grows with T.
+# Measured (docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel): as fast as 4x larger blocks
+# with the memory of smaller ones; smaller blocks and the whole call in one block were slower.
 BLOCK_ELEMENTS = 1 << 20
 
 
@@ -79,7 +79,6 @@ class ModuleBias:
     """A bias module's own reducer (``fused_bias_terms`` / ``fused_bias_block`` / ``fused_bias_grad``)."""
 
     def __init__(self, module, ctx):
-        self.module = module
         self._terms = module.fused_bias_terms(ctx)
         self.block = module.fused_bias_block
         self.grad = module.fused_bias_grad
