@@ -12,8 +12,8 @@ probabilities from the log-sum-exp and takes every gradient from them by batched
     dv = P^T dO,  dq = dS k * scale,  dk = dS^T q * scale
 
 (PyTorch's fused backward kernel gives dq, dk, dv but not dS, and called per block it costs more:
-``_block_backward``.) Both passes go one block of queries at a time, so no tensor larger than
-``(B, H, block, S)`` exists (every row of the output, log-sum-exp and dS depends on its own query
+``_block_backward``.) Both passes go one block of queries at a time, so the attention makes no
+tensor larger than ``(B, H, block, S)`` (every row of the output, log-sum-exp and dS depends on its own query
 only; dk and dv are summed over the blocks). Each block's ``dS`` is handed to the bias's reducer:
 
 * a bias module with ``fused_bias_terms(ctx)`` (its small terms, under autograd),
