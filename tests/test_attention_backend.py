@@ -20,6 +20,7 @@ from man_fairseq.modules.attention_backend import (
     EXTENDED,
     FLASH,
     FLEX,
+    FUSED_BIAS_GRAD,
     MATH,
     SDPA,
     choose_kernel,
@@ -452,8 +453,8 @@ def test_flex_falls_back_where_it_cannot_run():
     attn = make_attention(DynamicMaskBias(C, H))
     attn.attention_backend = "flex"
     x = inputs(5)
-    attn(x, x, x, need_weights=False)  # CPU with gradients: no flex backward
-    assert attn.last_kernel.path == SDPA and "no backward on CPU" in attn.last_kernel.reason
+    attn(x, x, x, need_weights=False)  # CPU with gradients: no flex backward; auto's path for a learnable bias
+    assert attn.last_kernel.path == FUSED_BIAS_GRAD and "no backward on CPU" in attn.last_kernel.reason
     with torch.no_grad():
         _, w = attn(x, x, x, need_weights=True)
     assert w is not None and attn.last_kernel.path == EXPLICIT
@@ -473,7 +474,7 @@ def test_a_flex_fallback_is_reported_once_per_cause(monkeypatch, caplog):
             attn(x, x, x, need_weights=False)  # flex runs: nothing to say
             attn(x, x, x, need_weights=True)  # the weights are needed: the explicit path
     messages = [r.getMessage() for r in caplog.records]
-    assert messages == ["--attention-backend flex: no backward on CPU: these attention calls run sdpa instead",
+    assert messages == ["--attention-backend flex: no backward on CPU: these attention calls run fused-bias-grad instead",
                         "--attention-backend flex: the probabilities are needed (post-softmax transform or weights): "
                         "these attention calls run explicit instead"], messages
 

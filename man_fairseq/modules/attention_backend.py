@@ -38,6 +38,14 @@ dtype for q and k, and on CUDA the memory-efficient kernel already differentiate
 The bias module may still decline a call (its error bound), and the core then adds the bias as
 a float mask (``sdpa``).
 
+Under ``auto`` (and ``flex`` where it falls back) on the CPU, a call whose bias learns (a bias module
+with parameters that need a gradient, in training: DMAN, the additive windows) takes the
+``fused-bias-grad`` path (``fused_bias_grad.py``): the fused CPU kernel with the bias detached as a
+float mask, the bias's gradient rebuilt by blocks of queries from the saved log-sum-exp, where
+PyTorch would run its math kernel and keep the ``(B, H, T, S)`` probabilities. Not with attention
+dropout (the path has none) nor in half precision (P rebuilt in half); ``reason`` says so. ``sdpa``
+stays PyTorch's dispatcher, ``explicit`` the reference.
+
 Whatever the option, a post-softmax transform, returned weights or a subclass that reads the
 probabilities (relative value embeddings) always take the explicit path.
 """
@@ -51,7 +59,7 @@ from torch import Tensor
 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flex", "explicit")
 
-EXPLICIT, SDPA, FLEX, EXTENDED = "explicit", "sdpa", "flex", "extended"
+EXPLICIT, SDPA, FLEX, EXTENDED, FUSED_BIAS_GRAD = "explicit", "sdpa", "flex", "extended", "fused-bias-grad"
 # SDPBackend member names (torch.nn.attention.SDPBackend)
 FLASH, CUDNN, EFFICIENT, MATH = "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH"
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -82,6 +90,7 @@ def choose_kernel(
     requires_grad: bool = False,
     head_dim: Optional[int] = None,
     extendable: bool = False,
+    bias_grad: bool = False,
 ) -> KernelChoice:
     """The attention kernel for one call: a pure function of what the call needs.
 
@@ -97,6 +106,7 @@ def choose_kernel(
         requires_grad: a backward pass will follow (q, k, v or the bias need gradients).
         head_dim: the per-head dimension of q, k and v.
         extendable: the bias module can write its bias as extra query/key dimensions.
+        bias_grad: the bias module's parameters will get a gradient (training a learnable bias).
     """
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {ATTENTION_BACKENDS}")
@@ -123,6 +133,15 @@ def choose_kernel(
             return KernelChoice(SDPA, choice.sdpa_backends, choice.reason + "; half precision: the bias as a float mask "
                                 "(its extra query/key dimensions need float32)")
         return KernelChoice(EXTENDED, choice.sdpa_backends, choice.reason + "; the bias as extra query/key dimensions")
+    if bias_grad and backend == "auto" and device_type == "cpu":
+        if dropout:
+            return KernelChoice(SDPA, (), choice.reason + "; attention dropout > 0: the bias's gradient through "
+                                "PyTorch's math kernel (the fused-bias-grad path has no dropout)")
+        if dtype in HALF_DTYPES:
+            return KernelChoice(SDPA, (), choice.reason + "; half precision: the bias's gradient through PyTorch's "
+                                "math kernel (the fused-bias-grad path rebuilds the probabilities in fp32/fp64 only)")
+        return KernelChoice(FUSED_BIAS_GRAD, (), choice.reason + "; a learnable bias: the fused CPU kernel, "
+                            "the bias's gradient rebuilt by query blocks")
     return choice
 
 

@@ -11,12 +11,11 @@ bias ``log M``, so the core takes
 
 Unless something reads the probabilities (a post-softmax transform, returned weights, or a subclass
 with ``needs_probabilities`` such as relative positions) or ``--attention-backend explicit`` asks
-for the written-out softmax, the core runs a fused kernel:
-PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask, pinned to the kernels
-:func:`~man_fairseq.modules.attention_backend.choose_kernel` allows, or, for a bias module with
-``extended_query_key`` (localness), on queries and keys extended by the bias's columns with no
-bias tensor, or ``flex_attention`` with the bias as a score modification (``--attention-backend``,
-see ``attention_backend.py``).
+for the written-out softmax, the core runs a fused kernel (chosen by ``attention_backend.py``):
+PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask; for a bias module with
+``extended_query_key`` (localness) on q and k extended by the bias's columns; for a learnable bias
+in CPU training the fused CPU kernel with the bias's gradient rebuilt by query blocks
+(``fused_bias_grad.py``); or ``flex_attention`` with the bias as a score modification.
 
 It subclasses fairseq's :class:`MultiheadAttention` so that parameter names, initialisation,
 incremental-state buffers and beam reordering are fairseq's own, and the layer classes of
@@ -34,6 +33,7 @@ from torch import Tensor, nn
 
 from . import attention_backend as backends
 from . import flex_backend as flex
+from . import fused_bias_grad as fused
 
 logger = logging.getLogger(__name__)
 _REPORTED_FLEX_FALLBACKS = set()
@@ -152,9 +152,8 @@ class BiasedMultiheadAttention(MultiheadAttention):
         self._future_masks_checked = set()
 
     def set_beam_size(self, beam_size):
-        """Ignored: this core caches keys per hypothesis, so the beamable shortcut fairseq's
-        ``reorder_incremental_state`` takes once a beam size is set (it expects one cached row per
-        sentence) must stay off."""
+        """Ignored: this core caches keys per hypothesis, so fairseq's beamable shortcut (one cached
+        row per sentence once a beam size is set) must stay off."""
 
     # Subclasses that read the probabilities in attend_values (relative value embeddings) set
     # this: it forces the explicit path instead of the fused kernel.
@@ -270,9 +269,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
         q, k = ctx.q, ctx.k
         dropout_p = self.dropout_module.p if self.training else 0.0
         choice = backends.choose_kernel(
-            self.attention_backend,
-            q.device.type,
-            q.dtype,
+            self.attention_backend, q.device.type, q.dtype,
             has_mask=self.bias_module is not None or attn_mask is not None or ctx.key_padding_mask is not None,
             needs_probabilities=self.post_softmax is not None or need_weights or self.needs_probabilities,
             flex_supported=self.bias_module is None or hasattr(self.bias_module, "flex_mods"),
@@ -280,6 +277,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
             requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
             head_dim=min(q.size(-1), v.size(-1)),
             extendable=hasattr(self.bias_module, "extended_query_key"),
+            bias_grad=fused.bias_learns(self.bias_module, ctx),
         )
         if choice.path == backends.EXTENDED:
             extended = self.bias_module.extended_query_key(ctx, self.scaling)
@@ -293,6 +291,9 @@ class BiasedMultiheadAttention(MultiheadAttention):
             report_flex_fallback(choice)
         if choice.path == backends.FLEX:
             return self._flex_attention(ctx, attn_mask, q, k, v), None
+        if choice.path == backends.FUSED_BIAS_GRAD:
+            fixed = self._combine_masks(ctx, None, attn_mask, q.dtype)  # causal + padding, no gradient
+            return fused.fused_bias_attention(q, k, v, fixed, self.scaling, self.bias_module, ctx), None
         if choice.path == backends.SDPA:
             mask = backends.prepare_sdpa_mask(self._additive_mask(ctx, attn_mask), q)
             with backends.sdpa_context(choice):
@@ -385,9 +386,8 @@ class BiasedMultiheadAttention(MultiheadAttention):
         return flex.flex_attention_call(q, k, v, mods, self.scaling, compiled, shape)
 
     def _check_future_mask(self, attn_mask: Tensor, query_start: int) -> None:
-        """A mask given to a causal self-attention must be the future mask the causal block mask
-        replaces: verified once per (shape, query start, device) in eager mode (a host sync),
-        skipped while torch.compile traces."""
+        """A mask given to a causal self-attention must be the future mask the causal block mask replaces:
+        verified once per (shape, query start, device) in eager mode (a host sync), not under torch.compile."""
         if torch.compiler.is_compiling():
             return
         key = (tuple(attn_mask.shape), query_start, attn_mask.device, attn_mask.dtype)

@@ -27,15 +27,19 @@ class _LogSigmoidOfSum(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        hw, dist, head = ctx.saved_tensors
-        # d logsigmoid(x) / dx = sigmoid(-x), in place on the recomputed -x
-        g = (hw + dist).neg_()
-        g = (g - head).sigmoid_().mul_(grad)  # (B, H, T, S)
-        g_heads = g.sum(1, keepdim=True)  # (B, 1, T, S): shared by hw and dist
-        grad_hw = g_heads.sum(-1, keepdim=True) if ctx.needs_input_grad[0] else None
-        grad_dist = g_heads.sum((0, 1)) if ctx.needs_input_grad[1] else None
-        grad_head = g.sum((0, 2, 3), keepdim=True) if ctx.needs_input_grad[2] else None
-        return grad_hw, grad_dist, grad_head
+        return reduce_logsigmoid_grad(*ctx.saved_tensors, grad, ctx.needs_input_grad)
+
+
+def reduce_logsigmoid_grad(hw: Tensor, dist: Tensor, head: Tensor, grad: Tensor, needed):
+    """The gradient ``grad`` (B,H,T,S) of ``logsigmoid(hw + dist + head)`` reduced to each term's shape."""
+    # d logsigmoid(x) / dx = sigmoid(-x), in place on the recomputed -x
+    g = (hw + dist).neg_()
+    g = (g - head).sigmoid_().mul_(grad)  # (B, H, T, S)
+    g_heads = g.sum(1, keepdim=True)  # (B, 1, T, S): shared by hw and dist
+    grad_hw = g_heads.sum(-1, keepdim=True) if needed[0] else None
+    grad_dist = g_heads.sum((0, 1)) if needed[1] else None
+    grad_head = g.sum((0, 2, 3), keepdim=True) if needed[2] else None
+    return grad_hw, grad_dist, grad_head
 
 
 class DynamicMaskBias(nn.Module):
@@ -88,6 +92,26 @@ class DynamicMaskBias(nn.Module):
 
     def forward(self, ctx: AttentionContext) -> Tensor:
         return _LogSigmoidOfSum.apply(*self.terms(ctx))
+
+    # the fused CPU path's reducer (fused_bias_grad.py): the bias of a block of query rows from the
+    # three terms, and a block's score gradient dS reduced to them at once
+    def fused_bias_terms(self, ctx: AttentionContext):
+        return self.terms(ctx)
+
+    @staticmethod
+    def fused_bias_block(terms, rows: slice) -> Tensor:
+        hw, dist, head = terms
+        return F.logsigmoid(hw[:, :, rows] + dist[rows] + head)
+
+    @staticmethod
+    def fused_bias_grad(terms, rows: slice, grad_scores: Tensor, grads) -> None:
+        hw, dist, head = terms
+        block = reduce_logsigmoid_grad(hw[:, :, rows], dist[rows], head, grad_scores, (True, True, True))
+        if grads[0] is None:
+            grads[:] = [torch.zeros_like(hw), torch.zeros_like(dist), torch.zeros_like(head)]
+        grads[0][:, :, rows] += block[0]
+        grads[1][rows] += block[1]
+        grads[2] += block[2]
 
     def flex_mods(self, ctx: AttentionContext, shape: flex.FlexShape) -> flex.FlexMods:
         """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""

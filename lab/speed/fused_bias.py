@@ -1,0 +1,222 @@
+"""One encoder layer's forward + backward on the fused-bias-grad path against the other paths (issue 74).
+
+``python -m lab.speed.fused_bias [--threads 1] [--batch 20] [--length 400] [--repeats 5]``
+
+A micro-measurement, not a record: one layer at the CNN/DM CPU study's width (d = 256, 4 heads, pre-norm;
+MAN's encoder layer ``dman,san,ffn`` with FFN 512, the Transformer's fairseq layer with FFN 1024, as the
+study's configs), random inputs of ``batch x length`` tokens, interleaved repeats in one process for the
+times (median, and each variant's ratio to the Transformer layer of the same repeat), and peak memory as
+the rise of the resident set's high-water mark over one forward + backward in a fresh process per
+variant (``/proc/self/clear_refs``, Linux). Variants:
+
+* ``transformer``: fairseq's ``TransformerEncoderLayerBase``;
+* ``man:auto``: MAN's layer on the fused-bias-grad path (``--attention-backend auto``);
+* ``man:sdpa``: PyTorch's dispatcher, which sends a bias that needs a gradient to its math kernel
+  (``auto``'s path for DMAN before issue 74);
+* ``man:explicit``: the written-out softmax;
+* ``man:auto@N``: the fused-bias-grad path with ``BLOCK_ELEMENTS = N`` (``--blocks``; the block rule);
+* ``aw:...`` with ``--diffwin``: one self-attention sublayer with diffwin's additive window (AW) on
+  the same paths, ``plain``: the sublayer without a bias, ``aw:predictors``: the window's bias
+  module alone (pointers, soft mask, local logits) forward + backward.
+
+``--precision``: instead, the float32 error of the output and of every gradient against float64 on
+each path (the largest absolute error over the largest absolute float64 value, per tensor group).
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def layer_config(ffn):
+    from fairseq.models.transformer import TransformerConfig
+
+    cfg = TransformerConfig()
+    for side in (cfg.encoder, cfg.decoder):
+        side.embed_dim, side.attention_heads, side.ffn_embed_dim, side.normalize_before = 256, 4, ffn, True
+    cfg.dropout, cfg.attention_dropout, cfg.activation_dropout = 0.1, 0.0, 0.0
+    cfg.attention_head_activation, cfg.dman_max_relative_distance, cfg.dman_init = "none", 256, "normal"
+    return cfg
+
+
+def build(variant, dtype=torch.float32):
+    """``(module, run)``: ``run(x, pad)`` one training forward of the variant's module."""
+    from man_fairseq.modules import fused_bias_grad
+
+    torch.manual_seed(0)
+    family, _, backend = variant.partition(":")
+    module, run = _build(family, backend.split("@")[0], dtype)
+    elements = int(backend.split("@")[1]) if "@" in backend else fused_bias_grad.BLOCK_ELEMENTS
+
+    def run_with_blocks(x, pad):
+        fused_bias_grad.BLOCK_ELEMENTS = elements  # this variant's block rule (the variants share the module)
+        return run(x, pad)
+
+    return module, run_with_blocks
+
+
+def _build(family, backend, dtype):
+    from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+    from man_fairseq.modules.biased_attention import AttentionContext, BiasedMultiheadAttention
+    from man_fairseq.modules.diff_window import AdditiveWindow
+    from man_fairseq.modules.man_layers import MANEncoderLayer
+
+    if family == "transformer":
+        module = TransformerEncoderLayerBase(layer_config(1024))
+        run = lambda x, pad: module(x, pad)  # noqa: E731
+    elif family == "man":
+        module = MANEncoderLayer(layer_config(512), ["dman", "san", "ffn"], attention_backend=backend)
+        run = lambda x, pad: module(x, pad)  # noqa: E731
+    elif backend == "predictors":
+        module = AdditiveWindow(256)
+
+        def run(x, pad):
+            q = x.new_empty(x.size(1), 4, x.size(0), 64)
+            ctx = AttentionContext(query=x, key=x, q=q, k=q, key_padding_mask=pad, query_start=0,
+                                   incremental_state=None, self_attention=True)
+            return module(ctx)
+    else:
+        bias = None if family == "plain" else AdditiveWindow(256)
+        module = BiasedMultiheadAttention(256, 4, self_attention=True, bias_module=bias,
+                                          attention_backend="auto" if family == "plain" else backend)
+        run = lambda x, pad: module(x, x, x, key_padding_mask=pad, need_weights=False)[0]  # noqa: E731
+    return module.to(dtype).train(), run
+
+
+def inputs(batch, length, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(length, batch, 256, generator=g, dtype=dtype)
+    pad = torch.zeros(batch, length, dtype=torch.bool)
+    for i in range(batch):  # left-padded as fairseq's sources, up to a tenth shorter
+        pad[i, : (i * length // 10) // max(1, batch - 1)] = True
+    return x, pad
+
+
+def step(run, x, pad):
+    x = x.detach().requires_grad_()
+    out = run(x, pad)
+    out.float().square().mean().backward()
+
+
+def time_variants(variants, batch, length, repeats):
+    built = {v: build(v) for v in variants}
+    x, pad = inputs(batch, length)
+    for _, run in built.values():  # warm-up
+        step(run, x, pad)
+    times = {v: [] for v in variants}
+    for _ in range(repeats):
+        for v, (_, run) in built.items():
+            start = time.perf_counter()
+            step(run, x, pad)
+            times[v].append(time.perf_counter() - start)
+    return times
+
+
+def _hwm_kib():
+    with open("/proc/self/status") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["VmHWM"].split()[0]), int(fields["VmRSS"].split()[0])
+
+
+def peak_memory_child(variant, batch, length):
+    """Run in a fresh process: the high-water mark's rise (MiB) over one forward + backward."""
+    _, run = build(variant)
+    step(run, *inputs(1, 8))  # the first call's lazy allocations (thread pools, kernels' buffers) out of the way
+    x, pad = inputs(batch, length)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the high-water mark to the current resident set
+    _, before = _hwm_kib()
+    step(run, x, pad)
+    hwm, _ = _hwm_kib()
+    print(json.dumps({"variant": variant, "peak_rise_mib": (hwm - before) / 1024}))
+
+
+def peak_memory(variants, batch, length, repeats, threads):
+    peaks = {v: [] for v in variants}
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    for _ in range(repeats):
+        for v in variants:
+            out = subprocess.run([sys.executable, "-m", "lab.speed.fused_bias", "--memory-child", v, "--batch",
+                                  str(batch), "--length", str(length), "--threads", str(threads)],
+                                 env=env, check=True, capture_output=True, text=True).stdout
+            peaks[v].append(json.loads(out.strip().splitlines()[-1])["peak_rise_mib"])
+    return peaks
+
+
+def precision(variants, batch, length):
+    """float32 error against float64, per path: output, inputs' gradient, parameters' gradients."""
+    x64, pad = inputs(batch, length, torch.float64)
+    rows = {}
+    for v in variants:
+        results = {}
+        for dtype in (torch.float64, torch.float32):
+            module, run = build(v, dtype)
+            module.eval()  # no dropout, so both precisions see one function; gradients stay on
+            x = x64.detach().to(dtype).requires_grad_()
+            out = run(x, pad)
+            out.square().mean().backward()
+            grads = {n: p.grad.double() for n, p in module.named_parameters() if p.grad is not None}
+            results[dtype] = {"output": out.detach().double(), "input grad": x.grad.double(), **grads}
+        ref, low = results[torch.float64], results[torch.float32]
+        # a gradient that is zero up to rounding (the key projection's bias: the softmax ignores a shift
+        # shared by all keys) has no relative error to speak of
+        rows[v] = {n: ((low[n] - ref[n]).abs().max() / ref[n].abs().max()).item() for n in ref
+                   if ref[n].abs().max() > 1e-12}
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m lab.speed.fused_bias", description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=20)
+    p.add_argument("--length", type=int, default=400)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--memory-repeats", type=int, default=2)
+    p.add_argument("--blocks", default="", help="comma-separated BLOCK_ELEMENTS values to time on man:auto")
+    p.add_argument("--diffwin", action="store_true", help="the AW sublayer's variants instead of MAN's")
+    p.add_argument("--precision", action="store_true", help="float32 error against float64 instead of speed")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--memory-child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.memory_child:
+        return peak_memory_child(args.memory_child, args.batch, args.length)
+    if args.diffwin:
+        variants = ["transformer", "plain:auto", "aw:auto", "aw:sdpa", "aw:explicit", "aw:predictors"]
+    else:
+        variants = ["transformer", "man:auto", "man:sdpa", "man:explicit"]
+        variants += [f"man:auto@{n}" for n in args.blocks.split(",") if n]
+    if args.precision:
+        for v, row in precision([v for v in variants if ":" in v and "predictors" not in v], args.batch,
+                                args.length).items():
+            bias = max((e for n, e in row.items() if "bias_module" in n), default=float("nan"))
+            others = max(e for n, e in row.items() if "bias_module" not in n and n != "output")
+            print(f"{v}: output {row['output']:.1e}, bias parameters' gradients <= {bias:.1e}, "
+                  f"other gradients <= {others:.1e}")
+        return 0
+    print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch} x {args.length} tokens, "
+          f"{args.repeats} interleaved repeats")
+    times = time_variants(variants, args.batch, args.length, args.repeats)
+    peaks = {} if args.no_memory else peak_memory(variants, args.batch, args.length, args.memory_repeats, args.threads)
+    base = times["transformer"]
+    print("| variant | forward + backward, ms (min–max) | × transformer layer (min–max) | peak rise, MiB |")
+    print("|---|---:|---:|---:|")
+    for v, ts in times.items():
+        ratios = [t / b for t, b in zip(ts, base)]
+        peak = f"{statistics.median(peaks[v]):.0f}" if v in peaks else "—"
+        print(f"| {v} | {statistics.median(ts) * 1e3:.0f} ({min(ts) * 1e3:.0f}–{max(ts) * 1e3:.0f}) | "
+              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {peak} |")
+    print(f"max RSS of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
