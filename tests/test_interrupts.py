@@ -85,7 +85,12 @@ def test_evaluate_names_where_the_previous_result_is(tmp_path, capsys, monkeypat
     run.mkdir()
     (run / "config.yaml").write_text("name: x\n")
     (run / "results.json").write_text("{}\n")
-    monkeypatch.setattr(evaluate, "evaluate", ctrl_c)
+
+    def retire_then_ctrl_c(run, args, moved):  # as evaluate() does: the earlier results aside, then decoding
+        moved += evaluate.result_files.retire(run, "test", evaluate.result_files.result_names("test", "test"), False)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "evaluate", retire_then_ctrl_c)
     assert evaluate.main([str(run), "--cpu"]) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert err == f"scripts/evaluate.sh: interrupted (Ctrl-C); the previous result is in {run / 'results.previous.json'}\n"

@@ -117,8 +117,11 @@ def check_results(tmp_path, test_names):
     man, transformer = data["runs"]
     for name in test_names:
         assert f"## {name}" in md
-    rows = [l for l in md.splitlines() if l.startswith("| Transformer") or l.startswith("| MAN")]
-    assert len(rows) == 2 * len(test_names)
+    sections = {part.split("\n", 1)[0]: part for part in md.split("\n## ")}  # heading -> its lines
+    rows = [l for name in test_names for l in sections[name].splitlines()
+            if l.startswith("| Transformer") or l.startswith("| MAN")]
+    assert len(rows) == 2 * len(test_names)  # the test sets' tables; the verdict over seeds is its own section
+    assert "not tested (fewer than 2 seeds a side)" in sections[f"The verdict: over seeds (sacreBLEU, {test_names[0]})"]
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert len(cells) == 9 and all(cells) and "–" not in cells, row  # both p-values

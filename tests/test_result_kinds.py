@@ -74,7 +74,8 @@ def test_locality_refuses_files_it_did_not_write_before_loading(tmp_path):
     assert (out / "locality.md").read_text() == "my notes\n" and (out / "locality.json").read_text() == '{"mine": 1}\n'
     assert "--output-dir" not in _locality(tmp_path, out, "--overwrite")  # on to the missing checkpoint
     (tmp_path / "a-file").write_text("x\n")
-    assert _locality(tmp_path, tmp_path / "a-file") == f"--output-dir {tmp_path / 'a-file'}: is a file, not a folder"
+    assert _locality(tmp_path, tmp_path / "a-file") == (f"--output-dir {tmp_path / 'a-file'}: "
+                                                               f"{tmp_path / 'a-file'} is a file, not a folder")
 
 
 def test_locality_replaces_its_own_table(tmp_path):

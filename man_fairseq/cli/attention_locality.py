@@ -222,12 +222,11 @@ def written_here(path):
     return isinstance(held, dict) and LOCALITY_FIELDS <= set(held)
 
 
-def check_output_dir(output_dir, overwrite=False):
-    """Refuse, before any checkpoint is read, an ``--output-dir`` that is a file or whose
+def check_outputs(output_dir, overwrite=False):
+    """Refuse, before any checkpoint is read, an ``--output-dir`` that cannot be written or whose
     locality.md / .json / .png this command did not write (no locality.json of its own there),
     unless ``overwrite``: a rerun replaces its own table, never a user's files of those names."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise SystemExit(f"--output-dir {output_dir}: is a file, not a folder")
+    check_output_dir(output_dir)
     present = [name for name in OUTPUTS if os.path.lexists(os.path.join(output_dir, name))]
     if present and not overwrite and not written_here(os.path.join(output_dir, "locality.json")):
         raise SystemExit(f"--output-dir {output_dir}: {', '.join(present)} exist there and were not written by "
@@ -238,7 +237,7 @@ def main(args):
     import man_fairseq  # noqa: F401  (registers the archs before the checkpoints are read)
     from fairseq import utils
 
-    check_output_dir(args.output_dir, getattr(args, "overwrite", False))
+    check_outputs(args.output_dir, getattr(args, "overwrite", False))
     utils.import_user_module(args)
     windows = parse_windows(args.windows)
     use_cuda = torch.cuda.is_available() and not args.cpu
@@ -276,7 +275,7 @@ def cli_main(argv=None):
     except ValueError as e:
         raise SystemExit(str(e))
     check_counts(args, batch_size=1, max_tokens=1, max_sentences=1, log_interval=1)
-    check_output_dir(args.output_dir)
+    check_outputs(args.output_dir, args.overwrite)
     main(args)
 
 
