@@ -20,9 +20,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from man_fairseq.recipes.training.launch import split_fairseq_args
-from man_fairseq.logging_setup import quiet_logging
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.training.launch import split_fairseq_args
+from man_recipes.logging_setup import quiet_logging
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 # fairseq's own layers: parameter prefix inside a layer -> sublayer name
 FAIRSEQ_SUBLAYERS = {
@@ -115,7 +115,7 @@ def write(out_dir, train_argv, rows):
 
 
 def plot(rows, png, title=""):
-    from man_fairseq.logging_setup import pyplot
+    from man_recipes.logging_setup import pyplot
 
     plt = pyplot()
     groups = sorted({g for r in rows for g in r["norms"]})

@@ -21,7 +21,7 @@ Checked twice, from the same declaration:
 
 The models call :func:`check_options` in ``build_model`` and the criterion in
 ``build_criterion``, both of which fairseq-train runs before it reads any data.
-``man-options ARCH`` (:mod:`man_fairseq.cli.options`) prints the same declarations.
+``man-options ARCH`` (a console command, beside the plugin) prints the same declarations.
 """
 
 import argparse

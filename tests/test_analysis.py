@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
-from man_fairseq.analysis.utils import kendall_tau_b
-from man_fairseq.cli.diffwin_windows import expected_abs_difference
+from man_recipes.analysis.utils import kendall_tau_b
+from man_recipes.cli.diffwin_windows import expected_abs_difference
 
-ANALYZE = [sys.executable, "-m", "man_fairseq.cli.analyze"]
+ANALYZE = [sys.executable, "-m", "man_recipes.cli.analyze"]
 NOISE = re.compile(r"DEBUG|matplotlib|PIL\.|fontTools")
 
 MODELS = {
@@ -43,7 +43,7 @@ def trained(tmp_path_factory, toy_data_bin):
 
 
 def load(path, data):
-    from man_fairseq.analysis.utils import load_checkpoint
+    from man_recipes.analysis.utils import load_checkpoint
 
     return load_checkpoint(str(path), str(data))
 
@@ -96,7 +96,7 @@ def test_expected_width_matches_double_loop():
 
 
 def test_man_analyze_lists_and_rejects_subcommands(capsys):
-    from man_fairseq.cli.analyze import cli_main
+    from man_recipes.cli.analyze import cli_main
 
     cli_main([])
     out = capsys.readouterr().out
@@ -235,7 +235,7 @@ def test_diffwin_cli_windows_equal_the_model_tensors(trained, toy_data_bin, toy_
     tsv = {(int(r[0]), r[1], int(r[2]), int(r[3])): [float(x) for x in r[4:]] for r in lines[1:]}
     summary = {(x["attention"], x["layer"]): x for x in json.loads((out / "windows.json").read_text())["layers"]}
 
-    from man_fairseq.cli.diffwin_windows import window_modules
+    from man_recipes.cli.diffwin_windows import window_modules
 
     model, _, task = load(trained["diffwin"], toy_data_bin)
     modules = window_modules(model)

@@ -21,11 +21,11 @@ import pytest
 
 from conftest import REPO, TINY_MODEL
 
-from man_fairseq.recipes.training import fairseq_log
-from man_fairseq.recipes.options import cpu_cores
-from man_fairseq.recipes.studies import reproduce, study_table
-from man_fairseq.recipes.studies.study_records import read_records
-from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
+from man_recipes.training import fairseq_log
+from man_recipes.options import cpu_cores
+from man_recipes.studies import reproduce, study_table
+from man_recipes.studies.study_records import read_records
+from man_recipes.config import ConfigError, all_configs, load_config, validate
 
 FAMILY_CONFIGS = sorted((REPO / "configs" / "multi30k").glob("*.yaml"))
 
@@ -91,7 +91,7 @@ TINY_RUN = TINY_MODEL + ["--max-epoch", "2", "--max-tokens", "1500", "--warmup-u
 
 
 def reproduce_cmd(data, tmp_path, *ours):
-    return [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--seeds", "1", "--families", "man",
+    return [sys.executable, "-m", "man_recipes.studies.reproduce", "multi30k", "--seeds", "1", "--families", "man",
             "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
             "--avg-last", "2", "--bootstrap-samples", "200", *ours, "--", *TINY_RUN]
 
@@ -175,7 +175,7 @@ def test_config_builds_with_fairseq(path, tmp_path):
     """fairseq-train's parser accepts the config and the model builds (toy dictionary, real width)."""
     from fairseq import options, tasks
 
-    from man_fairseq.recipes.training import launch
+    from man_recipes.training import launch
 
     cfg = load_config(path)
     for lang in ("de", "en"):
@@ -356,7 +356,7 @@ def test_reproduce_refuses_a_file_as_its_folders(tmp_path, option, capsys):
 
 
 def test_reproduce_without_data_is_a_clear_error(tmp_path):
-    proc = run([sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--device", "cpu",
+    proc = run([sys.executable, "-m", "man_recipes.studies.reproduce", "multi30k", "--device", "cpu",
                 "--data", tmp_path / "nothing"], check=False)
     assert proc.returncode == 2 and "prepare-multi30k.sh" in proc.stdout
 

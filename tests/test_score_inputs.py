@@ -15,11 +15,11 @@ import yaml
 
 from conftest import REPO, child_env, run_bounded
 
-from man_fairseq.recipes.evaluation import decode, evaluate, results_table
-from man_fairseq.recipes.studies import study_table
-from man_fairseq import rouge155, scoring
-from man_fairseq.recipes.studies import study_records as sr
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
+from man_recipes.evaluation import decode, evaluate, results_table
+from man_recipes.studies import study_table
+from man_recipes import rouge155, scoring
+from man_recipes.studies import study_records as sr
+from man_recipes.config import CONFIG_DIR, load_config
 
 HYPS = ["the cat sat on the mat", "a dog ran in the park", "it rained all day", "we went home"]
 
@@ -199,7 +199,7 @@ def test_evaluate_a_multi30k_run_and_replace_its_result_whole(toy_run, monkeypat
 
 def test_every_multi30k_config_can_be_reported():
     # what evaluate.sh reads from the config for its result, checked before decoding
-    from man_fairseq.recipes.evaluation import result_files
+    from man_recipes.evaluation import result_files
 
     paths = sorted(CONFIG_DIR.glob("multi30k*/*.yaml"))
     assert len(paths) >= 12
@@ -300,8 +300,8 @@ def test_a_count_out_of_range_is_refused_when_the_arguments_are_read(toy_run, op
 def test_a_half_precision_on_the_cpu_is_refused_not_dropped(command, tmp_path, capsys):
     # fairseq's --fp16/--bf16 do not run on the CPU: --precision bf16 with --cpu trained and decoded in
     # fp32, with exit status 0
-    from man_fairseq.recipes.studies import reproduce
-    from man_fairseq.recipes.training import launch
+    from man_recipes.studies import reproduce
+    from man_recipes.training import launch
 
     argv, prog = {"train": (["multi30k/transformer", "--cpu"], "scripts/train.sh"),
                   "evaluate": ([str(tmp_path), "--cpu"], "scripts/evaluate.sh"),
@@ -331,7 +331,7 @@ def test_a_rouge_option_on_a_bleu_run_is_refused_before_decoding(toy_run, monkey
 def test_the_exception_database_is_refused_where_no_rouge_reads_it(capsys):
     from types import SimpleNamespace
 
-    from man_fairseq.recipes.studies import reproduce
+    from man_recipes.studies import reproduce
 
     args = SimpleNamespace(rouge_order=None, rouge_implementation="rouge-score", rouge_exception_db="wordnet")
     with pytest.raises(evaluate.EvaluateError, match="--rouge-exception-db: read by ROUGE-1.5.5 only"):

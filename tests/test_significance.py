@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from man_fairseq.recipes.evaluation.rouge_significance import AR_TRIALS, BOOTSTRAP_SEED, paired_randomization
-from man_fairseq.recipes.studies import study_table
+from man_recipes.evaluation.rouge_significance import AR_TRIALS, BOOTSTRAP_SEED, paired_randomization
+from man_recipes.studies import study_table
 
 
 def _documents(n=300, seed=0):

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from man_fairseq.recipes.studies import study_records as sr
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
-from man_fairseq.recipes.options import parse_seeds
-from man_fairseq.recipes.studies.reproduce import FAMILIES
+from man_recipes.studies import study_records as sr
+from man_recipes.config import CONFIG_DIR, load_config
+from man_recipes.options import parse_seeds
+from man_recipes.studies.reproduce import FAMILIES
 
 
 def record(family, seed, fp="f" * 16, bleu=30.0, n=3):
@@ -102,7 +102,7 @@ def test_parse_seeds():
 
 def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_parameters():
     from conftest import build_fairseq_model, num_params
-    from man_fairseq.recipes.config import option_args
+    from man_recipes.config import option_args
 
     counts = {}
     for fam in FAMILIES:
@@ -116,7 +116,7 @@ def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_paramete
 
 
 def test_delta_to_the_transformer_is_over_matched_seeds():
-    from man_fairseq.recipes.studies import study_table
+    from man_recipes.studies import study_table
 
     records = [record("transformer", 1, bleu=30.0), record("transformer", 2, bleu=33.0),
                record("transformer", 3, bleu=36.0), record("man", 1, bleu=31.0), record("man", 2, bleu=33.5),
@@ -128,7 +128,7 @@ def test_delta_to_the_transformer_is_over_matched_seeds():
 
 
 def test_table_says_which_way_each_significant_seed_went_under_randomization():
-    from man_fairseq.recipes.studies import study_table
+    from man_recipes.studies import study_table
 
     records = [record("transformer", s, bleu=30.0) for s in (1, 2)] + [record("man", 1, bleu=31.0),
                                                                           record("man", 2, bleu=29.0)]
@@ -156,8 +156,8 @@ def test_each_study_names_the_preparation_that_writes_the_data_it_reads(tmp_path
     data-bin/gigaword-30k; then the line named --dest twice (the default folder and the one read)."""
     import shlex
 
-    from man_fairseq.recipes.config import REPO
-    from man_fairseq.recipes.studies.experiments import EXPERIMENTS, prepare_line
+    from man_recipes.config import REPO
+    from man_recipes.studies.experiments import EXPERIMENTS, prepare_line
 
     for name, exp in EXPERIMENTS.items():
         for data, expected in ((None, exp["data"]), (tmp_path / "my data", tmp_path / "my data")):
