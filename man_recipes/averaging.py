@@ -11,10 +11,11 @@ import argparse
 import collections
 import os
 import re
-import tempfile
 from typing import List, Optional
 
 import torch
+
+from man_recipes.atomic import replacing
 
 
 class AverageError(Exception):
@@ -200,19 +201,10 @@ def check_output(output: str, inputs: List[str], overwrite: bool):
 
 
 def write_atomic(state, output: str):
-    """torch.save to a temporary file of its own beside ``output``, renamed over it when complete:
-    no half-written output, and no fixed ``.tmp`` name that could be someone else's file."""
-    folder = os.path.dirname(os.path.abspath(output))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(output)}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """torch.save ``state`` as ``output``, written whole (:func:`man_recipes.atomic.replacing`)."""
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with replacing(output, "wb") as f:
+        torch.save(state, f)
 
 
 def select_inputs(inputs: List[str], num_epoch: Optional[int] = None, num_update: Optional[int] = None,

@@ -66,7 +66,9 @@ def load_config(path):
             candidates += sorted(CONFIG_DIR.rglob(f"{path.name}.yaml"))
         found = [c for c in candidates if c.is_file()]
         if not found:
-            raise ConfigError(f"config not found: {path}")
+            where = ("" if CONFIG_DIR.is_dir() else f"; the recipe configs are the checkout's configs/ folder, which an "
+                     f"installed wheel does not have ({CONFIG_DIR}): give a config file's path")
+            raise ConfigError(f"config not found: {path}{where}")
         path = found[0]
     cfg = _load_raw(path)
     cfg.setdefault("name", path.stem)

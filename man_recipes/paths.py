@@ -1,5 +1,7 @@
 """Where the checkout's parts are: the repository, the plugin folder fairseq's ``--user-dir`` names,
-the recipe configs. Defined once here, for the recipes, the benchmark and the scripts."""
+the recipe configs. Defined once here, for the recipes, the benchmark and the scripts. An installed
+wheel has the two packages and not the checkout's configs/ (nor scripts/, data-prep/): there a config
+is given by its file's path."""
 
 from pathlib import Path
 

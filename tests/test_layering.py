@@ -10,7 +10,7 @@ Floors, lowest first (a module sits on the floor of the longest prefix that name
 * plugin.ground: what the plugin's own modules need before fairseq loads anything (options, checkpoint
   allow-list, the warnings it silences, the dependency check);
 * plugin: what ``--user-dir man_fairseq`` registers (modules, models, criterions, fairseq fixes);
-* ground: logging setup, paths, text files, provenance, the toy corpus, table helpers, the Ctrl-C line;
+* ground: logging setup, paths, text files and the one writer of whole files, provenance, the toy corpus, table helpers, the Ctrl-C line;
 * library: checkpoint averaging, scoring (BLEU, ROUGE-1.5.5), the analyses;
 * recipes: what every recipe stage shares (configs, the subprocess runner, work folders);
 * data, training, evaluation, studies: the pipeline, in its order;
@@ -37,7 +37,7 @@ FLOORS = [
                        "man_fairseq.dependencies"]),
     ("plugin", ["man_fairseq"]),
     ("ground", ["man_recipes.logging_setup", "man_recipes.paths", "man_recipes.textfile", "man_recipes.provenance",
-                "man_recipes.toy_corpus", "man_recipes.tables", "man_recipes.interrupt"]),
+                "man_recipes.toy_corpus", "man_recipes.tables", "man_recipes.interrupt", "man_recipes.atomic"]),
     ("library", ["man_recipes.averaging", "man_recipes.scoring", "man_recipes.rouge155", "man_recipes.analysis"]),
     ("recipes", ["man_recipes"]),
     ("data", ["man_recipes.data"]),

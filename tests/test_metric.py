@@ -1,4 +1,4 @@
-"""The score step is one function (recipes/evaluation/metric.py:score): evaluate.sh and the studies
+"""The score step is one function (man_recipes/evaluation/metric.py:score): evaluate.sh and the studies
 get the same numbers from the same inputs, and what an error names exists."""
 
 import types

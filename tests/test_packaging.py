@@ -100,6 +100,10 @@ def test_wheel_installs_into_a_venv_that_has_torch_and_fairseq(wheel, tmp_path):
     assert Path(where).is_relative_to(purelib) and version == man_fairseq.__version__  # the wheel's, not the checkout
     proc = run_cli([venv / "bin" / "man-options", "--help"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert "usage: man-options" in proc.stdout
+    # the recipes import without the checkout, and a config name says where the configs are
+    proc = run_cli([venv / "bin" / "python", "-c", "import man_recipes.config as c\ntry:\n    c.load_config('man')\n"
+                    "except c.ConfigError as e:\n    print(e)"], cwd=tmp_path)
+    assert "the recipe configs are the checkout's configs/ folder, which an installed wheel does not have" in proc.stdout
 
 
 # ---- import man_fairseq with an unusable torch or fairseq ----------------------------------------

@@ -28,7 +28,7 @@ from man_recipes.data.dataprep import PrepError
 from man_recipes.data.manifest import read_manifest
 from man_recipes.data.subword import read_subword
 from man_recipes.evaluation.decode import EvaluateError, generate_args, read_generate_output
-from man_recipes.evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
+from man_recipes.evaluation.fixed_sample import SAMPLE_SEED, sample_ids, sampled_split
 from man_recipes.options import number, precision_list, thread_counts
 from man_recipes.tools import tool_env
 from man_recipes.training.fairseq_log import LogError, train_intervals

@@ -17,13 +17,13 @@ layout ends with BPE, fairseq-preprocess and the record ``<dest>/cnndm.json``.
 import contextlib
 import hashlib
 import json
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from man_recipes.data import see_bin, subword
+from man_recipes.atomic import replacing
 from man_recipes.data.binarize import bpe_and_binarize
 from man_recipes.data.dataprep import (
     PrepError, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
@@ -207,15 +207,8 @@ def see_pairs(layout, split):
 @contextlib.contextmanager
 def _writing(paths):
     """Line writers for ``paths``, each renamed to its name only when all are complete."""
-    tmps = [p.with_name(p.name + ".tmp") for p in paths]
-    files = [open(t, "w", encoding="utf-8") for t in tmps]
-    try:
-        yield [lambda line, f=f: f.write(line + "\n") for f in files]
-    finally:
-        for f in files:
-            f.close()
-    for tmp, path in zip(tmps, paths):
-        os.replace(tmp, path)
+    with contextlib.ExitStack() as files:
+        yield [lambda line, f=files.enter_context(replacing(p)): f.write(line + "\n") for p in paths]
 
 
 def read_see(layout, tok, src, tgt, max_source, max_target):

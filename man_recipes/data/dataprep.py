@@ -6,7 +6,6 @@ files is :mod:`man_recipes.data.downloads`, fairseq-preprocess :mod:`man_recipes
 """
 
 import json
-import os
 import re
 import shutil
 import time
@@ -14,6 +13,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from man_recipes.data import moses
+from man_recipes.atomic import replacing
 from man_recipes import textfile
 
 
@@ -54,12 +54,9 @@ def read_text(path):
 
 
 def write_lines(path, lines):
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(path) as f:  # a half-written file never carries the final name
         for line in lines:
             f.write(line.replace("\n", " ") + "\n")
-    os.replace(tmp, path)  # a half-written file never carries the final name
 
 
 _TOK = {}
@@ -161,10 +158,8 @@ def learn_bpe(train_files, codes_path, merges):
         for fname in train_files:
             with open(fname, encoding="utf-8") as f:
                 shutil.copyfileobj(f, out)
-    tmp = Path(str(codes_path) + ".tmp")
-    with open(joined, encoding="utf-8") as inp, open(tmp, "w", encoding="utf-8") as out:
+    with open(joined, encoding="utf-8") as inp, replacing(codes_path) as out:
         _learn(inp, out, merges, min_frequency=2, verbose=False, is_dict=False, total_symbols=False)
-    os.replace(tmp, codes_path)
     joined.unlink()
 
 

@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from man_recipes.data.dataprep import PrepError, log
+from man_recipes.atomic import write_text
 from man_recipes.data.steps import Steps
 
 
@@ -127,7 +128,7 @@ def fetch(url, dest, expected_sha256=None, checksum_file=None):
     os.replace(part, dest)
     if checksum_file:
         sums[dest.name] = digest
-        Path(checksum_file).write_text(json.dumps(sums, indent=1, sort_keys=True) + "\n")
+        write_text(checksum_file, json.dumps(sums, indent=1, sort_keys=True) + "\n")
     log(f"got   {dest.name} ({done / 2**20:.1f} MiB, sha256 {digest[:16]}...)")
     return dest
 

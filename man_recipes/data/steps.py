@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from man_recipes.data.dataprep import PrepError, log
+from man_recipes.atomic import write_text
 from man_recipes.workdir import try_lock
 
 
@@ -155,9 +156,7 @@ class Steps:
         except KeyboardInterrupt:
             raise Interrupted(name) from None
         record["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        tmp = stamp.with_name(stamp.name + ".tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, stamp)
+        write_text(stamp, json.dumps(record, indent=1, sort_keys=True) + "\n")
         self.previous = hashlib.sha256(stamp.read_bytes()).hexdigest()
         log(f"done  {name} ({time.time() - t0:.1f}s)")
         return out

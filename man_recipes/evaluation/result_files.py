@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from man_recipes.tables import markdown_table
-from man_recipes.evaluation.steps import record
+from man_recipes.atomic import write_text
 
 RESULT_FILES = ("results.json", "results.md")
 
@@ -67,10 +67,10 @@ def retire(run, subset, names=RESULT_FILES, force=False):
 
 
 def write(run, result, names=RESULT_FILES):
-    """The result files ``names`` (JSON, Markdown), each written whole (:func:`.steps.record`); then
+    """The result files ``names`` (JSON, Markdown), each written whole (:func:`man_recipes.atomic.write_text`); then
     the previous ones, moved aside by :func:`retire`, are removed."""
     for name, text in zip(names, (json.dumps(result, indent=2) + "\n", to_markdown(result))):
-        record(Path(run) / name, text)
+        write_text(Path(run) / name, text)
     for name in names:
         previous_path(run, name).unlink(missing_ok=True)
 

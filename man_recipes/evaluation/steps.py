@@ -7,15 +7,14 @@ which every entry point that evaluates calls: ``scripts/evaluate.sh`` (:mod:`.ev
 * :func:`decode`: fairseq-generate with a config's beam, length penalty, length limits and n-gram
   blocking, read back as hypotheses and targets (:mod:`.decode`);
 * :func:`score`: a metric of the hypotheses against the references (:mod:`.metric`);
-* :func:`record`: a result file written whole, so an interrupted write never leaves half of one.
+* :func:`record`: a result file written whole, so an interrupted write never leaves half of one
+  (:func:`man_recipes.atomic.write_text`).
 
 What each entry point records is its own: evaluate.sh's ``results.json`` / ``.md``
 (:mod:`.result_files`), a study's run record (:mod:`..studies.study_records`), the demo's table.
 """
 
-import os
-from pathlib import Path
-
+from man_recipes.atomic import write_text as record  # noqa: F401  (the record step)
 from man_recipes.averaging import AverageError, CheckpointsNotFound, average_files, last_n_checkpoints  # noqa: F401
 from man_recipes.evaluation.decode import EvaluateError, decode  # noqa: F401  (the decode step)
 from man_recipes.evaluation.metric import DEMO_METRIC, Names, Scores, score  # noqa: F401  (the score step)
@@ -32,18 +31,3 @@ def average(checkpoint_dir, n, by_update, output, overwrite=False):
     inputs = last_n_checkpoints(str(checkpoint_dir), n, by_update)
     average_files(inputs, str(output), overwrite=overwrite)
     return inputs
-
-
-def record(path, text):
-    """Write ``text`` to ``path`` whole: into a temporary file of its own beside it (no fixed name that
-    could be someone else's file), renamed over it when complete, removed when the write fails."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    f = open(tmp, "x", encoding="utf-8")  # "x": an existing file of that name is never replaced
-    try:
-        with f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

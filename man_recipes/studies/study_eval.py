@@ -7,7 +7,7 @@ Metrics: ``bleu`` (detokenized sacreBLEU against the raw references and case-ins
 tokenized BLEU; the Multi30k studies) and ``rouge`` (ROUGE-1/2/L F1 of ROUGE-1.5.5 as files2rouge
 runs it, in the config's ``eval.rouge_order``, against the release's references that data-prep
 copies into the data folder; the summarization studies). A config's ``eval.test_sample: N`` scores a
-fixed sample of N pairs of each test set (:mod:`..evaluation.test_sample`).
+fixed sample of N pairs of each test set (:mod:`..evaluation.fixed_sample`).
 """
 
 import datetime
@@ -18,7 +18,7 @@ from pathlib import Path
 from man_recipes.provenance import git_commit
 from man_recipes.config import REPO
 from man_recipes.evaluation.steps import AverageError, Names, average, decode, score
-from man_recipes.evaluation.test_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
+from man_recipes.evaluation.fixed_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
 from man_recipes.training.fairseq_log import epoch_seconds, epochs_ended, model_params, train_curve, valid_curve
 from man_recipes.textfile import read_lines
 from man_recipes.studies.convergence import ConvergenceError, best_checkpoint, record_fields

@@ -5,10 +5,8 @@ they overlap: the first epochs' losses are several bits above the last ones); wh
 runs to convergence, a panel with every such run's whole curve to its stop and its best (scored)
 checkpoint marked, and one with its dev loss against its training loss (how far each overfits)."""
 
-import os
-from pathlib import Path
-
 from man_recipes.studies.experiments import BASELINE
+from man_recipes.atomic import replacing
 
 
 def figure_path(results_dir, experiment, metric):
@@ -109,10 +107,11 @@ def plot_study(records, families, labels, panels, path, title, converged=()):
     ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    tmp = Path(str(path) + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with replacing(path, "wb") as f:
+            fig.savefig(f, format="png")
+    finally:
+        plt.close(fig)
 
 
 def plot_converged(ax, records, families, names, colors):

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from man_recipes.rouge155 import DEFAULT_EXCEPTION_DB
-from man_recipes.evaluation.steps import record as record_file
+from man_recipes.atomic import write_text as record_file
 from man_recipes.studies.convergence import stop_fields_disagreement
 
 RECORD_VERSION = 1

@@ -15,7 +15,7 @@ from man_recipes.evaluation.copying import copying
 from man_recipes.evaluation.metric import score
 from man_recipes.evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
-from man_recipes.evaluation.test_sample import sample_ids
+from man_recipes.evaluation.fixed_sample import sample_ids
 from man_recipes.studies import seed_level
 from man_recipes.studies.convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
 from man_recipes.studies.experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
