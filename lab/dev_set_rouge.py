@@ -123,7 +123,7 @@ def dev_scores(args, subset, log):
     per-document F1, the checkpoint scored, the record's test-set scores; the runs left out, without a
     record; the references; the dev set's name). The Transformer of every selected seed must have one."""
     from man_recipes.data.manifest import read_manifest
-    from man_recipes.evaluation.rouge_significance import scored_documents
+    from man_recipes.studies.rouge_significance import scored_documents
     from man_recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
     from man_recipes.studies.study_eval import StudyEvalError, read_references
     from man_recipes.studies.study_records import matching_record, record_fingerprint
@@ -186,7 +186,7 @@ def dev_scores(args, subset, log):
 
 def paired_tests(runs, n_samples):
     """Each non-Transformer run's two tests per metric against the Transformer of the same seed."""
-    from man_recipes.evaluation.rouge_significance import paired_bootstrap, paired_randomization
+    from man_recipes.studies.rouge_significance import paired_bootstrap, paired_randomization
     from man_recipes.studies.experiments import BASELINE
 
     for (fam, seed), r in runs.items():

@@ -1,7 +1,7 @@
 """Options that mean the same in every recipe command: ``--seeds`` (``scripts/reproduce.sh``,
 ``scripts/demo.py``), the argparse type of every count and rate (evaluate.sh, data-prep,
-reproduce.sh, the demo, the lr probe), ``--precision`` and its CPU rule (train.sh, evaluate.sh,
-reproduce.sh), and the comma-separated thread counts and precisions of speed.sh.
+reproduce.sh, the demo, the lr probe), ``--precision``, its CPU rule and fairseq flags, and the GPUs
+in view (train.sh, evaluate.sh, reproduce.sh), and the comma-separated thread counts and precisions of speed.sh.
 
 A number out of range is argparse's one usage line and exit status 2 before any work, worded as
 the plugin options' (``error: argument --avg-last: invalid value '0': must be >= 1``), never a
@@ -105,6 +105,24 @@ def resolve_precision(parser, precision, cpu):
             parser.error(f"--precision {precision}: the CPU runs fp32 only (fairseq's --fp16/--bf16 need a GPU)")
         return "fp32"
     return precision or "fp16"
+
+
+def precision_args(device: str, precision: str):
+    """fairseq flags for the device and precision (fp16/bf16 apply on GPU only)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
+    if device == "cpu":
+        return ["--cpu"]
+    return {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": []}[precision]
+
+
+def visible_gpus():
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # torch missing or broken CUDA: treat as CPU
+        return 0
 
 
 def thread_counts(text):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from man_recipes.evaluation.rouge_significance import lead_sentences
+from man_recipes.studies.rouge_significance import lead_sentences
 from man_recipes.evaluation.fixed_sample import sample_ids, sampled_split
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run

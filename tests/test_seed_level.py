@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from man_recipes.evaluation.rouge_significance import paired_randomization
+from man_recipes.studies.rouge_significance import paired_randomization
 from man_recipes.studies import seed_level
 from man_recipes.studies.seed_level import MeanOfDocuments, compare
 

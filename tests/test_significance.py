@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from man_recipes.evaluation.rouge_significance import AR_TRIALS, BOOTSTRAP_SEED, paired_randomization
+from man_recipes.studies.rouge_significance import AR_TRIALS, BOOTSTRAP_SEED, paired_randomization
 from man_recipes.studies import study_table
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from man_recipes import rouge155
 from man_recipes.evaluation.copying import copying
-from man_recipes.evaluation.rouge_significance import lead_words, paired_bootstrap
+from man_recipes.studies.rouge_significance import lead_words, paired_bootstrap
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from man_recipes.data.subword import post_process_args, read_subword
 from man_recipes.tools import run_tool
-from man_recipes.training.launch import precision_args
+from man_recipes.options import precision_args
 from man_recipes.paths import USER_DIR
 
 

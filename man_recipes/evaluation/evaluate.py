@@ -28,8 +28,7 @@ import yaml
 
 from man_recipes.config import ConfigError, validate
 from man_recipes.data.subword import SubwordEvidenceError, read_subword
-from man_recipes.options import PRECISION_HELP, PRECISIONS, number, resolve_precision
-from man_recipes.training.launch import visible_gpus
+from man_recipes.options import PRECISION_HELP, PRECISIONS, number, resolve_precision, visible_gpus
 from man_recipes.evaluation import result_files
 from man_recipes.evaluation.steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
 from man_recipes import rouge155, scoring, textfile

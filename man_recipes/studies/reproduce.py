@@ -221,7 +221,7 @@ def parse_args(argv=None):
     args.results_dir = Path(args.results_dir).resolve()
     args.device = args.device or exp.get("device")
     if args.device is None:
-        from man_recipes.training.launch import visible_gpus
+        from man_recipes.options import visible_gpus
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
     args.precision = resolve_precision(p, args.precision, args.device == "cpu")

@@ -1,7 +1,7 @@
 """The verdict of a study: a family against the Transformer over their seeds, so over the spread between
 trainings, not between test sentences.
 
-A paired test over the documents of two runs (:mod:`..evaluation.rouge_significance`, sacreBLEU's)
+A paired test over the documents of two runs (:mod:`..studies.rouge_significance`, sacreBLEU's)
 says whether *those two trained networks* differ on this test set; two seeds of one config already do
 (the Gigaword Transformer's seed 2 against its seed 1: +0.88 R-1, randomization p 0.004). Whether one
 *architecture* beats another is a question about the distribution of its trainings, so here:

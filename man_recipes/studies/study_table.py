@@ -23,7 +23,7 @@ from man_recipes.config import REPO
 from man_recipes.studies.study_records import check_score, hypothesis_path, read_hypotheses
 from man_recipes.studies.experiments import BASELINE
 from man_recipes.tables import markdown_table, mean_std
-from man_recipes.evaluation.rouge_significance import AR_TRIALS
+from man_recipes.studies.rouge_significance import AR_TRIALS
 
 def _pm(values):
     mean, std = mean_std(values)

@@ -13,7 +13,7 @@ from man_recipes.tables import markdown_table, mean_std
 from man_recipes.config import CONFIG_DIR, load_config
 from man_recipes.evaluation.copying import copying
 from man_recipes.evaluation.metric import score
-from man_recipes.evaluation.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
+from man_recipes.studies.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
 from man_recipes.evaluation.fixed_sample import sample_ids
 from man_recipes.studies import seed_level

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from man_recipes.config import REPO, load_config, option_args
-from man_recipes.options import PRECISION_HELP, PRECISIONS, resolve_precision
+from man_recipes.options import PRECISION_HELP, PRECISIONS, precision_args, resolve_precision, visible_gpus  # noqa: F401
 from man_recipes.tools import echo, run_tool, tool_env
 from man_recipes.logging_setup import quiet_logging
 from man_recipes.paths import USER_DIR
@@ -35,15 +35,6 @@ def split_fairseq_args(argv):
         return argv, []
     i = argv.index("--")
     return argv[:i], argv[i + 1:]
-
-
-def precision_args(device: str, precision: str):
-    """fairseq flags for the device and precision (fp16/bf16 apply on GPU only)."""
-    if precision not in ("fp32", "fp16", "bf16"):
-        raise ValueError(f"precision must be fp32, fp16 or bf16, got {precision!r}")
-    if device == "cpu":
-        return ["--cpu"]
-    return {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": []}[precision]
 
 
 def effective_batch_units(cfg):
@@ -116,15 +107,6 @@ def launch_command(cfg, save_dir, nproc=1, launcher="torchrun", device="gpu", pr
                 + ["--distributed-world-size", str(world_size),
                    "--distributed-port", str(master_port or 12597)])
     raise ValueError(f"launcher must be torchrun or slurm, got {launcher!r}")
-
-
-def visible_gpus():
-    try:
-        import torch
-
-        return torch.cuda.device_count()
-    except Exception:  # torch missing or broken CUDA: treat as CPU
-        return 0
 
 
 @one_line_on_ctrl_c("scripts/train.sh", "fairseq-train keeps its last checkpoint: the same command again resumes from it")
