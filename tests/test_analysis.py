@@ -295,3 +295,32 @@ def test_localness_cli_head_windows_equal_the_learned_scalars(trained, toy_data_
             seen = {float(r[7]) for r in rows if (r[1], int(r[2]), int(r[3])) == ("encoder_self", layer, head)}
             assert seen and all(abs(x - d) < 1e-4 for x in seen)
         assert f"| encoder_self | {layer} | " + " | ".join(f"{d:.2f}" for d in learned) + " |" in md
+
+
+def test_the_one_module_finder_reads_wrapped_names_and_refuses_a_stray_module():
+    """Both window commands find their modules with analysis.utils.attention_modules: a checkpoint of an
+    FSDP or activation-checkpointed run names them with wrapper parts, which the finder drops."""
+    from man_recipes.analysis.utils import attention_modules
+
+    class Marker(torch.nn.Module):
+        pass
+
+    model = torch.nn.Module()
+    model.add_module("decoder", torch.nn.Module())
+    layers = torch.nn.ModuleList()
+    model.decoder.add_module("_fsdp_wrapped_module", torch.nn.Module())
+    model.decoder._fsdp_wrapped_module.add_module("layers", layers)
+    for _ in range(2):
+        layer = torch.nn.Module()
+        layer.add_module("_checkpoint_wrapped_module", torch.nn.Module())
+        for attention in ("self_attn", "encoder_attn"):
+            holder = torch.nn.Module()
+            holder.add_module("bias_module", Marker())
+            layer._checkpoint_wrapped_module.add_module(attention, holder)
+        layers.append(layer)
+    found = attention_modules(model, Marker, "marker")
+    assert [(kind, layer) for kind, layer, _ in found] == [("decoder_self", 0), ("cross", 0), ("decoder_self", 1),
+                                                           ("cross", 1)]
+    model.add_module("stray", Marker())
+    with pytest.raises(RuntimeError, match="unexpected marker module location stray"):
+        attention_modules(model, Marker, "marker")

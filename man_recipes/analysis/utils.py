@@ -6,6 +6,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import time
 from collections import Counter
 from typing import List, Optional
@@ -118,6 +119,30 @@ def check_output_dir(path: str, flag: str = "--output-dir") -> None:
     problem = output_folder_problem(path)
     if problem:
         raise SystemExit(f"{flag} {path}: {problem}")
+
+
+ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross")
+ATTENTION_MODULE = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.(bias_module|post_softmax)$")
+WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")  # what FSDP and activation checkpointing add
+
+
+def attention_modules(model, module_type, what):
+    """[(attention kind, layer, module)] of every ``module_type`` (a bias or post-softmax module of the
+    plugin) of ``model``, in the model's order; ``what`` names the module type in the error for one
+    found elsewhere. The one finder of the analyses (checkpoints of FSDP or activation-checkpointed
+    runs too)."""
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, module_type):
+            for wrapper in WRAPPERS:
+                name = name.replace(wrapper, "")
+            m = ATTENTION_MODULE.search(name)
+            if m is None:
+                raise RuntimeError(f"unexpected {what} module location {name}")
+            side, layer, which, _ = m.groups()
+            kind = "encoder_self" if side == "encoder" else ("decoder_self" if which == "self_attn" else "cross")
+            found.append((kind, int(layer), module))
+    return found
 
 
 def checkpoint_folder(path: str) -> str:

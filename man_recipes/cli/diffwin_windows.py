@@ -39,7 +39,6 @@ Usage::
 import json
 import logging
 import os
-import re
 import sys
 from collections import defaultdict
 from typing import Dict, List, Optional
@@ -48,8 +47,8 @@ import torch
 from torch import Tensor
 
 from man_recipes.analysis.utils import (
-    Progress, analysis_parser, arch_name, batch_iterator, check_counts, check_output_dir, checkpoint_folder,
-    load_checkpoint, model_labels,
+    ATTENTION_KINDS as KINDS, Progress, analysis_parser, arch_name, attention_modules, batch_iterator, check_counts,
+    check_output_dir, checkpoint_folder, load_checkpoint, model_labels,
 )
 from man_recipes.logging_setup import pyplot, setup_logging
 from man_recipes.tables import markdown_table, slug
@@ -57,8 +56,6 @@ from man_recipes.interrupt import one_line_on_ctrl_c
 
 logger = logging.getLogger("man_fairseq.diffwin_windows")
 
-KINDS = ("encoder_self", "decoder_self", "cross")
-MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.(bias_module|post_softmax)$")
 COLUMNS = ["sample_id", "attention", "layer", "query_position", "expected_left", "expected_right",
            "expected_width", "mask_sum", "mask_at_query"]
 
@@ -75,15 +72,7 @@ def window_modules(model):
     """[(attention kind, layer, module)] of every differentiable window of the model."""
     from man_fairseq.modules.diff_window import WindowPointers
 
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, WindowPointers):
-            m = MODULE_NAME.search(name)
-            if m is None:
-                raise RuntimeError(f"unexpected differentiable-window module location {name}")
-            side, layer, which, _ = m.groups()
-            kind = "encoder_self" if side == "encoder" else ("decoder_self" if which == "self_attn" else "cross")
-            found.append((kind, int(layer), module))
+    found = attention_modules(model, WindowPointers, "differentiable-window")
     return sorted(found, key=lambda x: (KINDS.index(x[0]), x[1]))
 
 

@@ -27,34 +27,24 @@ options::
 """
 
 import os
-import re
 import sys
 from collections import defaultdict
 
 import torch
 
 import man_fairseq  # noqa: F401  (registers the archs before the checkpoint is loaded)
+from man_recipes.analysis.utils import attention_modules
 from man_recipes.logging_setup import pyplot, setup_logging
 from man_fairseq.modules.localness import LocalnessBias
 from man_recipes.tables import markdown_table, slug
 from man_recipes.interrupt import one_line_on_ctrl_c
 
-MODULE_NAME = re.compile(r"(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn)\.bias_module$")
 COLUMNS = ["sample_id", "attention", "layer", "head", "query_position", "length", "centre", "window"]
 
 
 def localness_modules(model):
     """[(attention type, layer, module)] of every localness bias of the model, in order."""
-    found = []
-    for name, module in model.named_modules():
-        if isinstance(module, LocalnessBias):
-            m = MODULE_NAME.search(name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", ""))
-            if m is None:
-                raise RuntimeError(f"unexpected localness module location {name}")
-            side, layer, which = m.groups()
-            kind = "encoder_self" if side == "encoder" else ("decoder_self" if which == "self_attn" else "cross")
-            found.append((kind, int(layer), module))
-    return found
+    return attention_modules(model, LocalnessBias, "localness")
 
 
 def windows_of_batch(rec, query_pad):
