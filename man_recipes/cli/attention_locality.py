@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import List
 
 import torch
@@ -44,7 +44,7 @@ from man_recipes.analysis.locality import (  # noqa: F401  (the measurements, by
     AttentionRecorder, LocalityStats, encoder_self_attentions, locality_shares, real_positions, self_attention_label,
     uniform_shares,
 )
-from man_recipes.analysis.utils import check_counts, check_output_dir, load_checkpoint
+from man_recipes.analysis.utils import check_counts, check_output_dir, load_checkpoint, model_labels
 from man_recipes import tables
 from man_recipes.interrupt import one_line_on_ctrl_c
 
@@ -133,18 +133,6 @@ def analyse_model(path, args, windows, use_cuda):
     finally:
         recorder.remove()
     return {"path": path, "arch": arch, "skipped": skipped, "stats": recorder.stats, "uniform": uniform}
-
-
-def model_labels(results, labels_option):
-    if labels_option:
-        labels = [x.strip() for x in labels_option.split(",")]
-        if len(labels) != len(results):
-            raise SystemExit(f"--labels has {len(labels)} names for {len(results)} checkpoints")
-        return labels
-    labels = [r["arch"] for r in results]
-    counts = Counter(labels)
-    # same architecture twice: tell them apart by checkpoint path
-    return [f"{lab} ({r['path']})" if counts[lab] > 1 else lab for lab, r in zip(labels, results)]
 
 
 def build_rows(results, labels):
@@ -243,7 +231,8 @@ def main(args):
     use_cuda = torch.cuda.is_available() and not args.cpu
     paths = utils.split_paths(args.path, separator=",")
     results = [analyse_model(p, args, windows, use_cuda) for p in paths]
-    labels = model_labels(results, args.labels)
+    # the same architecture twice: told apart by checkpoint path
+    labels = model_labels([r["path"] for r in results], [r["arch"] for r in results], args.labels)
     rows = build_rows(results, labels)
 
     os.makedirs(args.output_dir, exist_ok=True)
