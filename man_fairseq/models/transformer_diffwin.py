@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, WindowPointers, build_window
-from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, PluginOptionError, fit_layers
+from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, PluginOptionError, count_within, fit_layers
 from .biased_transformer import BiasedTransformerModel
 from .family import (
     CROSS,
@@ -155,7 +155,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
         if depths:
             args.diffwin_layers = fit_layers(
                 "--diffwin-layers", args.diffwin_layers, DIFFWIN_DEFAULTS.diffwin_layers, min(depths),
-                lambda n, stack: stack if n > stack else None, logger,
+                count_within, logger,
             )
         logger.info(
             "diffwin: preset=%s encoder=%s(%s) decoder=%s(token) cross=%s(%s) layers<%d "
