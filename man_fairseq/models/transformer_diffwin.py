@@ -22,7 +22,6 @@ from .family import (
     DECODER_SELF,
     ENCODER_SELF,
     AttentionPlan,
-    attention_backend_of,
     fairseq_sizes,
     fill_option_defaults,
     register_family,
@@ -173,7 +172,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             for kind, (mode, mask) in modes.items() if mode != "none"
             for layer in range(min(args.diffwin_layers, depth[kind]))
         }
-        return AttentionPlan(attention_backend_of(args), specs)
+        return AttentionPlan(specs=specs)
 
     @classmethod
     def is_default(cls, args, dest, value):

@@ -28,7 +28,6 @@ from .family import (
     DECODER_SELF,
     ENCODER_SELF,
     AttentionPlan,
-    attention_backend_of,
     fairseq_sizes,
     register_family,
     stack_depths,
@@ -145,7 +144,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
                         head_window_max=args.localness_head_window_max,
                         max_relative_position=args.max_relative_position if kind in relative else None,
                     )
-        return AttentionPlan(attention_backend_of(args), specs)
+        return AttentionPlan(specs=specs)
 
     @classmethod
     def inert_options(cls, args, plan):
