@@ -23,7 +23,7 @@ from conftest import REPO, TINY_MODEL
 
 from man_recipes.training import fairseq_log
 from man_recipes.options import cpu_cores
-from man_recipes.studies import reproduce, study_table
+from man_recipes.studies import bleu_table, reproduce
 from man_recipes.studies.study_records import read_records
 from man_recipes.config import ConfigError, all_configs, load_config, validate
 
@@ -211,17 +211,17 @@ def test_paired_bootstrap_separates_better_from_equally_good_systems():
         r = random.Random(seed)
         return [" ".join(w if r.random() > p else r.choice(words) for w in s.split()) for s in refs]
 
-    equally_good = study_table.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
+    equally_good = bleu_table.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
     assert equally_good["p_value"] > 0.05
-    better = study_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
+    better = bleu_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
     assert better["p_value"] < 0.01 and better["system_bleu"] > better["baseline_bleu"] + 20
     assert better["signature"].startswith("nrefs:1|bs:200|seed:12345")
-    assert study_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
+    assert bleu_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
 
 
 def test_mean_std_and_log_parsing(tmp_path):
-    assert study_table.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert study_table.mean_std([5.0]) == (5.0, None)
+    assert bleu_table.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert bleu_table.mean_std([5.0]) == (5.0, None)
     log = tmp_path / "train.log"
     log.write_text(
         "INFO | fairseq_cli.train | num. model params: 1,234,567 (num. trained: 1,234,567)\n"

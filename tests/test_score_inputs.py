@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, child_env, run_bounded
 
 from man_recipes.evaluation import decode, evaluate, results_table
-from man_recipes.studies import study_table
+from man_recipes.studies import bleu_table
 from man_recipes import rouge155, scoring
 from man_recipes.studies import study_records as sr
 from man_recipes.config import CONFIG_DIR, load_config
@@ -82,7 +82,7 @@ def test_rouge155_run_refuses_unequal_files_before_perl_runs(monkeypatch):
 
 
 def test_paired_bootstrap_names_all_three_inputs():
-    message = _error(study_table.paired_bootstrap, HYPS, HYPS[:3], HYPS, n_samples=10,
+    message = _error(bleu_table.paired_bootstrap, HYPS, HYPS[:3], HYPS, n_samples=10,
                      names=("hypotheses T.hyp", "hypotheses M.hyp", "references R.en"))
     assert message.startswith("unequal line counts: hypotheses T.hyp has 4 lines, hypotheses M.hyp has 3 lines, "
                               "references R.en has 4 lines")
@@ -100,24 +100,24 @@ def test_study_table_refuses_a_record_whose_hypotheses_do_not_match_the_referenc
     refs = {"test": HYPS}
     for family in ("transformer", "man"):
         sr.write_record(tmp_path, _record(family, 1), {"test": HYPS})
-    boot = study_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
+    boot = bleu_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
     assert set(boot) == {("man", 1, "test")} and boot[("man", 1, "test")]["paired_bootstrap"]["system_bleu"] == 100.0
     # a record without a Transformer of its seed is bootstrapped against nothing, but its
     # hypotheses (the table shows its scores) must still be one per reference
     short = _record("sman2", 2)
     short["test_sets"]["test"]["n_sentences"] = 3
     sr.write_record(tmp_path, short, {"test": HYPS[:3]})
-    message = _error(study_table.significance, sr.read_records(tmp_path), tmp_path, refs, 10,
+    message = _error(bleu_table.significance, sr.read_records(tmp_path), tmp_path, refs, 10,
                      {"test": "data/test.raw.en"})
     assert message.startswith(f"unequal line counts: hypotheses {tmp_path / 'sman2-seed2.test.hyp'} has 3 lines "
                               "but references data/test.raw.en has 4 lines")
     # a hypothesis file shorter than its own record is named by the record reader first
     (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:2]) + "\n")
     with pytest.raises(sr.RecordError, match="sman2-seed2.test.hyp: 2 hypotheses, but its record"):
-        study_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
+        bleu_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
     (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:3]) + "\n")
     assert "references data/test.raw.en has 0 lines" in _error(
-        study_table.significance, sr.read_records(tmp_path), tmp_path, {"test": []}, 10, {"test": "data/test.raw.en"})
+        bleu_table.significance, sr.read_records(tmp_path), tmp_path, {"test": []}, 10, {"test": "data/test.raw.en"})
 
 
 # ---------------------------------------------------------------------------- results_table

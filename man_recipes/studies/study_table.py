@@ -1,15 +1,9 @@
-"""A study's table, rebuilt from its committed run records (:mod:`study_records`) alone.
-
-Per family and test set: sacreBLEU and tokenized BLEU as mean ± sample standard deviation over
-seeds, the difference to the Transformer, the verdict over seeds (:mod:`seed_level`: training
-noise, the test the verdicts rest on), and two paired tests of each seed against the Transformer
-of the same seed, computed here from the records' hypothesis files (seeded, so a rebuild gives the
-same p-values): sacreBLEU's paired bootstrap (the p the field reports) and sacreBLEU's paired
-approximate randomization (its statistic reads a near-zero difference as the bootstrap's does not).
-Both paired tests say whether two trained networks differ on these sentences (test-set sampling),
-not whether two architectures do. Stale records (config changed since they ran)
-are listed below the table, never mixed into it. Writes ``<prefix>.md``, ``<prefix>.json`` and
-``<prefix>-valid-loss.png``.
+"""What every study table shares (the BLEU studies' :mod:`bleu_table`, the summarization studies'
+:mod:`summarization_table`), each rebuilt from its committed run records (:mod:`study_records`) alone:
+the families' runs by seed and the start of their summary entries, the per-seed tests' columns (both
+paired tests measure test-set sampling, not training noise: the verdict is :mod:`seed_level`'s), the
+head of the table (title, build, devices, commits, the command of one run), the stale records listed
+below the table and never mixed into it, and the writing of ``<experiment>.md`` and ``.json``.
 """
 
 import datetime
@@ -18,14 +12,13 @@ import os
 import shlex
 from pathlib import Path
 
-from man_recipes.scoring import check_aligned, sacrebleu_detok
+from man_recipes.atomic import write_text
 from man_recipes.config import REPO
-from man_recipes.studies.study_records import check_score, hypothesis_path, read_hypotheses
 from man_recipes.studies.experiments import BASELINE
 from man_recipes.tables import markdown_table, mean_std
-from man_recipes.studies.rouge_significance import AR_TRIALS
 
-def _pm(values):
+def pm(values):
+    """Mean ± sample standard deviation over seeds, as the tables print it."""
     mean, std = mean_std(values)
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} (1 seed)"
 
@@ -35,80 +28,15 @@ def fmt_p(p):
     return f"{p:.3f}" if p >= 0.001 else f"{p:.4f}"
 
 
-def _params(n):
+def params(n):
+    """A parameter count as the tables print it (8.04M, 54.5k)."""
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k"
 
 
-def _paired_test(baseline_hyps, system_hyps, refs, test_type, n_samples, names):
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
-    baseline_hyps, system_hyps, refs = check_aligned(zip(names, (baseline_hyps, system_hyps, refs)),
-                                                     references=names[2])
-    test = PairedTest([("baseline", baseline_hyps), ("system", system_hyps)],
-                      {"BLEU": BLEU()}, references=[refs], test_type=test_type, n_samples=n_samples)
-    signatures, scores = test()
-    (metric,) = [k for k in scores if k != "System"]
-    base, system = scores[metric]
-    return base, system, str(signatures[metric])
-
-
-NAMES = ("baseline hypotheses", "system hypotheses", "references")
 # the two paired tests of every study table, as its JSON names them: sacreBLEU's p and randomization's
 TESTS = ("paired_bootstrap", "paired_randomization")
 # what they measure, in their column headers: two trained networks on these sentences, not two architectures
 SAMPLING = "test-set sampling, not training noise"
-
-
-def paired_bootstrap(baseline_hyps, system_hyps, refs, n_samples=1000, names=NAMES):
-    """sacreBLEU's paired bootstrap (Koehn 2004) of ``system`` against ``baseline``: p-value, signature.
-
-    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-bs`` (13a BLEU, 1000 resamples, seed
-    SACREBLEU_SEED, default 12345). ``names`` name the three inputs (their files) in errors.
-    """
-    base, system, signature = _paired_test(baseline_hyps, system_hyps, refs, "bs", n_samples, names)
-    return {"p_value": float(system.p_value), "baseline_bleu": round(base.score, 2), "system_bleu": round(system.score, 2),
-            "system_mean": round(float(system.mean), 2), "system_ci95": round(float(system.ci), 2),
-            "signature": signature}
-
-
-def paired_randomization(baseline_hyps, system_hyps, refs, n_trials=AR_TRIALS, names=NAMES):
-    """sacreBLEU's paired approximate randomization of ``system`` against ``baseline``: p-value, signature.
-
-    Same as ``sacrebleu REF -i BASELINE SYSTEM --paired-ar --paired-ar-n N`` (each trial swaps each
-    sentence's two hypotheses with probability 1/2, statistic |BLEU difference|, seed SACREBLEU_SEED),
-    but for identical hypotheses: sacreBLEU counts trials whose statistic is *above* the observed 0
-    and so calls a system against itself significant (1/(N+1)); that is p = 1 here.
-    """
-    base, system, signature = _paired_test(baseline_hyps, system_hyps, refs, "ar", n_trials, names)
-    same = list(baseline_hyps) == list(system_hyps)
-    return {"p_value": 1.0 if same else float(system.p_value), "baseline_bleu": round(base.score, 2),
-            "system_bleu": round(system.score, 2), "n_trials": n_trials, "signature": signature}
-
-
-def significance(records, records_dir, references, n_samples, reference_files=None, ar_trials=AR_TRIALS):
-    """{(family, seed, subset): {"paired_bootstrap": ..., "paired_randomization": ...}} of every
-    non-baseline record against the same seed's Transformer; ``references`` maps a subset to its raw
-    reference lines, ``reference_files`` to the file they were read from (named in errors). Every record's hypotheses of a subset with
-    references, paired or not, must have one line per reference and score the sacreBLEU its record
-    says (:func:`study_records.check_score`): the table shows their scores."""
-    ref_names = {subset: f"references {(reference_files or {}).get(subset, f'of {subset}')}" for subset in references}
-    hypotheses, names = {}, {}
-    for r in records:
-        for subset in [s for s in r["test_sets"] if s in references]:
-            key = (r["family"], r["seed"], subset)
-            names[key] = f"hypotheses {hypothesis_path(records_dir, r['family'], r['seed'], subset)}"
-            hypotheses[key], _ = check_aligned([(names[key], read_hypotheses(records_dir, r, subset)),
-                                                (ref_names[subset], references[subset])], references=ref_names[subset])
-            check_score(records_dir, r, subset, "sacrebleu", sacrebleu_detok(hypotheses[key], references[subset])["bleu"])
-    out = {}
-    for r, b, subset in same_seed_pairs(records, references):
-        pair = (BASELINE, b["seed"], subset), (r["family"], r["seed"], subset)
-        inputs = (hypotheses[pair[0]], hypotheses[pair[1]], references[subset])
-        files = (names[pair[0]], names[pair[1]], ref_names[subset])
-        out[pair[1]] = {"paired_bootstrap": paired_bootstrap(*inputs, n_samples, files),
-                        "paired_randomization": paired_randomization(*inputs, ar_trials, files)}
-    return out
 
 
 def same_seed_pairs(records, subsets):
@@ -123,75 +51,9 @@ def same_seed_pairs(records, subsets):
                     yield r, b, subset
 
 
-def summarize(records, families, labels, boot):
-    """Per family and test set: mean/std of both BLEUs, delta to the Transformer, p-values."""
-    summary = {}
-    base = [r for r in records if r["family"] == BASELINE]
-    for fam, fr, entry in family_runs(families, records, labels):
-        for subset in fr[0]["test_sets"]:
-            sac = [r["test_sets"][subset]["sacrebleu"] for r in fr]
-            tok = [r["test_sets"][subset]["bleu_tok_ci"] for r in fr]
-            s = {"name": fr[0]["test_sets"][subset]["name"], "sacrebleu": sac, "bleu_tok_ci": tok,
-                 "sacrebleu_mean_std": mean_std(sac), "bleu_tok_ci_mean_std": mean_std(tok)}
-            # matched seeds, like the bootstrap: a one-seed family is not measured against a 3-seed mean
-            bsac = {r["seed"]: r["test_sets"][subset]["sacrebleu"] for r in base if subset in r["test_sets"]}
-            diffs = [r["test_sets"][subset]["sacrebleu"] - bsac[r["seed"]] for r in fr if r["seed"] in bsac]
-            s["delta_sacrebleu_vs_transformer"] = round(sum(diffs) / len(diffs), 2) if diffs else None
-            s.update(seed_tests(fam, fr, subset, boot))
-            entry["test_sets"][subset] = s
-        summary[fam] = entry
-    return summary
-
-
-def to_markdown(summary, meta, stale, protocol_lines=(), verdict_lines=()):
-    lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
-    lines += list(verdict_lines)  # the verdict over seeds (seed_level.protocol_sections)
-    for subset, release in meta["test_sets"].items():
-        rows = []
-        for fam, e, s, minutes in family_rows(summary, subset):
-            delta = "–" if s["delta_sacrebleu_vs_transformer"] is None else f"{s['delta_sacrebleu_vs_transformer']:+.2f}"
-            if fam == BASELINE:
-                pcols, sig, delta = ["baseline", "baseline"], "baseline", "0 (baseline)"
-            else:
-                # both p's are two-sided: the sign says which way each seed went
-                tested = {test: [(b["p_value"], b["system_bleu"] >= b["baseline_bleu"]) for b in s.get(test) or [] if b]
-                          for test in TESTS}
-                pcols = [", ".join(f"{fmt_p(p)} ({'+' if up else '−'})" for p, up in tested[test]) or "–" for test in TESTS]
-                ar = tested["paired_randomization"]
-                better = sum(p < 0.05 and up for p, up in ar)
-                worse = sum(p < 0.05 and not up for p, up in ar)
-                sig = f"{better} better, {worse} worse of {len(ar)}" if ar else "–"
-            rows.append([e["label"], _params(e["params"]), minutes, _pm(s["sacrebleu"]), delta,
-                         _pm(s["bleu_tok_ci"]), *pcols, sig])
-        lines += [f"## {release}", ""] + markdown_table(
-            ["family", "params", "train min (mean)", "sacreBLEU", "Δ vs Transformer", "tok. BLEU (ci)",
-             f"paired bootstrap p (per seed, sign of Δ; {SAMPLING})",
-             f"approximate randomization p (per seed, sign of Δ; {SAMPLING})", "seeds p<0.05 (randomization)"],
-            rows) + [""]
-    lines += ["sacreBLEU: detokenized hypotheses against the raw references, signature "
-              f"`{meta['sacrebleu_signature']}`. Tokenized BLEU: case-insensitive multi-bleu formula on the "
-              "Moses-tokenized text (BPE removed). Mean ± sample standard deviation over seeds. Δ: mean over the "
-              "family's seeds of its difference to the Transformer of the same seed. Both tests pair each "
-              "run with the Transformer of the same seed on the same test set and are two-sided. Paired bootstrap: "
-              f"sacreBLEU's (`{meta['bootstrap_signature']}`), the p the field reports; its statistic (the "
-              "resampled absolute difference centred on its own mean) reads a near-zero difference as more "
-              "significant than it is. Approximate randomization: sacreBLEU's paired AR "
-              f"(`{meta['randomization_signature']}`; each trial swaps each sentence's two hypotheses with "
-              "probability 1/2; p = (trials with |ΔBLEU| at least the observed + 1) / (trials + 1), 1 for "
-              "identical hypotheses): the probability of a difference this large if the two trained networks "
-              "were exchangeable on these sentences. Both paired tests measure test-set sampling, not "
-              "training noise: two seeds of one config differ by them too; the verdict is the test over seeds. "
-              "Train minutes: wall time of the training epochs from the log, with validation and checkpointing "
-              "(start-up left out; an epoch cut short by a kill and redone counts once).", "",
-              f"Validation loss of every run: `{meta['png']}`.", ""]
-    lines += list(protocol_lines)  # the runs to convergence beside these (convergence.side_by_side)
-    lines += stale_lines(stale, STALE_WHY)
-    return "\n".join(lines)
-
-
 def seed_tests(family, runs, subset, boot):
     """{test: its result per seed of ``runs`` (the family's, by seed) on ``subset``}, from ``boot`` as
-    :func:`significance` gives it; none for the Transformer, the baseline of every test."""
+    the table's ``significance`` gives it; none for the Transformer, the baseline of every test."""
     if family == BASELINE:
         return {}
     return {test: [(boot.get((family, r["seed"], subset)) or {}).get(test) for r in runs] for test in TESTS}
@@ -296,8 +158,8 @@ def write_without_runs(results_dir, experiment, title, stale, png, log):
     table's figure ``png`` is removed, so no table of this study shows what today's configs did not give.
     The records stay."""
     lines = [f"# {title}", "", "No run record matches today's configs: no table until one does.", ""]
-    (results_dir / f"{experiment}.md").write_text("\n".join(lines + stale_lines(stale, STALE_WHY)))
-    (results_dir / f"{experiment}.json").write_text(json.dumps(
+    write_text(results_dir / f"{experiment}.md", "\n".join(lines + stale_lines(stale, STALE_WHY)))
+    write_text(results_dir / f"{experiment}.json", json.dumps(
         {"meta": {"title": title}, "summary": [], "runs": [],
          "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
     png.unlink(missing_ok=True)
@@ -317,11 +179,11 @@ def stale_lines(stale, why):
 
 def write_table(results_dir, experiment, markdown, payload, boot, current, stale, png, log):
     """Write ``<experiment>.md`` and ``.json`` (``payload``, then every run with its two paired tests,
-    ``boot`` as :func:`significance` returns them, and the stale runs' names); returns the Markdown file."""
+    ``boot`` as the table's ``significance`` returns them, and the stale runs' names); returns the Markdown file."""
     runs = [dict(r, **{test: {k[2]: v[test] for k, v in boot.items() if k[:2] == (r["family"], r["seed"])}
                        for test in TESTS}) for r in current]
-    (results_dir / f"{experiment}.md").write_text(markdown)
-    (results_dir / f"{experiment}.json").write_text(json.dumps(
+    write_text(results_dir / f"{experiment}.md", markdown)
+    write_text(results_dir / f"{experiment}.json", json.dumps(
         dict(payload, runs=runs, stale=[f"{r['family']}-seed{r['seed']}" for r in stale]), indent=1) + "\n")
     log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")
     return results_dir / f"{experiment}.md"

@@ -22,8 +22,9 @@ from man_recipes.studies.experiments import BASELINE, FIXED_BUDGET, TO_CONVERGEN
 from man_recipes.studies.study_eval import StudyEvalError, read_references, read_test_lines
 from man_recipes.studies.study_figure import figure_path, plot_study
 from man_recipes.studies.study_records import check_score, option_flags, read_hypotheses
-from man_recipes.studies.study_table import (SAMPLING, STALE_WHY, TESTS, _params, _pm, family_rows, family_runs, fmt_p, header_lines, one_run_command,
-                          overrides_note, same_seed_pairs, seed_tests, stale_lines, table_meta, write_table)
+from man_recipes.studies.study_table import (SAMPLING, STALE_WHY, TESTS, family_rows, family_runs, fmt_p, header_lines,
+                                             one_run_command, overrides_note, params, pm, same_seed_pairs, seed_tests,
+                                             stale_lines, table_meta, write_table)
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
@@ -165,7 +166,7 @@ def to_markdown(summary, meta, stale, reference_rows, reference_copying, protoco
             else:
                 delta = " / ".join("–" if s[f"delta_{k}"] is None else f"{s[f'delta_{k}']:+.2f}" for k in KEYS)
                 pcols = [p_column(e["seeds"], s.get(test)) for test in TESTS]
-            rows.append([e["label"], _params(e["params"]), minutes, *(_pm(s[k]) for k in KEYS),
+            rows.append([e["label"], params(e["params"]), minutes, *(pm(s[k]) for k in KEYS),
                          _copied(s.get("copying") or []), delta, *pcols])
         lines += [f"## {release}", ""] + markdown_table(
             ["family", "params", "train min (mean)", "R-1", "R-2", "R-L", "from its article: words / bigrams",

@@ -1,16 +1,12 @@
 """A study's table rebuilt from its run records alone (``scripts/reproduce.sh EXPERIMENT [--table-only]``):
 which records are current under today's configs and options, and the table of the study's metric
-(:mod:`study_table` for BLEU, :mod:`summarization_table` for ROUGE) with, where the study has a
+(:mod:`bleu_table` for BLEU, :mod:`summarization_table` for ROUGE, both on :mod:`study_table`) with, where the study has a
 to-convergence protocol (``EXPERIMENT-converge``, :mod:`convergence`), its runs beside the fixed budget's.
 """
 
-from pathlib import Path
-
 from man_recipes.config import load_config
-from man_recipes.textfile import read_lines
-from man_recipes.studies.experiments import (EXPERIMENTS, FAMILY_LABELS, FIXED_BUDGET, TO_CONVERGENCE, convergence_experiment, families_of,
-                          table_experiment)
-from man_recipes.studies.study_figure import figure_path, plot_study
+from man_recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, convergence_experiment, families_of, table_experiment
+from man_recipes.studies.study_figure import figure_path
 from man_recipes.studies.study_records import option_flags, partition, read_records, record_fingerprint
 
 
@@ -82,58 +78,6 @@ def build_table(experiment, args, manifest, results_dir, log):
 
         return summarization_table.build(study, exp, current, stale, records_dir, args, manifest, results_dir,
                                          families_of(study), FAMILY_LABELS, log, converged)
-    return bleu_table(study, exp, current, stale, records_dir, args, manifest, results_dir, png, flags, log, converged)
+    from man_recipes.studies import bleu_table  # imported here: a long study picks up a table fixed meanwhile
 
-
-def bleu_table(study, exp, current, stale, records_dir, args, manifest, results_dir, png, flags, log, converged):
-    from man_recipes.studies import seed_level, study_table
-    from man_recipes.studies.convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
-    from man_recipes.studies.study_records import read_hypotheses
-
-    tgt = manifest["target_lang"]
-    ref_files = {subset: Path(args.data) / f"{subset}.raw.{tgt}" for subset in manifest["test_sets"]}
-    refs = {subset: read_lines(path) for subset, path in ref_files.items()}
-    log("paired bootstrap and approximate randomization against the Transformer of the same seed")
-    boot = study_table.significance(current, records_dir, refs, args.bootstrap_samples, ref_files)
-    conv, conv_stale, conv_dir = converged
-    conv_tests = study_table.significance(conv, conv_dir, refs, args.bootstrap_samples, ref_files) if conv else {}
-    summary = study_table.summarize(current, families_of(study), FAMILY_LABELS, boot)
-    panels = [(f"sacreBLEU, {release}", lambda r, s=subset: r["test_sets"][s]["sacrebleu"] if s in r["test_sets"] else None)
-              for subset, release in manifest["test_sets"].items()]
-    plot_study(current, families_of(study), FAMILY_LABELS, panels, png,
-               exp["title"].split(":")[0] + study_table.overrides_note(args), conv)
-    first = next(iter(current[0]["test_sets"].values()))
-    meta = dict(study_table.table_meta(exp, current, records_dir, args), **{
-            "command": study_table.one_run_command(study, "1", flags, args),
-            "test_sets": manifest["test_sets"], "sacrebleu_signature": first["sacrebleu_signature"],
-            **{f"{name}_signature": next((b[test]["signature"] for b in boot.values()), "–")
-               for name, test in (("bootstrap", "paired_bootstrap"), ("randomization", "paired_randomization"))},
-            "png": png.name})
-    subset = next(iter(manifest["test_sets"]))
-    protocol_lines, family_means = side_by_side(
-        current, conv, conv_stale, families_of(study), FAMILY_LABELS,
-        lambda r: f"{r['test_sets'][subset]['sacrebleu']:.2f}" if subset in r["test_sets"] else "–",
-        lambda r, tests: " / ".join(study_table.fmt_p(tests[t]["p_value"]) for t in study_table.TESTS),
-        {**{(FIXED_BUDGET, *k): v for k, v in boot.items()}, **{(TO_CONVERGENCE, *k): v for k, v in conv_tests.items()}},
-        subset, f"sacreBLEU, {manifest['test_sets'][subset]}",
-        [("sacreBLEU", lambda r: r["test_sets"][subset]["sacrebleu"] if subset in r["test_sets"] else None,
-          lambda tests: tests["paired_randomization"]["p_value"])]) if conv or conv_stale else ([], [])
-    protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
-    log("the verdict over seeds: two-level bootstrap, Welch's t, ASO, Holm")
-    bleu = seed_level.CorpusBleu()
-    folders = {FIXED_BUDGET: records_dir, TO_CONVERGENCE: conv_dir}
-    units = {(record_protocol(r), r["family"], r["seed"]): bleu.units(
-        read_hypotheses(folders[record_protocol(r)], r, subset), refs[subset]) for r in current + conv
-        if subset in r["test_sets"]}
-    verdict_lines, verdicts = seed_level.protocol_sections(
-        [(proto, [r for r in records if subset in r["test_sets"]]) for proto, records in
-         ((FIXED_BUDGET, current), (TO_CONVERGENCE, conv))], families_of(study), FAMILY_LABELS,
-        {"sacreBLEU": (lambda r: r["test_sets"][subset]["sacrebleu"],
-                       lambda r: units[(record_protocol(r), r["family"], r["seed"])], bleu)}, "sacreBLEU",
-        manifest["test_sets"][subset])
-    payload = {"meta": meta, "summary": summary, "seed_level": verdicts}
-    if conv or conv_stale:
-        payload["to_convergence"] = protocol_payload(conv, conv_stale, conv_tests, study_table.TESTS, family_means)
-    return study_table.write_table(results_dir, study,
-                                   study_table.to_markdown(summary, meta, stale, protocol_lines, verdict_lines),
-                                   payload, boot, current, stale, png, log)
+    return bleu_table.build(study, exp, current, stale, records_dir, args, manifest, results_dir, png, flags, log, converged)
