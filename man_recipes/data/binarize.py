@@ -4,6 +4,7 @@ leftovers are removed by the next run); :func:`bpe_and_binarize` is the dataset 
 three steps (learn BPE or sentencepiece, apply it, binarize)."""
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def _pid_alive(pid):
 def _preprocess(cmd, what):
     """Run fairseq-preprocess (the venv's, first on PATH); it dies with us (see _die_with_parent)."""
     env = tool_env()
-    log("+ " + " ".join(cmd))
+    log("+ " + shlex.join(str(c) for c in cmd))
     proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     if proc.returncode != 0:

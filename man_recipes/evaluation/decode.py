@@ -6,6 +6,7 @@ studies (:mod:`..studies.study_eval`) and ``scripts/demo.py``.
 """
 
 import os
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -87,7 +88,7 @@ def generate_args(cfg, data, checkpoint, subset, device, precision, batch_size, 
 def run_generate(cmd, log_path, total=None, every_s=10.0):
     """Run fairseq-generate, keep its output in ``log_path``, and print how many sentences are
     decoded every ``every_s`` seconds (a large test set takes minutes); returns its output."""
-    print("+ " + " ".join(str(c) for c in cmd), flush=True)
+    print("+ " + shlex.join(str(c) for c in cmd), flush=True)  # runs as printed
     start = last = time.time()
     done, lines = 0, []
 

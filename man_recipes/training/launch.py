@@ -13,6 +13,7 @@ fairseq reads the SLURM_* variables). Multi-process CPU runs (gloo) go through
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -187,7 +188,7 @@ def train(cfg, run_dir=None, data=None, nproc=None, nnodes=1, cpu=False, launche
     (run_dir / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     resolved = {k: v for k, v in cfg.items() if not k.startswith("_")}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    print("+ " + " ".join(cmd), flush=True)
+    print("+ " + shlex.join(str(c) for c in cmd), flush=True)  # runs as printed: --adam-betas '(0.9, 0.98)'
     if dry_run:
         return 0
 
