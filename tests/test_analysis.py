@@ -12,7 +12,7 @@ import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
 from man_recipes.analysis.utils import kendall_tau_b
-from man_recipes.cli.diffwin_windows import expected_abs_difference
+from man_recipes.analysis.diffwin_windows import expected_abs_difference
 
 ANALYZE = [sys.executable, "-m", "man_recipes.cli.analyze"]
 NOISE = re.compile(r"DEBUG|matplotlib|PIL\.|fontTools")
@@ -235,7 +235,7 @@ def test_diffwin_cli_windows_equal_the_model_tensors(trained, toy_data_bin, toy_
     tsv = {(int(r[0]), r[1], int(r[2]), int(r[3])): [float(x) for x in r[4:]] for r in lines[1:]}
     summary = {(x["attention"], x["layer"]): x for x in json.loads((out / "windows.json").read_text())["layers"]}
 
-    from man_recipes.cli.diffwin_windows import window_modules
+    from man_recipes.analysis.diffwin_windows import window_modules
 
     model, _, task = load(trained["diffwin"], toy_data_bin)
     modules = window_modules(model)

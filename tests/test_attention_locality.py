@@ -1,4 +1,5 @@
-"""man_recipes.cli.attention_locality: the Table 5 locality measure of the MAN paper."""
+"""man-attention-locality (man_recipes.cli.attention_locality over man_recipes.analysis): the Table 5
+locality measure of the MAN paper."""
 
 import json
 import re
@@ -8,13 +9,8 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli
-from man_recipes.cli.attention_locality import (
-    AttentionRecorder,
-    LocalityStats,
-    locality_shares,
-    parse_windows,
-    uniform_shares,
-)
+from man_recipes.analysis.attention_locality import parse_windows
+from man_recipes.analysis.locality import AttentionRecorder, LocalityStats, locality_shares, uniform_shares
 
 WINDOWS = [0, 1, 2, 4]
 
