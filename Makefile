@@ -61,9 +61,9 @@ test: install
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS)
 
 # The recipes end to end on CPU: small de-en data-bin, a few updates of a config, evaluate.sh,
-# results_table.py (man_fairseq/recipes/checks/smoke.py; writes under runs/smoke/).
+# results_table.py (man_recipes/checks/smoke.py; writes under runs/smoke/).
 smoke: install
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_fairseq.recipes.checks.smoke $(SMOKE_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m man_recipes.checks.smoke $(SMOKE_ARGS)
 
 # Random sentences at the papers' base width, each family's paper config against the Transformer's
 # (scripts/speed.sh synthetic): a short run, 20 updates of 1,024 tokens a family; more for decisions.

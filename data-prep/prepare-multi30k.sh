@@ -8,4 +8,4 @@
 # with other options is replaced only with --force (docs/data-prep.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
-exec "$python" "$repo/data-prep/_prepare.py" multi30k "$@"
+exec "$python" -m man_recipes.data.multi30k "$@"

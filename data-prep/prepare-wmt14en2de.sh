@@ -6,4 +6,4 @@
 # another dataset or with other options is replaced only with --force (docs/data-prep.md).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
-exec "$python" "$repo/data-prep/_prepare.py" wmt14 "$@"
+exec "$python" -m man_recipes.data.prepare wmt14 "$@"

@@ -18,11 +18,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
+from man_recipes.interrupt import one_line_on_ctrl_c  # noqa: E402
 
 
 def baselines(shared, max_docs=None):
-    from man_fairseq.recipes.data.dataprep import tokenize_lines
+    from man_recipes.data.dataprep import tokenize_lines
 
     arts = (shared / "cnndm-sample/val.source").read_text().splitlines()[:max_docs]
     high = (shared / "cnndm-sample/val.target").read_text().splitlines()[:max_docs]
@@ -42,8 +42,8 @@ def whole_line_rouge_l(hyps, refs):
 
 
 def table(shared, max_docs=None):
-    from man_fairseq import scoring
-    from man_fairseq.tables import markdown_table
+    from man_recipes import scoring
+    from man_recipes.tables import markdown_table
 
     cells = []
     for name, hyps, refs in baselines(shared, max_docs):
@@ -60,7 +60,7 @@ def table(shared, max_docs=None):
 
 @one_line_on_ctrl_c("python -m lab.compare_rouge_scorers")
 def main(argv=None):
-    from man_fairseq.logging_setup import quiet_logging
+    from man_recipes.logging_setup import quiet_logging
 
     quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

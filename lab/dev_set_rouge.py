@@ -32,8 +32,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from man_fairseq.recipes.studies.summarization_table import KEYS, NAMES  # noqa: E402  (after the path insert)
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.studies.summarization_table import KEYS, NAMES  # noqa: E402  (after the path insert)
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 
 class DevSetError(RuntimeError):
@@ -57,9 +57,9 @@ def split_args(argv):
 def scored_again(cfg, run, record, avg_last):
     """The checkpoint ``record`` scored, as the study finds it in ``run``: refused when the run folder's
     is another one (a run to convergence trained on after its record, another average)."""
-    from man_fairseq.recipes.studies.convergence import checkpoint_updates, record_protocol
-    from man_fairseq.recipes.studies.experiments import TO_CONVERGENCE
-    from man_fairseq.recipes.studies.study_eval import scored_checkpoint
+    from man_recipes.studies.convergence import checkpoint_updates, record_protocol
+    from man_recipes.studies.experiments import TO_CONVERGENCE
+    from man_recipes.studies.study_eval import scored_checkpoint
 
     checkpoint, averaged = scored_checkpoint(cfg, run, avg_last)
     if record_protocol(record) == TO_CONVERGENCE:
@@ -76,7 +76,7 @@ def scored_again(cfg, run, record, avg_last):
 def record_identity(family, seed, record):
     """What names the checkpoint a record scored: written into each run's entry, and matched against an
     earlier entry before its hypotheses are reused."""
-    from man_fairseq.recipes.studies.convergence import record_protocol
+    from man_recipes.studies.convergence import record_protocol
 
     test = next(iter(record["test_sets"].values()))
     return {"family": family, "seed": seed, "protocol": record_protocol(record), "best_epoch": record.get("best_epoch"),
@@ -88,7 +88,7 @@ def earlier_decoding(args, subset, family, seed, record, n_refs):
     """The entry and hypotheses this tool wrote before for ``family``/``seed`` on ``subset``, when they
     come from the checkpoint ``record`` scored (None otherwise): the same record's date, protocol, best
     epoch, dev loss and test scores, one hypothesis per reference."""
-    from man_fairseq.textfile import read_lines
+    from man_recipes.textfile import read_lines
 
     try:
         earlier = json.loads((args.results_dir / f"{args.experiment}-dev.json").read_text())
@@ -106,8 +106,8 @@ def earlier_decoding(args, subset, family, seed, record, n_refs):
 
 def decode_run(cfg, run, checkpoint, subset, args, refs):
     """The hypotheses of ``checkpoint`` on ``subset``, one per reference, in order."""
-    from man_fairseq.recipes.data.subword import read_subword
-    from man_fairseq.recipes.evaluation.steps import decode
+    from man_recipes.data.subword import read_subword
+    from man_recipes.evaluation.steps import decode
 
     device = "cpu" if args.device == "cpu" else "gpu"
     cmd, ids, hyps, _ = decode(cfg, args.data, checkpoint, subset, device, args.precision, args.batch_size,
@@ -122,13 +122,13 @@ def dev_scores(args, subset, log):
     """({(family, seed): entry} of every selected run with a current record: its dev-set scores and
     per-document F1, the checkpoint scored, the record's test-set scores; the runs left out, without a
     record; the references; the dev set's name). The Transformer of every selected seed must have one."""
-    from man_fairseq.recipes.data.manifest import read_manifest
-    from man_fairseq.recipes.evaluation.rouge_significance import scored_documents
-    from man_fairseq.recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
-    from man_fairseq.recipes.studies.study_eval import StudyEvalError, read_references
-    from man_fairseq.recipes.studies.study_records import matching_record, record_fingerprint
-    from man_fairseq.recipes.studies.study_table import shown_path
-    from man_fairseq.recipes.studies.table_build import experiment_configs
+    from man_recipes.data.manifest import read_manifest
+    from man_recipes.studies.rouge_significance import scored_documents
+    from man_recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
+    from man_recipes.studies.study_eval import StudyEvalError, read_references
+    from man_recipes.studies.study_records import matching_record, record_fingerprint
+    from man_recipes.studies.study_table import shown_path
+    from man_recipes.studies.table_build import experiment_configs
 
     exp = EXPERIMENTS[args.experiment]
     if exp["metric"] != "rouge":
@@ -186,8 +186,8 @@ def dev_scores(args, subset, log):
 
 def paired_tests(runs, n_samples):
     """Each non-Transformer run's two tests per metric against the Transformer of the same seed."""
-    from man_fairseq.recipes.evaluation.rouge_significance import paired_bootstrap, paired_randomization
-    from man_fairseq.recipes.studies.experiments import BASELINE
+    from man_recipes.studies.rouge_significance import paired_bootstrap, paired_randomization
+    from man_recipes.studies.experiments import BASELINE
 
     for (fam, seed), r in runs.items():
         base = runs.get((BASELINE, seed))
@@ -199,9 +199,9 @@ def paired_tests(runs, n_samples):
 
 
 def to_markdown(runs, left_out, args, subset, subset_name, ref_path):
-    from man_fairseq.recipes.studies.experiments import BASELINE
-    from man_fairseq.recipes.studies.study_table import fmt_p
-    from man_fairseq.tables import markdown_table
+    from man_recipes.studies.experiments import BASELINE
+    from man_recipes.studies.study_table import fmt_p
+    from man_recipes.tables import markdown_table
 
     rows = []
     for (fam, seed), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0] != BASELINE, kv[0][0])):
@@ -233,7 +233,7 @@ def to_markdown(runs, left_out, args, subset, subset_name, ref_path):
 
 
 def write(runs, left_out, args, subset, subset_name, ref_path):
-    from man_fairseq.provenance import git_commit
+    from man_recipes.provenance import git_commit
 
     out_dir = args.results_dir / f"{args.experiment}-dev"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -252,8 +252,8 @@ def write(runs, left_out, args, subset, subset_name, ref_path):
 
 @one_line_on_ctrl_c("python -m lab.dev_set_rouge")
 def main(argv=None):
-    from man_fairseq.logging_setup import quiet_logging
-    from man_fairseq.recipes.studies import reproduce
+    from man_recipes.logging_setup import quiet_logging
+    from man_recipes.studies import reproduce
 
     quiet_logging()
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Sequence, Set, Tuple
 import numpy as np
 
 from man_fairseq.modules.flex_backend import bucket_batch, bucket_length
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 KINDS = ("encoder self", "decoder self", "cross")
 

@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from lab.speed import records as speed_records
-from man_fairseq.logging_setup import quiet_logging
-from man_fairseq.provenance import git_commit
-from man_fairseq.tables import markdown_table
-from man_fairseq.recipes.training import fairseq_log
-from man_fairseq.recipes.config import CONFIG_DIR, REPO, load_config
-from man_fairseq.recipes.training.launch import train_args
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.logging_setup import quiet_logging
+from man_recipes.provenance import git_commit
+from man_recipes.tables import markdown_table
+from man_recipes.training import fairseq_log
+from man_recipes.config import CONFIG_DIR, REPO, load_config
+from man_recipes.training.launch import train_args
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"

@@ -7,7 +7,7 @@
 # WHEELHOUSE holds what the node lacks of `make wheelhouse`'s folder (on the H200 nodes of
 # results/gpu/: 19 packages with the folder's pins.txt and wheelhouse.json, 18 MiB, listed in
 # results/gpu/2026-11-27-h200.md). CNNDM_DATA (default
-# data-bin/cnndm-sub) is a small CNN/DM data folder (`python -m man_fairseq.recipes.data.head_subset
+# data-bin/cnndm-sub) is a small CNN/DM data folder (`python -m man_recipes.data.head_subset
 # data-bin/cnndm-40k data-bin/cnndm-sub --pairs train=4000,valid=300,test=300`); Multi30k is read
 # from data-bin/multi30k.de-en. Steps, most informative first, each capped by what is left of
 # BUDGET seconds and bundled into $OUT/bundle.tgz as it ends:

@@ -27,7 +27,7 @@ falling). Any other failure of fairseq-train (a missing ``--data`` folder, a bad
 no verdict: it is reported as an error with the end of fairseq's log, exit code 2.
 
 The output folder (``--out``) may be a user's: the probe writes only its own entries there
-(:data:`OUTPUTS`, recorded in the folder's :data:`~man_fairseq.recipes.workdir.MARKER`) and
+(:data:`OUTPUTS`, recorded in the folder's :data:`~man_recipes.workdir.MARKER`) and
 replaces one it did not write, or an existing ``--png``, only with ``--overwrite``. Both are
 checked before anything is binarized or trained.
 """
@@ -42,13 +42,13 @@ import threading
 import time
 from pathlib import Path
 
-from man_fairseq.recipes.config import REPO, ConfigError, load_config
-from man_fairseq.recipes.options import number
-from man_fairseq.recipes.training.launch import split_fairseq_args, train_args
-from man_fairseq.recipes.tools import tool_env
-from man_fairseq.recipes.workdir import MARKER, created
-from man_fairseq.logging_setup import quiet_logging
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.config import REPO, ConfigError, load_config
+from man_recipes.options import number
+from man_recipes.training.launch import split_fairseq_args, train_args
+from man_recipes.tools import tool_env
+from man_recipes.workdir import MARKER, created
+from man_recipes.logging_setup import quiet_logging
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
@@ -172,7 +172,7 @@ def verdict(records, completed, min_drop):
 
 def plot(runs, png, title):
     """One loss curve (and gnorm) per probe run in ``runs`` = [(label, records)]."""
-    from man_fairseq.logging_setup import pyplot
+    from man_recipes.logging_setup import pyplot
 
     plt = pyplot()
     fig, (ax_loss, ax_gnorm) = plt.subplots(1, 2, figsize=(10, 3.6))

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
+from man_recipes.interrupt import one_line_on_ctrl_c  # noqa: E402
 
 VALID_RE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) \| nll_loss ([0-9.]+).*?\| num_updates (\d+)")
 TRAIN_RE = re.compile(r"\| epoch (\d+) \| loss ([0-9.]+) \| nll_loss ([0-9.]+).*?\| num_updates (\d+)")
@@ -52,7 +52,7 @@ def collect(run):
 
 
 def table(records, notes):
-    from man_fairseq.tables import markdown_table
+    from man_recipes.tables import markdown_table
 
     epochs = max(len(r["valid"]) for r in records)
     rows = []
@@ -67,7 +67,7 @@ def table(records, notes):
 
 
 def figure(records, png):
-    from man_fairseq.logging_setup import pyplot
+    from man_recipes.logging_setup import pyplot
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [1, 1.4]})
@@ -106,7 +106,7 @@ def figure(records, png):
 
 @one_line_on_ctrl_c("python -m lab.man_training_study")
 def main(argv=None):
-    from man_fairseq.logging_setup import quiet_logging
+    from man_recipes.logging_setup import quiet_logging
 
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -14,15 +14,15 @@ the same learning rate (docs/man.md, "Training speed against the Transformer").
 
 import argparse
 import json
-import os
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-from man_fairseq.recipes.training.launch import split_fairseq_args
-from man_fairseq.logging_setup import quiet_logging
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.training.launch import split_fairseq_args
+from man_recipes.atomic import write_text
+from man_recipes.logging_setup import quiet_logging
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 # fairseq's own layers: parameter prefix inside a layer -> sublayer name
 FAIRSEQ_SUBLAYERS = {
@@ -108,14 +108,12 @@ def record(train_argv, out_dir):
 
 
 def write(out_dir, train_argv, rows):
-    path = Path(out_dir) / "sublayer_grads.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"argv": [str(a) for a in train_argv], "updates": rows}, indent=1))
-    os.replace(tmp, path)
+    write_text(Path(out_dir) / "sublayer_grads.json",
+               json.dumps({"argv": [str(a) for a in train_argv], "updates": rows}, indent=1))
 
 
 def plot(rows, png, title=""):
-    from man_fairseq.logging_setup import pyplot
+    from man_recipes.logging_setup import pyplot
 
     plt = pyplot()
     groups = sorted({g for r in rows for g in r["norms"]})

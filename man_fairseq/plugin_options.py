@@ -21,7 +21,7 @@ Checked twice, from the same declaration:
 
 The models call :func:`check_options` in ``build_model`` and the criterion in
 ``build_criterion``, both of which fairseq-train runs before it reads any data.
-``man-options ARCH`` (:mod:`man_fairseq.cli.options`) prints the same declarations.
+``man-options ARCH`` (a console command, beside the plugin) prints the same declarations.
 """
 
 import argparse
@@ -253,6 +253,33 @@ def parse_layer_spec(spec: str) -> Optional[Tuple[int, ...]]:
     if any(i < 0 for i in layers):
         raise ValueError(f"layer indices are 0-based and >= 0, got {spec!r}")
     return tuple(layers)
+
+
+def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
+    """``"0,1,2"`` / ``"all"`` / ``""`` -> sorted 0-based layer indices, validated."""
+    try:
+        layers = parse_layer_spec(spec)
+    except ValueError as e:
+        raise PluginOptionError(f"{option}: {e}")
+    if layers is None:
+        return tuple(range(num_layers))
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise PluginOptionError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
+    return layers
+
+
+def layers_within(spec: str, num_layers: int):
+    """``spec`` without the indices >= num_layers, or None when nothing is cut."""
+    layers = parse_layer_spec(spec)
+    if layers is None or all(i < num_layers for i in layers):
+        return None
+    return ",".join(str(i) for i in layers if i < num_layers)
+
+
+def count_within(count: int, num_layers: int):
+    """A layer count (``--diffwin-layers N``: the lower N layers) cut to ``num_layers``, or None when it fits."""
+    return num_layers if count > num_layers else None
 
 
 def fit_layers(option: str, value, default, num_layers: int, within, log):

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """The main job on a built-in default: MAN vs. Transformer, end to end on CPU, no downloads.
 
-    make demo                                 # synthetic corpus (see man_fairseq/toy_corpus.py)
+    make demo                                 # synthetic corpus (see man_recipes/toy_corpus.py)
     make demo DEMO_ARGS="--data DIR --src de --tgt en"   # your own parallel text
 
 Runs the real pipeline ``fairseq-preprocess -> fairseq-train -> man-average-checkpoints ->
 fairseq-generate`` (the average, decode, score and record steps scripts/evaluate.sh and
-scripts/reproduce.sh take: man_fairseq/recipes/evaluation/steps.py) for a small Mask Attention
+scripts/reproduce.sh take: man_recipes/evaluation/steps.py) for a small Mask Attention
 Network and a Transformer of the same width and parameter budget, then prints (and writes) a
 Markdown table with BLEU, parameters and training words/s. ``--data DIR`` expects
 ``train/valid/test.{SRC,TGT}`` text files, one tokenized sentence per line, aligned by line.
@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from man_fairseq import textfile  # noqa: E402
-from man_fairseq.logging_setup import quiet_logging  # noqa: E402
-from man_fairseq.paths import REPO, USER_DIR  # noqa: E402
-from man_fairseq.recipes.evaluation import steps  # noqa: E402
-from man_fairseq.recipes.options import SEEDS_HELP, generated_pairs, number, seeds, workers  # noqa: E402
-from man_fairseq.recipes.tools import run_tool  # noqa: E402
-from man_fairseq.recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
-from man_fairseq.tables import markdown_table, mean_std, slug  # noqa: E402,F401
-from man_fairseq.interrupt import one_line_on_ctrl_c  # noqa: E402
+from man_recipes import textfile  # noqa: E402
+from man_recipes.logging_setup import quiet_logging  # noqa: E402
+from man_recipes.paths import REPO, USER_DIR  # noqa: E402
+from man_recipes.evaluation import steps  # noqa: E402
+from man_recipes.options import SEEDS_HELP, generated_pairs, number, seeds, workers  # noqa: E402
+from man_recipes.tools import run_tool  # noqa: E402
+from man_recipes.workdir import MARKER, created, prepare_out_dir  # noqa: E402,F401
+from man_recipes.tables import markdown_table, mean_std, slug  # noqa: E402,F401
+from man_recipes.interrupt import one_line_on_ctrl_c  # noqa: E402
 
 # Same width, heads and depth, both pre-norm (as the MAN authors trained, and every study here);
 # MAN halves the FFN to keep the parameter count (docs/man.md#sizes-the-halved-ffn).
@@ -81,7 +81,7 @@ def run(cmd, logfile, show=None):
 
 
 def average(save, n, output, logfile):
-    """The average step (:func:`~man_fairseq.recipes.evaluation.steps.average`) on the last ``n``
+    """The average step (:func:`~man_recipes.evaluation.steps.average`) on the last ``n``
     epoch checkpoints in ``save``, its output in ``logfile``."""
     with open(logfile, "w") as f, contextlib.redirect_stdout(f):
         try:
@@ -91,7 +91,7 @@ def average(save, n, output, logfile):
 
 
 def decode(data_bin, checkpoint, logfile):
-    """The decode step (:func:`~man_fairseq.recipes.evaluation.steps.decode`), beam 4, on the test
+    """The decode step (:func:`~man_recipes.evaluation.steps.decode`), beam 4, on the test
     set; (hypotheses, references)."""
     # max length 1.2 x source + 10 (fairseq's default 200 lets an undertrained model ramble); no BPE
     cfg = {"eval": {"beam": 4, "max_len_a": 1.2, "max_len_b": 10, "remove_bpe": ""}}
@@ -198,7 +198,7 @@ def results_table(rows, seeds, args, seconds):
     if args.data:
         corpus = f"Corpus: your parallel text in `{args.data}` ({args.src} -> {args.tgt})."
     else:
-        corpus = ("Corpus: **synthetic** (`man_fairseq/toy_corpus.py`), built so that each target word "
+        corpus = ("Corpus: **synthetic** (`man_recipes/toy_corpus.py`), built so that each target word "
                   "depends only on a 3-word source window: it rewards a locality bias and says nothing "
                   "about natural-language translation.")
     listed = (f"{seeds[0]}..{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1))
@@ -230,13 +230,13 @@ def main(argv=None):
         raw, src, tgt = args.data, args.src, args.tgt
         log(f"using your parallel text in {raw} ({src} -> {tgt})")
     else:
-        from man_fairseq.toy_corpus import write_corpus
+        from man_recipes.toy_corpus import write_corpus
 
         raw, src, tgt = out / "raw", "src", "tgt"
         created(out, "raw")
         write_corpus(str(raw), train=args.train_size, valid=args.eval_size, test=args.eval_size)
         log(f"generated the synthetic local-context corpus in {raw} "
-            f"({args.train_size} training pairs; rule in man_fairseq/toy_corpus.py)")
+            f"({args.train_size} training pairs; rule in man_recipes/toy_corpus.py)")
 
     data_bin = out / "data-bin"
     created(out, "data-bin", "preprocess.log")

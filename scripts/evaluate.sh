@@ -6,4 +6,4 @@
 # `ERROR: ...` line with exit status 2; the earlier results.* are then left as results.previous.*.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m man_fairseq.recipes.evaluation.evaluate "$@"
+exec "$python" -m man_recipes.evaluation.evaluate "$@"

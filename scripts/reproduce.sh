@@ -9,4 +9,4 @@
 # STUDY-converge trains to convergence (docs/gigaword-cpu.md) and rebuilds STUDY's table.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m man_fairseq.recipes.studies.reproduce "$@"
+exec "$python" -m man_recipes.studies.reproduce "$@"

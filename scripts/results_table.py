@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from man_fairseq.recipes.evaluation.results_table import main  # noqa: E402
+from man_recipes.evaluation.results_table import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

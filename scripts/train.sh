@@ -4,4 +4,4 @@
 # --update-freq is derived so the paper's effective batch holds for any number of GPUs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
-exec "$python" -m man_fairseq.recipes.training.launch "$@"
+exec "$python" -m man_recipes.training.launch "$@"

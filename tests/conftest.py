@@ -139,7 +139,7 @@ def call_entry_point(func, argv, prog="prog", merge_stderr=False):
 def run_files2rouge(argv, capsys):
     """(exit status, stdout, stderr) of ``man-files2rouge argv`` run in this process (argparse's own
     errors are its SystemExit)."""
-    from man_fairseq.cli import files2rouge
+    from man_recipes.cli import files2rouge
 
     try:
         code = files2rouge.main([str(a) for a in argv])
@@ -177,7 +177,7 @@ def built_once(tmp_path_factory, name, build):
 
 @pytest.fixture(scope="session")
 def toy_raw(tmp_path_factory):
-    from man_fairseq.toy_corpus import write_corpus
+    from man_recipes.toy_corpus import write_corpus
 
     return built_once(tmp_path_factory, "toy_raw",
                       lambda out: write_corpus(str(out), train=400, valid=40, test=20, max_len=10))
@@ -196,7 +196,7 @@ def toy_data_bin(tmp_path_factory, toy_raw):
 @pytest.fixture(scope="module")
 def gigaword_like_bin(toy_raw, tmp_path_factory):
     """The toy corpus as a Gigaword data folder (article -> title, joined dictionary, its record)."""
-    from man_fairseq.recipes.data.manifest import write_manifest
+    from man_recipes.data.manifest import write_manifest
 
     root = tmp_path_factory.mktemp("giga")
     for split in ("train", "valid", "test"):
@@ -233,7 +233,7 @@ def _rouge_data_in_tmp(tmp_path_factory):
 def rouge155_perl():
     """Skips (with what to install) when Perl cannot run ROUGE-1.5.5; with
     ``MAN_FAIRSEQ_REQUIRE_ROUGE155=1`` (``.ci/run`` sets it and installs Perl's XML::Parser) fails."""
-    from man_fairseq.rouge155 import Rouge155Unavailable, check_perl
+    from man_recipes.rouge155 import Rouge155Unavailable, check_perl
 
     try:
         check_perl()

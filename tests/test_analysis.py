@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, run_cli
-from man_fairseq.analysis.utils import kendall_tau_b
-from man_fairseq.cli.diffwin_windows import expected_abs_difference
+from man_recipes.analysis.utils import kendall_tau_b
+from man_recipes.analysis.diffwin_windows import expected_abs_difference
 
-ANALYZE = [sys.executable, "-m", "man_fairseq.cli.analyze"]
+ANALYZE = [sys.executable, "-m", "man_recipes.cli.analyze"]
 NOISE = re.compile(r"DEBUG|matplotlib|PIL\.|fontTools")
 
 MODELS = {
@@ -43,7 +43,7 @@ def trained(tmp_path_factory, toy_data_bin):
 
 
 def load(path, data):
-    from man_fairseq.analysis.utils import load_checkpoint
+    from man_recipes.analysis.utils import load_checkpoint
 
     return load_checkpoint(str(path), str(data))
 
@@ -96,7 +96,7 @@ def test_expected_width_matches_double_loop():
 
 
 def test_man_analyze_lists_and_rejects_subcommands(capsys):
-    from man_fairseq.cli.analyze import cli_main
+    from man_recipes.cli.analyze import cli_main
 
     cli_main([])
     out = capsys.readouterr().out
@@ -235,7 +235,7 @@ def test_diffwin_cli_windows_equal_the_model_tensors(trained, toy_data_bin, toy_
     tsv = {(int(r[0]), r[1], int(r[2]), int(r[3])): [float(x) for x in r[4:]] for r in lines[1:]}
     summary = {(x["attention"], x["layer"]): x for x in json.loads((out / "windows.json").read_text())["layers"]}
 
-    from man_fairseq.cli.diffwin_windows import window_modules
+    from man_recipes.analysis.diffwin_windows import window_modules
 
     model, _, task = load(trained["diffwin"], toy_data_bin)
     modules = window_modules(model)
@@ -295,3 +295,32 @@ def test_localness_cli_head_windows_equal_the_learned_scalars(trained, toy_data_
             seen = {float(r[7]) for r in rows if (r[1], int(r[2]), int(r[3])) == ("encoder_self", layer, head)}
             assert seen and all(abs(x - d) < 1e-4 for x in seen)
         assert f"| encoder_self | {layer} | " + " | ".join(f"{d:.2f}" for d in learned) + " |" in md
+
+
+def test_the_one_module_finder_reads_wrapped_names_and_refuses_a_stray_module():
+    """Both window commands find their modules with analysis.utils.attention_modules: a checkpoint of an
+    FSDP or activation-checkpointed run names them with wrapper parts, which the finder drops."""
+    from man_recipes.analysis.utils import attention_modules
+
+    class Marker(torch.nn.Module):
+        pass
+
+    model = torch.nn.Module()
+    model.add_module("decoder", torch.nn.Module())
+    layers = torch.nn.ModuleList()
+    model.decoder.add_module("_fsdp_wrapped_module", torch.nn.Module())
+    model.decoder._fsdp_wrapped_module.add_module("layers", layers)
+    for _ in range(2):
+        layer = torch.nn.Module()
+        layer.add_module("_checkpoint_wrapped_module", torch.nn.Module())
+        for attention in ("self_attn", "encoder_attn"):
+            holder = torch.nn.Module()
+            holder.add_module("bias_module", Marker())
+            layer._checkpoint_wrapped_module.add_module(attention, holder)
+        layers.append(layer)
+    found = attention_modules(model, Marker, "marker")
+    assert [(kind, layer) for kind, layer, _ in found] == [("decoder_self", 0), ("cross", 0), ("decoder_self", 1),
+                                                           ("cross", 1)]
+    model.add_module("stray", Marker())
+    with pytest.raises(RuntimeError, match="unexpected marker module location stray"):
+        attention_modules(model, Marker, "marker")

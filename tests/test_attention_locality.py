@@ -1,4 +1,5 @@
-"""man_fairseq.cli.attention_locality: the Table 5 locality measure of the MAN paper."""
+"""man-attention-locality (man_recipes.cli.attention_locality over man_recipes.analysis): the Table 5
+locality measure of the MAN paper."""
 
 import json
 import re
@@ -8,13 +9,8 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, build_fairseq_model, run_cli
-from man_fairseq.cli.attention_locality import (
-    AttentionRecorder,
-    LocalityStats,
-    locality_shares,
-    parse_windows,
-    uniform_shares,
-)
+from man_recipes.analysis.attention_locality import parse_windows
+from man_recipes.analysis.locality import AttentionRecorder, LocalityStats, locality_shares, uniform_shares
 
 WINDOWS = [0, 1, 2, 4]
 
@@ -190,7 +186,7 @@ def test_cli_compares_man_and_transformer_checkpoints(toy_data_bin, tmp_path):
                  "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--max-update", "5", "--save-dir", save])
         checkpoints.append(save / "checkpoint_last.pt")
     out = tmp_path / "locality"
-    proc = run_cli([sys.executable, "-m", "man_fairseq.cli.attention_locality", toy_data_bin,
+    proc = run_cli([sys.executable, "-m", "man_recipes.cli.attention_locality", toy_data_bin,
                     "--path", ",".join(map(str, checkpoints)), "--gen-subset", "valid", "--windows", "1,2,4",
                     "--max-sentences", "25", "--batch-size", "8", "--labels", "MAN,Transformer", "--cpu",
                     "--output-dir", out])
@@ -254,7 +250,7 @@ def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bi
             f.write("zzz-not-in-training 1\n")
 
     def locality(data, path, *extra):
-        proc = run_cli([sys.executable, "-m", "man_fairseq.cli.attention_locality", data, "--path", path,
+        proc = run_cli([sys.executable, "-m", "man_recipes.cli.attention_locality", data, "--path", path,
                         "--gen-subset", "valid", "--max-sentences", "2", "--cpu", "--output-dir",
                         tmp_path / "out", *extra], check=False)
         assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
@@ -269,11 +265,11 @@ def test_a_checkpoint_and_data_folder_that_do_not_match_are_one_line(toy_data_bi
                                                   "trained with (their sizes differ from its embeddings)")
     assert not (tmp_path / "out").exists()
     # man-localness-windows builds its task from its own arguments, then loads: the same lines
-    proc = run_cli([sys.executable, "-m", "man_fairseq.cli.localness_windows", other, "--path", checkpoint,
+    proc = run_cli([sys.executable, "-m", "man_recipes.cli.localness_windows", other, "--path", checkpoint,
                     "--gen-subset", "valid", "--cpu", "--output-dir", tmp_path / "windows"], check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stdout, proc.stdout[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith(f"the dictionaries in {other} are not those")
-    proc = run_cli([sys.executable, "-m", "man_fairseq.cli.localness_windows", other, "--path",
+    proc = run_cli([sys.executable, "-m", "man_recipes.cli.localness_windows", other, "--path",
                     f"{checkpoint}:{none}", "--gen-subset", "valid", "--cpu", "--output-dir", tmp_path / "windows"],
                    check=False)  # fairseq's a.pt:b.pt: each file is checked, the missing one named
     assert proc.returncode == 1 and proc.stdout.strip().splitlines()[-1] == (
@@ -296,7 +292,7 @@ def test_a_count_option_below_its_minimum_is_refused_before_loading(module, opti
     (the path does not exist: without the check the message would be the missing checkpoint's)."""
     import importlib
 
-    cli = importlib.import_module(f"man_fairseq.cli.{module}")
+    cli = importlib.import_module(f"man_recipes.cli.{module}")
     argv = [str(tmp_path / "data"), "--path", str(tmp_path / "none.pt"), "--output-dir", str(tmp_path / "out"), "--cpu"]
     with pytest.raises(SystemExit) as refused:
         cli.cli_main([*argv, option, value])

@@ -9,11 +9,11 @@ import torch
 import yaml
 from conftest import REPO, call_entry_point
 
-from man_fairseq import averaging
-from man_fairseq.cli import average_checkpoints as avg
-from man_fairseq.recipes.evaluation import decode, evaluate
-from man_fairseq.recipes.studies import study_eval
-from man_fairseq.recipes.config import load_config
+from man_recipes import averaging
+from man_recipes.cli import average_checkpoints as avg
+from man_recipes.evaluation import decode, evaluate
+from man_recipes.studies import study_eval
+from man_recipes.config import load_config
 
 
 def _run_dir(tmp_path, n=3):

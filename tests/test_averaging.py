@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, run_cli
 
-from man_fairseq.cli.average_checkpoints import cli_main as average_main
+from man_recipes.cli.average_checkpoints import cli_main as average_main
 
 
 def _train(data_bin, save_dir, sublayers, max_update):
@@ -19,7 +19,7 @@ def _train(data_bin, save_dir, sublayers, max_update):
 
 @pytest.fixture(scope="module")
 def runs(toy_data_bin, tmp_path_factory):
-    from man_fairseq.toy_corpus import write_corpus
+    from man_recipes.toy_corpus import write_corpus
 
     tmp = tmp_path_factory.mktemp("averaging")
     other_raw = write_corpus(str(tmp / "raw30"), train=100, valid=10, test=10, vocab=30, max_len=8, seed=7)

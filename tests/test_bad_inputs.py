@@ -21,10 +21,10 @@ from pausing import pause_env, wait_for
 from test_cnndm_layouts import example, record, write_bin, write_see_text
 from test_data_prep import MERGES, PREP, WORDS_EN, make_iwslt_archive, make_sumdata, prep_in_process, sentence
 from test_score_inputs import _evaluate, _with_metric, toy_run  # noqa: F401  (toy_run: a fixture)
-from man_fairseq import textfile
-from man_fairseq.recipes.data import destination, see_bin
-from man_fairseq.recipes.data.dataprep import PrepError, read_lines
-from man_fairseq.recipes.data.steps import MARKER
+from man_recipes import textfile
+from man_recipes.data import destination, see_bin
+from man_recipes.data.dataprep import PrepError, read_lines
+from man_recipes.data.steps import MARKER
 
 
 def listing(folder):
@@ -192,7 +192,7 @@ def test_blank_test_references_are_refused_at_prep_time(tmp_path):
 
 
 def test_rouge_refuses_a_blank_reference_line_at_every_entry_point(tmp_path):
-    from man_fairseq import scoring
+    from man_recipes import scoring
 
     refs = [f"reference number {i} ." for i in range(20)]
     refs[6] = ""
@@ -236,7 +236,7 @@ def test_a_zero_byte_bin_chunk_is_refused_before_any_step(tmp_path):
 
 @pytest.mark.parametrize("eos", ["", " ", ". ."])
 def test_files2rouge_refuses_an_eos_that_is_not_one_token(eos, tmp_path, capsys, monkeypatch):
-    from man_fairseq import rouge155
+    from man_recipes import rouge155
 
     ref = tmp_path / "ref.txt"
     ref.write_text("a b . c d .\n")
@@ -295,8 +295,8 @@ def test_ctrl_c_during_binarize_is_one_line_and_the_rerun_resumes(tmp_path):
 # ----------------------------------------------- 10. a file that is not a checkpoint, named so
 
 def test_a_file_that_is_not_a_checkpoint_is_named_so_by_our_commands(tmp_path, capsys):
-    from man_fairseq.analysis.utils import checkpoint_load_errors
-    from man_fairseq.cli import average_checkpoints
+    from man_recipes.analysis.utils import checkpoint_load_errors
+    from man_recipes.cli import average_checkpoints
 
     text = tmp_path / "notes.pt"
     text.write_text("hello world\n")  # torch.load says `KeyError: 101`
@@ -369,7 +369,7 @@ def test_an_option_the_arch_declares_is_accepted_though_the_checkpoint_predates_
 
 
 def test_multi30k_refuses_another_datasets_folder_before_any_step(tmp_path, capsys):
-    from man_fairseq.recipes.data import multi30k
+    from man_recipes.data import multi30k
 
     dest = tmp_path / "data"
     dest.mkdir()

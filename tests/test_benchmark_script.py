@@ -15,7 +15,7 @@ from pathlib import Path
 from conftest import call_entry_point
 from lab.speed import records
 from lab.speed.__main__ import main as speed_main
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
+from man_recipes.config import CONFIG_DIR, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 

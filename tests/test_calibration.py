@@ -524,7 +524,7 @@ def test_extra_parameters_at_base_width():
 
 
 def test_export_statistics_formulas():
-    from man_fairseq.analysis.calibration_stats import entropy_bits, jsd_bits, layer_statistics
+    from man_recipes.analysis.calibration_stats import entropy_bits, jsd_bits, layer_statistics
 
     p = torch.tensor([1.0, 0.0], dtype=torch.float64)
     q = torch.tensor([0.0, 1.0], dtype=torch.float64)
@@ -591,7 +591,7 @@ def test_cli_train_resume_generate_export(toy_data_bin, tmp_path):
 
     export = tmp_path / "export"
     run_cli([
-        sys.executable, "-m", "man_fairseq.cli.export_calibration", toy_data_bin, "--path", save / "checkpoint_last.pt",
+        sys.executable, "-m", "man_recipes.cli.export_calibration", toy_data_bin, "--path", save / "checkpoint_last.pt",
         "--gen-subset", "valid", "--output-dir", export, "--num-heatmaps", "2", "--cpu",
     ])
     table = (export / "calibration_stats.md").read_text()

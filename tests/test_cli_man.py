@@ -12,7 +12,7 @@ import torch
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, run_cli
 
 from man_fairseq import known_warnings
-from man_fairseq.cli.average_checkpoints import cli_main as average_main
+from man_recipes.cli.average_checkpoints import cli_main as average_main
 
 TRAIN = ["fairseq-train", "--user-dir", USER_DIR, "--arch", "transformer_man_base",
          "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN]

@@ -1,5 +1,5 @@
 """CNN/DailyMail in the layouts users have: See et al.'s text files (``cnndm-see/``) and their
-``finished_files`` ``.bin`` release, read by :mod:`man_fairseq.recipes.data.see_bin` without TensorFlow.
+``finished_files`` ``.bin`` release, read by :mod:`man_recipes.data.see_bin` without TensorFlow.
 
 The ``.bin`` decoder is checked on records encoded here (a tiny protobuf encoder below; the
 protobuf library, where installed, cross-checks both directions) and on See et al.'s own chunk
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from man_fairseq.recipes.data.dataprep import PrepError
-from man_fairseq.recipes.data.see_bin import decode_example, read_pairs, split_files
+from man_recipes.data.dataprep import PrepError
+from man_recipes.data.see_bin import decode_example, read_pairs, split_files
 
 MERGES = "60"  # tiny BPE: the runs stay quick and the text still gets split into subwords
 
@@ -204,8 +204,8 @@ def test_decoder_on_see_et_al_chunk_files(shared_data):
 # ---------------------------------------------------------------- what is done to the text
 
 def test_see_target_ends_every_tagged_sentence_for_rouge():
-    from man_fairseq.recipes.data.cnndm import see_target
-    from man_fairseq.rouge155 import split_sentences
+    from man_recipes.data.cnndm import see_target
+    from man_recipes.rouge155 import split_sentences
 
     stats = Counter()
     tagged = ("<s> he said `` yes '' </s> <s> it works . </s> <s>  </s> <s> why ? </s> "
@@ -245,7 +245,7 @@ def write_see_text(folder, splits, n=4, gz=False, abstracts=None):
 
 
 def test_layout_detection_and_split_mapping(tmp_path):
-    from man_fairseq.recipes.data.cnndm import find_layout
+    from man_recipes.data.cnndm import find_layout
 
     see = tmp_path / "a" / "cnndm-see"
     write_see_text(see, ("train", "dev", "val"), gz=True)
@@ -293,7 +293,7 @@ def test_layout_detection_and_split_mapping(tmp_path):
 
 
 def read_see_folder(tmp_path, layout, max_source=400, max_target=None):
-    from man_fairseq.recipes.data.cnndm import read_see
+    from man_recipes.data.cnndm import read_see
 
     tok = tmp_path / "tok"
     tok.mkdir(parents=True)
@@ -302,7 +302,7 @@ def read_see_folder(tmp_path, layout, max_source=400, max_target=None):
 
 
 def test_read_see_cuts_sources_and_training_summaries_never_references(tmp_path):
-    from man_fairseq.recipes.data.cnndm import find_layout
+    from man_recipes.data.cnndm import find_layout
 
     write_see_text(tmp_path / "see", ("train", "val", "test"), abstracts={
         "train": ["<s> a b c d e . </s>", "", "<s> f g h ! </s> <s> i . </s>"],
@@ -333,8 +333,8 @@ def test_read_see_cuts_sources_and_training_summaries_never_references(tmp_path)
 
 
 def test_known_subset_is_named_in_the_record(tmp_path):
-    from man_fairseq.recipes.data.cnndm import STANDARD_COUNTS
-    from man_fairseq.recipes.data.manifest import write_manifest
+    from man_recipes.data.cnndm import STANDARD_COUNTS
+    from man_recipes.data.manifest import write_manifest
 
     release = {"train": 40000, "valid": 1000, "test": 13368}
     path = write_manifest(tmp_path, "cnndm", "source", "target", release, release, STANDARD_COUNTS, {"test": "t"})
@@ -349,7 +349,7 @@ def test_known_subset_is_named_in_the_record(tmp_path):
 
 def prep_in_process(*argv, allow=True):
     """prepare.run() in this process: a PrepError propagates, so its message can be asserted."""
-    from man_fairseq.recipes.data.prepare import run
+    from man_recipes.data.prepare import run
 
     return run([*map(str, argv), *(["--allow-nonstandard-splits"] if allow else [])])
 
@@ -362,7 +362,7 @@ def head_gz(path, n):
 def test_cnndm_see_folder(shared_data, tmp_path, capsys):
     """The first 300 pairs of each file of ../shared/data/cnndm-see, in its layout (with its .bin
     sample folder, which the text files take precedence over)."""
-    from man_fairseq.recipes.data.cnndm import see_target
+    from man_recipes.data.cnndm import see_target
 
     see = tmp_path / "cnndm-see"
     shutil.copytree(shared_data / "cnndm-see" / "finished_files_sample", see / "finished_files_sample")
@@ -419,7 +419,7 @@ def test_cnndm_see_folder(shared_data, tmp_path, capsys):
 def test_cnndm_see_bin_chunks(shared_data, tmp_path):
     """See et al.'s chunk files (the shared sample: train 2 x 10 records, val 10; its val chunk
     stands in for the absent test chunk)."""
-    from man_fairseq.recipes.data.cnndm import see_target
+    from man_recipes.data.cnndm import see_target
 
     sample = shared_data / "cnndm-see" / "finished_files_sample" / "chunked"
     chunked = tmp_path / "finished_files" / "chunked"
@@ -445,7 +445,7 @@ def test_cnndm_see_bin_chunks(shared_data, tmp_path):
 
 
 def test_length_options_are_checked(capsys):
-    from man_fairseq.recipes.data.prepare import parse_args
+    from man_recipes.data.prepare import parse_args
 
     for option, value, message in (("--max-target-tokens", "0", "must be 1 or more (leave it out to keep all)"),
                                    ("--max-source-tokens", "-1", "must be 0 (keep all) or more")):

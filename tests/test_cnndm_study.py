@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from man_fairseq.recipes.evaluation.rouge_significance import lead_sentences
-from man_fairseq.recipes.evaluation.test_sample import sample_ids, sampled_split
+from man_recipes.studies.rouge_significance import lead_sentences
+from man_recipes.evaluation.fixed_sample import sample_ids, sampled_split
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run
 
@@ -50,9 +50,9 @@ def test_sampled_split_holds_exactly_the_sampled_pairs(toy_data_bin, tmp_path):
 
 
 def test_cnndm_cpu_trains_only_the_families_it_has_configs_for(capsys):
-    from man_fairseq.recipes.config import load_config
-    from man_fairseq.recipes.studies import reproduce
-    from man_fairseq.recipes.studies.experiments import EXPERIMENTS, families_of
+    from man_recipes.config import load_config
+    from man_recipes.studies import reproduce
+    from man_recipes.studies.experiments import EXPERIMENTS, families_of
 
     assert families_of("cnndm-cpu") == ["transformer", "man", "localness"]
     assert families_of("gigaword-cpu") == reproduce.FAMILIES + ["calibration-alpha0.01", "man-zeros"]
@@ -66,8 +66,8 @@ def test_cnndm_cpu_trains_only_the_families_it_has_configs_for(capsys):
 
 
 def test_the_runs_must_agree_on_their_test_sample():
-    from man_fairseq.recipes.studies.study_eval import StudyEvalError
-    from man_fairseq.recipes.studies.summarization_table import record_samples
+    from man_recipes.studies.study_eval import StudyEvalError
+    from man_recipes.studies.summarization_table import record_samples
 
     manifest = {"test_sets": {"test": "val"}, "counts": {"test": 100}}
     spec = {"n": 10, "of": 100, "seed": 1}
@@ -82,10 +82,10 @@ def test_the_runs_must_agree_on_their_test_sample():
 
 def test_a_sample_of_every_pair_is_scored_under_one_fingerprint():
     """--test-sample 0 and one above the test set's size both score all of it: one record, not two."""
-    from man_fairseq.recipes.config import load_config
-    from man_fairseq.recipes.studies import reproduce
-    from man_fairseq.recipes.studies.experiments import EXPERIMENTS
-    from man_fairseq.recipes.studies.study_records import record_fingerprint
+    from man_recipes.config import load_config
+    from man_recipes.studies import reproduce
+    from man_recipes.studies.experiments import EXPERIMENTS
+    from man_recipes.studies.study_records import record_fingerprint
 
     exp = EXPERIMENTS["cnndm-cpu"]
     cfg = load_config(exp["configs"] / "man.yaml")  # eval.test_sample: 2000
@@ -125,7 +125,7 @@ def test_cnndm_study_end_to_end_on_a_test_sample(tmp_path, rouge155_perl):
     data = tmp_path / "bin"
     run([REPO / "data-prep" / "prepare-cnndm.sh", "--from", tiny_see_release(tmp_path / "see"), "--work",
          tmp_path / "w", "--dest", data, "--bpe-merges", "100", "--allow-nonstandard-splits", "--workers", "1"])
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "cnndm-cpu", "--seeds", "1,",
+    cmd = [sys.executable, "-m", "man_recipes.studies.reproduce", "cnndm-cpu", "--seeds", "1,",
            "--families", "localness", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir",
            tmp_path / "results", "--test-sample", "12", "--bootstrap-samples", "100", "--",
            *TINY_MODEL, "--max-epoch", "1", "--max-tokens", "2000", "--warmup-updates", "4", "--lr", "0.003",
@@ -147,7 +147,7 @@ def test_cnndm_study_end_to_end_on_a_test_sample(tmp_path, rouge155_perl):
     # lead-3 on the same 12 articles: the first sentence of each is its reference, so ROUGE-1 recall is 1
     # and precision about a third; on every article it would be scored against other references
     lead = next(r for r in table["references"] if r["what"].startswith("Lead-3"))
-    from man_fairseq import scoring
+    from man_recipes import scoring
 
     expected = scoring.rouge([lead_sentences(articles[i], 3) for i in ids], [refs[i] for i in ids],
                              order="hyp-ref", exception_db="files2rouge")

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from man_fairseq.recipes.training import launch
-from man_fairseq.recipes.config import REPO, all_configs
-from man_fairseq.recipes.evaluation.decode import generate_args
-from man_fairseq.recipes.evaluation.paper_rows import ROWS, numbers_in, parse_paper_rows, readme_rows_section
+from man_recipes.training import launch
+from man_recipes.config import REPO, all_configs
+from man_recipes.evaluation.decode import generate_args
+from man_recipes.evaluation.paper_rows import ROWS, numbers_in, parse_paper_rows, readme_rows_section
 
 PAPER_TABLES = REPO.parent / "shared" / "paper-tables.md"
 CONFIGS = [c for c in all_configs() if c.get("paper") not in (None, "none")]

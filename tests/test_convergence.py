@@ -14,11 +14,11 @@ import pytest
 from conftest import REPO, TINY_MODEL, TINY_TRAIN
 from test_multi30k import prepare, run, synthetic_release
 
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
-from man_fairseq.recipes.studies import reproduce
-from man_fairseq.recipes.studies import study_records as sr
-from man_fairseq.recipes.studies.experiments import EXPERIMENTS, protocol
-from man_fairseq.recipes.training.fairseq_log import valid_epochs
+from man_recipes.config import CONFIG_DIR, load_config
+from man_recipes.studies import reproduce
+from man_recipes.studies import study_records as sr
+from man_recipes.studies.experiments import EXPERIMENTS, protocol
+from man_recipes.training.fairseq_log import valid_epochs
 
 NO_IMPROVEMENT = ["--maximize-best-checkpoint-metric"]
 
@@ -86,7 +86,7 @@ def test_a_study_trained_to_convergence_beside_its_fixed_budget(tmp_path):
             *NO_IMPROVEMENT]
 
     def study(experiment, *ours):
-        return [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", experiment, "--seeds", "1,",
+        return [sys.executable, "-m", "man_recipes.studies.reproduce", experiment, "--seeds", "1,",
                 "--families", "man", "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs" / experiment,
                 "--results-dir", tmp_path / "results", "--bootstrap-samples", "100", *ours, "--", *tiny]
 
@@ -145,7 +145,7 @@ def test_the_family_summary_compares_both_protocols_on_the_same_seeds():
     """Means, spreads and differences over the seeds a family and its Transformer ran both ways; a seed
     one protocol lacks (MAN seed 3 to convergence) leaves both protocols' means of that family (the
     Transformer keeps its three); * marks p < 0.05."""
-    from man_fairseq.recipes.studies.convergence import family_summary, family_summary_lines
+    from man_recipes.studies.convergence import family_summary, family_summary_lines
 
     scores = {("fixed-budget", "transformer"): [25, 24, 26], ("to-convergence", "transformer"): [26, 27, 28],
               ("fixed-budget", "man"): [23, 21, 30], ("to-convergence", "man"): [29, 25]}
@@ -172,7 +172,7 @@ def test_the_family_summary_compares_both_protocols_on_the_same_seeds():
 def test_gigaword_calibrates_at_alpha_0_01_beside_the_default(study):
     """The second calibration family is the first with --perturbation-weight 0.01 on its command line,
     and nothing else changed (its mask stays live where the default's saturates)."""
-    from man_fairseq.recipes.training.launch import train_args
+    from man_recipes.training.launch import train_args
 
     default, live = (load_config(CONFIG_DIR / study / f"{f}.yaml") for f in ("calibration", "calibration-alpha0.01"))
     assert live["train"] == dict(default["train"], **{"perturbation-weight": 0.01})
@@ -187,7 +187,7 @@ def test_gigaword_calibrates_at_alpha_0_01_beside_the_default(study):
 def test_gigaword_runs_man_with_its_dman_biases_from_zero_beside_the_default(study):
     """The man-zeros family is MAN with --dman-init zeros on its command line and nothing else changed
     (that the option reaches the DMAN biases: tests/test_man.py)."""
-    from man_fairseq.recipes.training.launch import train_args
+    from man_recipes.training.launch import train_args
 
     default, zeros = (load_config(CONFIG_DIR / study / f"{f}.yaml") for f in ("man", "man-zeros"))
     assert zeros["model"] == dict(default["model"], **{"dman-init": "zeros"})
@@ -199,7 +199,7 @@ def test_gigaword_runs_man_with_its_dman_biases_from_zero_beside_the_default(stu
 
 
 def test_a_calibrated_run_whose_mask_ended_saturated_is_named_under_the_table():
-    from man_fairseq.recipes.studies.convergence import saturated_mask_lines
+    from man_recipes.studies.convergence import saturated_mask_lines
 
     live = dict(_record("to-convergence", "calibration", 2, 20), mask_mean_curve=[[10, 0.9], [20, 0.95]])
     saturated = dict(_record("to-convergence", "calibration", 1, 20), mask_mean_curve=[[10, 0.956], [20, 1.0]])
@@ -211,8 +211,8 @@ def test_a_calibrated_run_whose_mask_ended_saturated_is_named_under_the_table():
 def test_the_generalisation_panel_plots_dev_loss_against_training_loss():
     """Each run's (training loss, dev loss) pairs, matched by update count, its first quarter left out,
     a star on its best checkpoint, training loss falling to the right."""
-    from man_fairseq.logging_setup import pyplot
-    from man_fairseq.recipes.studies.study_figure import plot_generalisation
+    from man_recipes.logging_setup import pyplot
+    from man_recipes.studies.study_figure import plot_generalisation
 
     plt = pyplot()
     run = {"family": "man", "seed": 2, "best_updates": 30,
@@ -233,8 +233,8 @@ def test_the_generalisation_panel_plots_dev_loss_against_training_loss():
 def test_the_figure_names_two_families_of_one_model_apart_and_gives_a_converged_only_family_its_column(tmp_path):
     """Calibration at α = 1 and at α = 0.01 share the short name "Calibration": each keeps its whole label
     in the figure, and the α = 0.01 family, run to convergence only, still gets its column of stars."""
-    from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
-    from man_fairseq.recipes.studies.study_figure import columns, plot_study, short_labels
+    from man_recipes.studies.experiments import FAMILY_LABELS
+    from man_recipes.studies.study_figure import columns, plot_study, short_labels
 
     families = ["transformer", "calibration", "calibration-alpha0.01"]
     short = short_labels(families, FAMILY_LABELS)
@@ -255,7 +255,7 @@ def test_the_figure_names_two_families_of_one_model_apart_and_gives_a_converged_
 
 
 def test_a_run_to_convergence_stopped_by_the_cap_is_named_under_the_table():
-    from man_fairseq.recipes.studies.convergence import capped_lines
+    from man_recipes.studies.convergence import capped_lines
 
     patience = dict(_record("to-convergence", "diffwin", 1, 20), stopped_by="patience", stopping_epoch=29, best_epoch=26)
     cap = dict(_record("to-convergence", "diffwin", 2, 20), stopped_by="cap", stopping_epoch=40, best_epoch=40)

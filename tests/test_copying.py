@@ -2,7 +2,7 @@
 
 import pytest
 
-from man_fairseq.recipes.evaluation.copying import copying, share_in_articles
+from man_recipes.evaluation.copying import copying, share_in_articles
 
 ARTICLES = ["the cat sat on the mat .", "dogs bark at night"]
 SUMMARIES = ["<s> The cat sat . </s> <s> a dog barks </s>", "dogs bark dogs bark"]

@@ -26,9 +26,9 @@ import pytest
 
 from conftest import REPO
 from pausing import pause_env, wait_for
-from man_fairseq.recipes.data import moses, prepare
-from man_fairseq.recipes.data.dataprep import PrepError
-from man_fairseq.recipes.data.steps import MARKER
+from man_recipes.data import moses, prepare
+from man_recipes.data.dataprep import PrepError
+from man_recipes.data.steps import MARKER
 
 PREP = REPO / "data-prep"
 MERGES = "60"  # tiny BPE so the fixtures are quick and still get split into subwords
@@ -47,7 +47,7 @@ def run_prep(script, *args, check=True):
 
 def prep_in_process(*argv, allow=True):
     """prepare.run() in this process: PrepError propagates, so its message can be asserted."""
-    from man_fairseq.recipes.data.prepare import run
+    from man_recipes.data.prepare import run
 
     return run([*map(str, argv), *(["--allow-nonstandard-splits"] if allow else [])])
 
@@ -293,12 +293,12 @@ def test_foreign_folders_are_refused_and_inputs_untouched(iwslt_fixture, tmp_pat
 def test_a_work_folder_in_use_is_refused_and_left_alone(iwslt_fixture, tmp_path):
     """Two preparations sharing --work (the default is one per dataset) would rewrite each other's
     intermediate files between steps: the second is refused while the first runs, and runs after."""
-    from man_fairseq.recipes.data import multi30k
+    from man_recipes.data import multi30k
 
     archive, _, _ = iwslt_fixture
     work, dest = tmp_path / "w", tmp_path / "b"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom man_fairseq.recipes.data.steps import work_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom man_recipes.data.steps import work_lock\n"
          "with work_lock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(300)", str(work)],
         stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
@@ -364,7 +364,7 @@ def test_prep_errors_of_the_shared_steps(iwslt_fixture, tmp_path):
 
 
 def test_an_empty_split_is_named_before_bpe(tmp_path):
-    from man_fairseq.recipes.data.dataprep import split_counts
+    from man_recipes.data.dataprep import split_counts
 
     for name, text in (("train.de", "a\n"), ("train.en", "b\n"), ("valid.de", ""), ("valid.en", "")):
         (tmp_path / name).write_text(text)
@@ -386,7 +386,7 @@ def test_nonstandard_split_is_an_error(iwslt_fixture, tmp_path):
 
 
 def test_iwslt14_real_samples(shared_data):
-    from man_fairseq.recipes.data.dataprep import read_seg_lines
+    from man_recipes.data.dataprep import read_seg_lines
 
     sample = shared_data / "iwslt14-sample"
     for lang in ("de", "en"):
@@ -479,7 +479,7 @@ def test_wmt14_wrong_layout_or_truncated(tmp_path):
 # ----------------------------------------------------------------------------- CNN / DM
 
 def make_cnndm_folder(src_dir):
-    from man_fairseq.recipes.data.cnndm import url_hash
+    from man_recipes.data.cnndm import url_hash
 
     src_dir.mkdir()
     urls = {split: [f"http://www.cnn.com/{split}/{i}.html" if i % 2 else f"http://www.dailymail.co.uk/{split}/{i}"
@@ -498,7 +498,7 @@ def make_cnndm_folder(src_dir):
 
 
 def test_cnndm_story_archives(tmp_path):
-    from man_fairseq.recipes.data.cnndm import story_to_pair
+    from man_recipes.data.cnndm import story_to_pair
 
     src_dir = tmp_path / "cnndm"
     story = make_cnndm_folder(src_dir)
@@ -676,7 +676,7 @@ def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):
     import http.server
     import threading
 
-    from man_fairseq.recipes.data.downloads import fetch
+    from man_recipes.data.downloads import fetch
 
     archive, _, _ = iwslt_fixture
     served = tmp_path / "served"
@@ -708,7 +708,7 @@ def test_download_path_against_a_local_http_server(iwslt_fixture, tmp_path):
 
 
 def test_binarize_adds_extra_test_sets_inside_the_atomic_build_and_a_failure_leaves_nothing(tmp_path):
-    from man_fairseq.recipes.data.binarize import binarize
+    from man_recipes.data.binarize import binarize
 
     prep = tmp_path / "prep"
     prep.mkdir()

@@ -9,7 +9,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "scripts"))
 import demo  # noqa: E402
-from man_fairseq.recipes import options  # noqa: E402
+from man_recipes import options  # noqa: E402
 
 
 def test_demo_runs_the_whole_pipeline(tmp_path):
@@ -146,7 +146,7 @@ def test_rerun_removes_only_what_the_demo_wrote(tmp_path):
 
 def test_try_lock_has_one_owner_at_a_time(tmp_path):
     """The lock of scripts/reproduce.sh's runs and of data-prep's --work folders (workdir.try_lock)."""
-    from man_fairseq.recipes.workdir import try_lock
+    from man_recipes.workdir import try_lock
 
     lock = tmp_path / ".lock"
     with try_lock(lock) as first:
@@ -161,7 +161,7 @@ def test_words_per_second_inputs():
            "2026 | INFO | valid | epoch 001 | loss 5 | wps 999 | wpb 70 | num_updates 4\n"
            "2026 | INFO | train | epoch 002 | loss 4 | wps 9000 | ups 1 | wpb 90 | bsz 10 | num_updates 7 | lr 0.1\n")
     assert demo.words_trained(log) == 100.5 * 4 + 90 * 3
-    assert demo.mean_std([1.0]) == (1.0, None)  # the one mean_std of every table (man_fairseq/tables.py)
+    assert demo.mean_std([1.0]) == (1.0, None)  # the one mean_std of every table (man_recipes/tables.py)
     m, sd = demo.mean_std([1.0, 2.0, 3.0])
     assert m == 2.0 and sd == 1.0
 

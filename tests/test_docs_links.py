@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = ["man_fairseq", "scripts", "configs", "data-prep", "tests"]
+SOURCE_DIRS = ["man_fairseq", "man_recipes", "scripts", "configs", "data-prep", "tests"]
 SOURCE_SUFFIXES = {".py", ".yaml", ".sh", ".md"}
 THIS = Path(__file__).resolve()
 
@@ -21,7 +21,7 @@ OUTSIDE = re.compile(r"\bSPEC\b|paper-tables\.md")
 # of the paper tables, when it is present beside the repository, name it (tests/test_configs.py skips
 # without it).
 NOT_CITATIONS = {
-    "man_fairseq/recipes/evaluation/paper_rows.py": "paper-tables.md",
+    "man_recipes/evaluation/paper_rows.py": "paper-tables.md",
     "tests/test_configs.py": "paper-tables.md",
 }
 

@@ -1,4 +1,4 @@
-"""The evaluation path (man_fairseq/recipes/evaluation/steps.py): average -> decode -> score -> record,
+"""The evaluation path (man_recipes/evaluation/steps.py): average -> decode -> score -> record,
 one function per step, and the three entry points that evaluate (scripts/evaluate.sh, scripts/reproduce.sh,
 scripts/demo.py) calling those functions rather than their own versions. Small synthetic inputs, in
 this process."""
@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import REPO
 
-from man_fairseq import scoring
-from man_fairseq.recipes.evaluation import steps
+from man_recipes import scoring
+from man_recipes.evaluation import steps
 
 ENTRY_POINTS = {
-    "scripts/evaluate.sh": REPO / "man_fairseq" / "recipes" / "evaluation" / "evaluate.py",
-    "scripts/reproduce.sh": REPO / "man_fairseq" / "recipes" / "studies" / "study_eval.py",
+    "scripts/evaluate.sh": REPO / "man_recipes" / "evaluation" / "evaluate.py",
+    "scripts/reproduce.sh": REPO / "man_recipes" / "studies" / "study_eval.py",
     "scripts/demo.py": REPO / "scripts" / "demo.py",
 }
 # what a step calls below it: an entry point calling one of these walks a path of its own
@@ -39,7 +39,7 @@ def test_every_entry_point_calls_the_steps(entry):
     called = _called_names(path)
     assert {"average", "decode", "score"} <= called, f"{entry} ({path.name}) does not walk the steps"
     assert not called & BELOW_THE_STEPS, f"{entry} ({path.name}) calls {sorted(called & BELOW_THE_STEPS)} itself"
-    assert _imports_the_steps(path), f"{entry} ({path.name}) does not import man_fairseq.recipes.evaluation.steps"
+    assert _imports_the_steps(path), f"{entry} ({path.name}) does not import man_recipes.evaluation.steps"
 
 
 def _imports_the_steps(path):

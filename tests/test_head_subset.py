@@ -1,4 +1,4 @@
-"""``man_fairseq.recipes.data.head_subset``: the first pairs of each split, copied unchanged, with the
+"""``man_recipes.data.head_subset``: the first pairs of each split, copied unchanged, with the
 folder's record; bad input gets one line and replaces nothing."""
 
 import json
@@ -7,7 +7,7 @@ import shutil
 import pytest
 from fairseq.data import indexed_dataset
 
-from man_fairseq.recipes.data.head_subset import main
+from man_recipes.data.head_subset import main
 
 
 def items(data, prefix):

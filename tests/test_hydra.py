@@ -66,7 +66,7 @@ def argparse_model(data_bin, arch, model_options, criterion):
 def plugin_option_dests(arch):
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from man_fairseq.cli.options import _plugin_actions
+    from man_recipes.cli.options import _plugin_actions
 
     return [a.dest for a in _plugin_actions(ARCH_MODEL_REGISTRY[arch])]
 

@@ -9,8 +9,8 @@ import pytest
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, child_env, run_bounded
 
 import man_fairseq  # noqa: F401  (registers the archs)
-from man_fairseq.recipes.config import all_configs
-from man_fairseq.recipes.training import launch
+from man_recipes.config import all_configs
+from man_recipes.training import launch
 
 INERT = "changes nothing"
 

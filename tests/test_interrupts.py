@@ -1,5 +1,5 @@
 """Ctrl-C is one line on stderr and exit status 130 in every command (issue #72 item 6), never a
-KeyboardInterrupt traceback: each entry point is wrapped in man_fairseq.interrupt.one_line_on_ctrl_c
+KeyboardInterrupt traceback: each entry point is wrapped in man_recipes.interrupt.one_line_on_ctrl_c
 (data-prep and scripts/reproduce.sh print their own line inside it: tests/test_data_prep.py,
 tests/test_reproduce_interrupt.py)."""
 
@@ -15,7 +15,7 @@ import tomllib
 import pytest
 
 from conftest import REPO, child_env, default_ctrl_c
-from man_fairseq.interrupt import EXIT_INTERRUPTED
+from man_recipes.interrupt import EXIT_INTERRUPTED
 
 
 def console_scripts():
@@ -32,13 +32,13 @@ def script_main(path):
 
 # the entry points of scripts/*.sh, scripts/*.py and data-prep/*.sh (beside the console scripts)
 SCRIPT_MAINS = {
-    "scripts/train.sh": "man_fairseq.recipes.training.launch:main",
-    "scripts/evaluate.sh": "man_fairseq.recipes.evaluation.evaluate:main",
-    "scripts/reproduce.sh": "man_fairseq.recipes.studies.reproduce:main",
+    "scripts/train.sh": "man_recipes.training.launch:main",
+    "scripts/evaluate.sh": "man_recipes.evaluation.evaluate:main",
+    "scripts/reproduce.sh": "man_recipes.studies.reproduce:main",
     "scripts/speed.sh": "lab.speed.__main__:main",
-    "scripts/results_table.py": "man_fairseq.recipes.evaluation.results_table:main",
-    "data-prep/prepare-*.sh": "man_fairseq.recipes.data.prepare:main",
-    "data-prep/prepare-multi30k.sh": "man_fairseq.recipes.data.multi30k:main",
+    "scripts/results_table.py": "man_recipes.evaluation.results_table:main",
+    "data-prep/prepare-*.sh": "man_recipes.data.prepare:main",
+    "data-prep/prepare-multi30k.sh": "man_recipes.data.multi30k:main",
     # the lab's instruments with a command line of their own
     "python -m lab.lr_probe": "lab.lr_probe:main",
     "python -m lab.sublayer_grads": "lab.sublayer_grads:main",
@@ -69,7 +69,7 @@ def ctrl_c(*args, **kwargs):
 
 
 def test_files2rouge(tmp_path, capsys, monkeypatch):
-    from man_fairseq.cli import files2rouge
+    from man_recipes.cli import files2rouge
 
     ref = tmp_path / "ref.txt"
     ref.write_text("a b .\n")
@@ -79,7 +79,7 @@ def test_files2rouge(tmp_path, capsys, monkeypatch):
 
 
 def test_evaluate_names_where_the_previous_result_is(tmp_path, capsys, monkeypatch):
-    from man_fairseq.recipes.evaluation import evaluate
+    from man_recipes.evaluation import evaluate
 
     run = tmp_path / "run"
     run.mkdir()
@@ -110,7 +110,7 @@ def test_a_real_ctrl_c_while_rouge_runs(tmp_path):
     """SIGINT to the command's process group (a terminal's Ctrl-C), ROUGE-1.5.5's Perl included."""
     lines = "".join(f"the cat number {i} sat on the mat . it was a good cat .\n" for i in range(4000))
     (tmp_path / "ref.txt").write_text(lines)
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "man_fairseq.cli.files2rouge", str(tmp_path / "ref.txt"),
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "man_recipes.cli.files2rouge", str(tmp_path / "ref.txt"),
                              str(tmp_path / "ref.txt")], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_ctrl_c)
     out = ""

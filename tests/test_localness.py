@@ -711,7 +711,7 @@ def test_cli_train_generate_each_strategy_and_dump_windows(tmp_path, toy_raw, to
     # the same checkpoints decoded on the reference path (the default runs the extended q/k path)
     explicit = [cmd + ["--model-overrides", "{'attention_backend': 'explicit'}"] for cmd in generate]
     dump = [  # the window dump command on the layer-strategy model (encoder and decoder self)
-        "python", "-m", "man_fairseq.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
+        "python", "-m", "man_recipes.cli.localness_windows", toy_data_bin, "--user-dir", USER_DIR,
         "--path", saves["layer"] / "checkpoint_last.pt", "--gen-subset", "valid", "--batch-size", "16",
         "--cpu", "--windows-output-dir", windows_dir,
     ]

@@ -6,7 +6,7 @@ import math
 
 from conftest import TINY_MODEL
 from lab import lr_probe
-from man_fairseq.recipes.config import load_config
+from man_recipes.config import load_config
 
 SMALL = "configs/man/t1-iwslt14-man-small.yaml"
 

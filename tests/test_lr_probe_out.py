@@ -7,7 +7,7 @@ import pytest
 from conftest import TINY_MODEL
 
 from lab import lr_probe
-from man_fairseq.recipes.workdir import MARKER
+from man_recipes.workdir import MARKER
 
 SMALL = "configs/man/t1-iwslt14-man-small.yaml"
 

@@ -377,7 +377,7 @@ def test_man_norm_post_with_a_pre_norm_flag_is_refused():
 
 def test_a_config_asking_post_norm_with_false_flags_is_refused():
     """A false flag is dropped from the command line, so on a pre-norm arch it would change nothing."""
-    from man_fairseq.recipes.config import ConfigError, load_config, option_args, validate
+    from man_recipes.config import ConfigError, load_config, option_args, validate
 
     cfg = load_config("configs/multi30k-cpu/man.yaml")
     assert cfg["model"]["encoder-normalize-before"] is True

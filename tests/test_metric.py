@@ -1,14 +1,14 @@
-"""The score step is one function (recipes/evaluation/metric.py:score): evaluate.sh and the studies
+"""The score step is one function (man_recipes/evaluation/metric.py:score): evaluate.sh and the studies
 get the same numbers from the same inputs, and what an error names exists."""
 
 import types
 
 import pytest
 
-from man_fairseq import scoring
-from man_fairseq.recipes.evaluation.evaluate import score_decoded
-from man_fairseq.recipes.evaluation.metric import score
-from man_fairseq.recipes.studies.study_eval import score_test_set
+from man_recipes import scoring
+from man_recipes.evaluation.evaluate import score_decoded
+from man_recipes.evaluation.metric import score
+from man_recipes.studies.study_eval import score_test_set
 
 # case differs from the references: a BLEU that is not case-insensitive scores these lower
 HYPS = ["Two Dogs run on the grass .", "a man , riding a bike .", "The girl sings ."]

@@ -10,7 +10,7 @@ from conftest import REPO
 PROGRAM = """
 import sys
 sys.modules["matplotlib"] = None
-from man_fairseq.logging_setup import pyplot
+from man_recipes.logging_setup import pyplot
 pyplot()
 """
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from man_fairseq.cli import localness_windows
-from man_fairseq.analysis.utils import parse_model_overrides
+from man_recipes.cli import localness_windows
+from man_recipes.analysis.utils import parse_model_overrides
 
 
 def test_a_literal_dict_is_parsed():

@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY_MODEL, USER_DIR, build_fairseq_model
 
 import man_fairseq  # noqa: F401  (registers the archs)
-from man_fairseq.cli import options as man_options
+from man_recipes.cli import options as man_options
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention
 
 SNAPSHOT = Path(__file__).resolve().parent / "model_wiring.json"

@@ -21,11 +21,11 @@ import pytest
 
 from conftest import REPO, TINY_MODEL
 
-from man_fairseq.recipes.training import fairseq_log
-from man_fairseq.recipes.options import cpu_cores
-from man_fairseq.recipes.studies import reproduce, study_table
-from man_fairseq.recipes.studies.study_records import read_records
-from man_fairseq.recipes.config import ConfigError, all_configs, load_config, validate
+from man_recipes.training import fairseq_log
+from man_recipes.options import cpu_cores
+from man_recipes.studies import bleu_table, reproduce
+from man_recipes.studies.study_records import read_records
+from man_recipes.config import ConfigError, all_configs, load_config, validate
 
 FAMILY_CONFIGS = sorted((REPO / "configs" / "multi30k").glob("*.yaml"))
 
@@ -91,7 +91,7 @@ TINY_RUN = TINY_MODEL + ["--max-epoch", "2", "--max-tokens", "1500", "--warmup-u
 
 
 def reproduce_cmd(data, tmp_path, *ours):
-    return [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--seeds", "1", "--families", "man",
+    return [sys.executable, "-m", "man_recipes.studies.reproduce", "multi30k", "--seeds", "1", "--families", "man",
             "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
             "--avg-last", "2", "--bootstrap-samples", "200", *ours, "--", *TINY_RUN]
 
@@ -175,7 +175,7 @@ def test_config_builds_with_fairseq(path, tmp_path):
     """fairseq-train's parser accepts the config and the model builds (toy dictionary, real width)."""
     from fairseq import options, tasks
 
-    from man_fairseq.recipes.training import launch
+    from man_recipes.training import launch
 
     cfg = load_config(path)
     for lang in ("de", "en"):
@@ -211,17 +211,17 @@ def test_paired_bootstrap_separates_better_from_equally_good_systems():
         r = random.Random(seed)
         return [" ".join(w if r.random() > p else r.choice(words) for w in s.split()) for s in refs]
 
-    equally_good = study_table.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
+    equally_good = bleu_table.paired_bootstrap(noisy(0.3, 1), noisy(0.3, 2), refs, n_samples=200)
     assert equally_good["p_value"] > 0.05
-    better = study_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
+    better = bleu_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200)
     assert better["p_value"] < 0.01 and better["system_bleu"] > better["baseline_bleu"] + 20
     assert better["signature"].startswith("nrefs:1|bs:200|seed:12345")
-    assert study_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
+    assert bleu_table.paired_bootstrap(noisy(0.6, 3), noisy(0.3, 1), refs, n_samples=200) == better  # seeded
 
 
 def test_mean_std_and_log_parsing(tmp_path):
-    assert study_table.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert study_table.mean_std([5.0]) == (5.0, None)
+    assert bleu_table.mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    assert bleu_table.mean_std([5.0]) == (5.0, None)
     log = tmp_path / "train.log"
     log.write_text(
         "INFO | fairseq_cli.train | num. model params: 1,234,567 (num. trained: 1,234,567)\n"
@@ -356,7 +356,7 @@ def test_reproduce_refuses_a_file_as_its_folders(tmp_path, option, capsys):
 
 
 def test_reproduce_without_data_is_a_clear_error(tmp_path):
-    proc = run([sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--device", "cpu",
+    proc = run([sys.executable, "-m", "man_recipes.studies.reproduce", "multi30k", "--device", "cpu",
                 "--data", tmp_path / "nothing"], check=False)
     assert proc.returncode == 2 and "prepare-multi30k.sh" in proc.stdout
 

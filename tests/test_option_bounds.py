@@ -7,10 +7,10 @@ import argparse
 
 import pytest
 
-from man_fairseq.cli import files2rouge
-from man_fairseq.recipes import options
-from man_fairseq.recipes.data import multi30k, prepare
-from man_fairseq.recipes.studies import reproduce
+from man_recipes.cli import files2rouge
+from man_recipes import options
+from man_recipes.data import multi30k, prepare
+from man_recipes.studies import reproduce
 
 
 @pytest.fixture

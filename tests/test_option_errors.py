@@ -15,7 +15,7 @@ from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, child_env, run_bounded
 from plugin_parsing import CRITERION, FAMILY_ARCH, parse
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
-from man_fairseq.cli import options as man_options
+from man_recipes.cli import options as man_options
 from man_fairseq.fairseq_fixes import print_plugin_option_errors
 from man_fairseq.plugin_options import Choice, Flag, Number, Parsed, PluginOptionError, rule_of
 

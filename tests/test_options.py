@@ -11,7 +11,7 @@ from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, r
 from plugin_parsing import CRITERION, FAMILY_ARCH, parse
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
-from man_fairseq.cli import options as man_options
+from man_recipes.cli import options as man_options
 from man_fairseq.plugin_options import Choice, Flag, Number, Parsed, PluginOptionError
 
 
@@ -181,7 +181,7 @@ def test_man_options_lists_each_arch_with_defaults_and_help():
     printed = {}
     for arch in ("transformer_man_small", "transformer_localness_base", "transformer_diffwin_big",
                  "transformer_calibrated"):
-        # `python -m man_fairseq.cli.options ARCH`, in this process: a new interpreter per arch
+        # `python -m man_recipes.cli.options ARCH`, in this process: a new interpreter per arch
         # would pay the torch/fairseq import each time
         proc = call_entry_point(man_options.cli_main, [arch], prog="man-options")
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -203,7 +203,7 @@ def test_man_options_unknown_name_is_a_clear_error():
 
 def test_docs_options_table_is_in_sync_with_the_code():
     assert (REPO / "docs" / "options.md").read_text() == man_options.markdown(), (
-        "regenerate: python -m man_fairseq.cli.options --markdown > docs/options.md")
+        "regenerate: python -m man_recipes.cli.options --markdown > docs/options.md")
     text = man_options.markdown()
     for _, _, flag, _ in ARCH_OPTIONS:
         assert f"| `{flag}` |" in text

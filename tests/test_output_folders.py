@@ -1,7 +1,7 @@
 """Every output folder is checked writable before the work starts (issue #72 item 6): a read-only
 ``--dest``/``--work`` (data-prep), ``--output`` (speed.sh profile), ``--results-dir``, a run folder or
 ``--output-dir FILE`` is one line and exit status 2, not a traceback after the work. One check does it
-(man_fairseq.paths.output_folder_problem). As root every folder is writable, so the read-only cases run
+(man_recipes.paths.output_folder_problem). As root every folder is writable, so the read-only cases run
 as the unprivileged user ``nobody`` (setpriv) in a folder that user can enter."""
 
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, child_env
-from man_fairseq.paths import output_folder_problem
+from man_recipes.paths import output_folder_problem
 
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
 
@@ -47,7 +47,7 @@ def test_the_one_check(tmp_path):
 
 
 def test_the_one_check_finds_a_read_only_folder(shared_tmp):
-    code = ("from man_fairseq.paths import output_folder_problem as p; import sys; "
+    code = ("from man_recipes.paths import output_folder_problem as p; import sys; "
             "print(p(sys.argv[1])); print(p(sys.argv[1] + '/new'))")
     proc = run_unprivileged(["-c", code, str(shared_tmp / "ro")])
     assert proc.stdout.splitlines() == [f"{shared_tmp / 'ro'} is not writable"] * 2, proc.stderr[-2000:]
@@ -58,7 +58,7 @@ def test_data_prep_refuses_a_read_only_dest_before_any_step(shared_tmp):
     source.mkdir(mode=0o777)
     source.chmod(0o777)
     work = shared_tmp / "work"
-    proc = run_unprivileged([str(REPO / "data-prep" / "_prepare.py"), "multi30k", "--from", str(source),
+    proc = run_unprivileged(["-m", "man_recipes.data.multi30k", "--from", str(source),
                              "--dest", str(shared_tmp / "ro" / "dest"), "--work", str(work)])
     assert proc.returncode == 2
     assert proc.stderr == (f"ERROR: --dest {shared_tmp / 'ro' / 'dest'}: {shared_tmp / 'ro'} is not writable; "
@@ -67,7 +67,7 @@ def test_data_prep_refuses_a_read_only_dest_before_any_step(shared_tmp):
 
 
 def test_data_prep_refuses_a_work_folder_beneath_a_file(tmp_path, capsys):
-    from man_fairseq.recipes.data import prepare
+    from man_recipes.data import prepare
 
     afile = tmp_path / "file"
     afile.write_text("x")
@@ -82,7 +82,7 @@ def test_data_prep_refuses_a_work_folder_beneath_a_file(tmp_path, capsys):
 def test_analysis_output_dir_that_is_a_file_is_refused_before_loading(tmp_path, monkeypatch, command):
     import importlib
 
-    cli = importlib.import_module(f"man_fairseq.cli.{command}")
+    cli = importlib.import_module(f"man_recipes.cli.{command}")
     afile = tmp_path / "locality.md"
     afile.write_text("mine\n")
 
@@ -112,7 +112,7 @@ def test_speed_profile_refuses_an_output_it_cannot_write_before_profiling(tmp_pa
 
 
 def test_reproduce_refuses_a_read_only_results_dir_before_training(shared_tmp):
-    proc = run_unprivileged(["-m", "man_fairseq.recipes.studies.reproduce", "multi30k", "--data", str(shared_tmp),
+    proc = run_unprivileged(["-m", "man_recipes.studies.reproduce", "multi30k", "--data", str(shared_tmp),
                              "--runs-dir", str(shared_tmp / "runs"), "--results-dir", str(shared_tmp / "ro" / "results")])
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == (f"scripts/reproduce.sh: error: --results-dir {shared_tmp / 'ro' / 'results'}: "
@@ -125,7 +125,7 @@ def test_evaluate_refuses_a_read_only_run_folder_before_decoding(shared_tmp):
     os.chmod(run, 0o755)
     (run / "config.yaml").write_text("name: x\n")
     os.chmod(run, 0o555)
-    proc = run_unprivileged(["-m", "man_fairseq.recipes.evaluation.evaluate", str(run), "--cpu"])
+    proc = run_unprivileged(["-m", "man_recipes.evaluation.evaluate", str(run), "--cpu"])
     assert proc.returncode == 2
     assert proc.stderr == f"ERROR: {run}: {run} is not writable; nothing was evaluated\n"
 

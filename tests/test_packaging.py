@@ -25,6 +25,7 @@ from conftest import REPO, child_env, run_cli
 import man_fairseq
 from man_fairseq import dependencies
 
+PACKAGES = ("man_fairseq", "man_recipes")  # the plugin, and the recipes and commands beside it
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
@@ -46,8 +47,8 @@ def wheel(tmp_path_factory):
     src.mkdir()
     for name in ("pyproject.toml", "requirements.txt", "README.md"):
         shutil.copy2(REPO / name, src / name)
-    shutil.copytree(REPO / "man_fairseq", src / "man_fairseq",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
     run_cli([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
              "--wheel-dir", tmp / "dist", src], timeout=300)
     (found,) = (tmp / "dist").glob("*.whl")
@@ -78,10 +79,10 @@ def test_wheel_metadata(wheel):
     scripts = dict(entry_points["console_scripts"])
     assert scripts == PROJECT["scripts"] and len(scripts) == 8
     assert "man-options" in scripts
-    # every module of the package is in the wheel, and nothing but the package
-    modules = {str(p.relative_to(REPO)) for p in (REPO / "man_fairseq").rglob("*.py")}
+    # every module of the two packages is in the wheel, and nothing but the packages
+    modules = {str(p.relative_to(REPO)) for package in PACKAGES for p in (REPO / package).rglob("*.py")}
     assert modules <= set(names)
-    assert {n.split("/")[0] for n in names} == {"man_fairseq", info}
+    assert {n.split("/")[0] for n in names} == {*PACKAGES, info}
 
 
 def test_wheel_installs_into_a_venv_that_has_torch_and_fairseq(wheel, tmp_path):
@@ -99,6 +100,10 @@ def test_wheel_installs_into_a_venv_that_has_torch_and_fairseq(wheel, tmp_path):
     assert Path(where).is_relative_to(purelib) and version == man_fairseq.__version__  # the wheel's, not the checkout
     proc = run_cli([venv / "bin" / "man-options", "--help"], cwd=tmp_path, env={"PATH": "/usr/bin:/bin"})
     assert "usage: man-options" in proc.stdout
+    # the recipes import without the checkout, and a config name says where the configs are
+    proc = run_cli([venv / "bin" / "python", "-c", "import man_recipes.config as c\ntry:\n    c.load_config('man')\n"
+                    "except c.ConfigError as e:\n    print(e)"], cwd=tmp_path)
+    assert "the recipe configs are the checkout's configs/ folder, which an installed wheel does not have" in proc.stdout
 
 
 # ---- import man_fairseq with an unusable torch or fairseq ----------------------------------------

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from man_fairseq.provenance import LOCAL_CHANGES, git_commit
+from man_recipes.provenance import LOCAL_CHANGES, git_commit
 
 
 def _git(repo, *args):

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, child_env, run_bounded, run_cli
 
-from man_fairseq.recipes.data.dataprep import apply_bpe_lines, learn_bpe, tokenize_lines
+from man_recipes.data.dataprep import apply_bpe_lines, learn_bpe, tokenize_lines
 
 SRC, TGT = "en", "de"
 FAMILIES = {

@@ -1,5 +1,5 @@
 """No command prints library debug noise: each one runs the shared quiet setup
-(``man_fairseq/logging_setup.py``) first thing, and a real plot prints no DEBUG line."""
+(``man_recipes/logging_setup.py``) first thing, and a real plot prints no DEBUG line."""
 
 import ast
 import importlib
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_cli
-from man_fairseq.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
+from man_recipes.logging_setup import NOISY_LOGGERS, pyplot, quiet_logging
 
 # every user-facing command: the console scripts of pyproject.toml, the recipes behind scripts/*.sh and
 # data-prep/*.sh, and the Python scripts
@@ -21,15 +21,15 @@ RECIPES = ["evaluation.evaluate", "training.launch", "studies.reproduce", "evalu
 # the lab's instruments (lab/: run from the checkout)
 LAB = ["lab.gpu_check", "lab.lr_probe", "lab.sublayer_grads", "lab.speed.__main__", "lab.speed.study", "lab.speed.synthetic",
        "lab.speed.profile", "lab.man_training_study", "lab.compare_rouge_scorers"]
-# data-prep/_prepare.py runs these without the plugin package: fairseq is never imported, so the root
+# data-prep/*.sh run these, which never import the plugin package: fairseq is never imported, so the root
 # logger keeps Python's default (WARNING), and they draw nothing
 DATA_PREP = ["data.prepare", "data.multi30k"]
 COMMANDS = (
-    [f"man_fairseq.cli.{m}:{f}" for m, f in [
+    [f"man_recipes.cli.{m}:{f}" for m, f in [
         ("analyze", "cli_main"), ("average_checkpoints", "main"), ("options", "cli_main"),
         ("localness_windows", "cli_main"), ("diffwin_windows", "cli_main"),
         ("export_calibration", "cli_main"), ("attention_locality", "cli_main"), ("files2rouge", "main")]]
-    + [f"man_fairseq.recipes.{m}:main" for m in RECIPES]
+    + [f"man_recipes.{m}:main" for m in RECIPES]
     + [f"{m}:main" for m in LAB]
     + ["scripts/demo.py:main"]
 )
@@ -40,14 +40,13 @@ STDLIB_ONLY = ["scripts/wheelhouse.py"]
 
 def test_the_list_covers_every_command():
     project = (REPO / "pyproject.toml").read_text()
-    scripts = {m.group(1).replace(":cli_main", "") for m in re.finditer(r'= "(man_fairseq\.cli\.\w+:\w+)"', project)}
+    scripts = {m.group(1).replace(":cli_main", "") for m in re.finditer(r'= "(man_recipes\.cli\.\w+:\w+)"', project)}
     assert scripts  # the table was found
-    listed = {c.rsplit(":", 1)[0].removesuffix(".__main__") for c in COMMANDS} | {f"man_fairseq.recipes.{m}" for m in DATA_PREP}
+    listed = {c.rsplit(":", 1)[0].removesuffix(".__main__") for c in COMMANDS} | {f"man_recipes.{m}" for m in DATA_PREP}
     assert {s.split(":")[0] for s in scripts} <= listed
     wrapped = set()
     for sh in list((REPO / "scripts").glob("*.sh")) + list((REPO / "data-prep").glob("*.sh")) + list((REPO / "lab").glob("*.sh")):
-        wrapped |= set(re.findall(r"-m ((?:man_fairseq\.recipes|lab)\.[\w.]+\w)", sh.read_text()))
-    wrapped |= {f"man_fairseq.recipes.{m}" for m in re.findall(r"recipes\.([\w.]+\w)", (REPO / "data-prep" / "_prepare.py").read_text())}
+        wrapped |= set(re.findall(r"-m ((?:man_recipes|lab)\.[\w.]+\w)", sh.read_text()))
     assert wrapped and wrapped <= listed
     assert {f"scripts/{p.name}" for p in (REPO / "scripts").glob("*.py") if "def main(" in p.read_text()} <= listed | set(STDLIB_ONLY)
 

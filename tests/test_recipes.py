@@ -15,10 +15,10 @@ import yaml
 from conftest import REPO, TINY_MODEL, child_env, run_bounded
 from toy_config import toy_config
 
-from man_fairseq.recipes.training import launch
-from man_fairseq import scoring
-from man_fairseq.recipes.config import ConfigError, all_configs, load_config, option_args
-from man_fairseq.recipes.evaluation.results_table import build_tables, collect_runs
+from man_recipes.training import launch
+from man_recipes import scoring
+from man_recipes.config import ConfigError, all_configs, load_config, option_args
+from man_recipes.evaluation.results_table import build_tables, collect_runs
 
 CONFIGS = all_configs()
 
@@ -156,7 +156,7 @@ def test_launch_commands(monkeypatch):
     assert slurm[0] == "srun" and slurm[slurm.index("--distributed-world-size") + 1] == "16"
     assert "--distributed-port" in slurm and slurm[slurm.index("--update-freq") + 1] == "1"
     cpu = launch.launch_command(cfg, "ck", nproc=2, device="cpu")
-    assert "man_fairseq.recipes.training.torchrun_cpu" in cpu and "gloo" in cpu and "--cpu" in cpu
+    assert "man_recipes.training.torchrun_cpu" in cpu and "gloo" in cpu and "--cpu" in cpu
     assert "--fp16" not in cpu
     assert option_args({"a-b": True, "c": False, "d": [1, 2], "e": 0.5}) == ["--a-b", "--d", "1", "2", "--e", "0.5"]
 
@@ -274,7 +274,7 @@ def test_evaluate_scores_rouge_with_rouge155(toy_run, tmp_path, rouge155_perl):
     """The summarization metric: ROUGE-1.5.5 as files2rouge runs it, hypotheses in the first slot."""
     import shutil
 
-    from man_fairseq import rouge155
+    from man_recipes import rouge155
 
     run, _ = toy_run
     dst, res = _evaluate_as(run, "rouge", tmp_path)
@@ -335,7 +335,7 @@ def test_moses_detokenize_hand_written():
 
 
 def test_read_generate_output_orders_by_id():
-    from man_fairseq.recipes.evaluation.decode import EvaluateError, read_generate_output
+    from man_recipes.evaluation.decode import EvaluateError, read_generate_output
 
     text = "S-1\tb\nT-1\tref b\nH-1\t-0.1\thyp b\nD-1\t-0.1\thyp b\nS-0\ta\nT-0\tref a\nH-0\t-0.2\thyp a\n"
     assert read_generate_output(text) == ([0, 1], ["hyp a", "hyp b"], ["ref a", "ref b"])
@@ -350,7 +350,7 @@ def test_decode_cuts_sources_as_training_did(toy_data_bin, tmp_path):
     longer sources (fairseq-generate alone refuses them): every sentence comes back."""
     from conftest import TINY_TRAIN, USER_DIR, run_cli
 
-    from man_fairseq.recipes.evaluation.decode import decode
+    from man_recipes.evaluation.decode import decode
 
     positions = ["--truncate-source", "--max-source-positions", "8"]
     run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_iwslt_de_en",
@@ -368,7 +368,7 @@ def test_decode_from_sources_alone_ignores_targets_longer_than_the_model(toy_dat
     fairseq-generate when it reads the targets, and not when it decodes the sources alone."""
     from conftest import TINY_TRAIN, USER_DIR, run_cli
 
-    from man_fairseq.recipes.evaluation.decode import EvaluateError, decode
+    from man_recipes.evaluation.decode import EvaluateError, decode
 
     run_cli(["fairseq-train", toy_data_bin, "--user-dir", USER_DIR, "--arch", "transformer_iwslt_de_en",
              *TINY_MODEL, *TINY_TRAIN, "--max-target-positions", "6", "--skip-invalid-size-inputs-valid-test",

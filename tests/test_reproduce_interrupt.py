@@ -11,7 +11,7 @@ from conftest import REPO, TINY_MODEL, child_env, default_ctrl_c
 
 
 def test_ctrl_c_while_training_is_one_line(gigaword_like_bin, tmp_path):
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "gigaword-cpu", "--seeds", "1,",
+    cmd = [sys.executable, "-m", "man_recipes.studies.reproduce", "gigaword-cpu", "--seeds", "1,",
            "--families", "transformer", "--data", str(gigaword_like_bin), "--runs-dir", str(tmp_path / "runs"),
            "--results-dir", str(tmp_path / "results"), "--", *TINY_MODEL, "--max-epoch", "200", "--max-tokens", "500"]
     # its own process group, as a terminal's foreground job: Ctrl-C reaches fairseq-train too

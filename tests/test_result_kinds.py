@@ -54,7 +54,7 @@ def test_a_result_of_another_subset_is_replaced_only_with_force(toy_run, monkeyp
 
 def _locality(tmp_path, out, *extra):
     """cli_main with a checkpoint that does not exist: the output folder is checked before it is read."""
-    from man_fairseq.cli import attention_locality
+    from man_recipes.cli import attention_locality
 
     argv = [str(tmp_path / "data"), "--path", str(tmp_path / "none.pt"), "--output-dir", str(out), "--cpu", *extra]
     with pytest.raises(SystemExit) as stopped:
@@ -96,7 +96,7 @@ class TrainingStarted(Exception):
 def _study(tmp_path, data, monkeypatch, *extra):
     """reproduce.main on gigaword-cpu (MAN and its Transformer, seed 1) into tmp_path/results, stopped
     where training would start; returns (exit status or TrainingStarted, stderr)."""
-    from man_fairseq.recipes.studies import reproduce
+    from man_recipes.studies import reproduce
 
     def train_run(*args):
         raise TrainingStarted
@@ -121,7 +121,7 @@ def _bpe_study_records(tmp_path):
 
 @pytest.mark.skipif(not GIGAWORD.is_dir(), reason="data-bin/gigaword-30k is not prepared")
 def test_reproduce_refuses_to_replace_the_records_of_another_data_folder(tmp_path, spm_model, monkeypatch, capsys):
-    from man_fairseq.recipes.data.destination import read_record, write_record
+    from man_recipes.data.destination import read_record, write_record
 
     before, records = _bpe_study_records(tmp_path)
     assert len(before) == 4

@@ -6,7 +6,7 @@ import torch
 
 from conftest import TINY_MODEL, TINY_TRAIN, run_cli
 
-from man_fairseq.recipes.studies.convergence import checkpoint_updates
+from man_recipes.studies.convergence import checkpoint_updates
 from man_fairseq.resume_batches import kept_across_epochs
 
 # dropout on, as in the studies: fairseq reseeds it every update, so it is part of what must agree

@@ -1,4 +1,4 @@
-"""ROUGE-1.5.5 as files2rouge runs it (man_fairseq/rouge155.py, man-files2rouge), on
+"""ROUGE-1.5.5 as files2rouge runs it (man_recipes/rouge155.py, man-files2rouge), on
 cases small enough to count by hand, and against Google's rouge-score on the shared samples.
 
 ROUGE-1.5.5 keeps only tokens that start with [a-z0-9$] (so "." is dropped), stems tokens longer
@@ -13,8 +13,8 @@ import subprocess
 import pytest
 from conftest import run_files2rouge
 
-from man_fairseq.cli import files2rouge as cli
-from man_fairseq import rouge155, scoring
+from man_recipes.cli import files2rouge as cli
+from man_recipes import rouge155, scoring
 
 pytestmark = pytest.mark.usefixtures("rouge155_perl")
 LINE = re.compile(r"^1 ROUGE-(\w) Average_([RPF]): ([0-9.]+) \(95%-conf\.int\. ([0-9.]+) - ([0-9.]+)\)$", re.M)

@@ -15,11 +15,11 @@ import yaml
 
 from conftest import REPO, child_env, run_bounded
 
-from man_fairseq.recipes.evaluation import decode, evaluate, results_table
-from man_fairseq.recipes.studies import study_table
-from man_fairseq import rouge155, scoring
-from man_fairseq.recipes.studies import study_records as sr
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
+from man_recipes.evaluation import decode, evaluate, results_table
+from man_recipes.studies import bleu_table
+from man_recipes import rouge155, scoring
+from man_recipes.studies import study_records as sr
+from man_recipes.config import CONFIG_DIR, load_config
 
 HYPS = ["the cat sat on the mat", "a dog ran in the park", "it rained all day", "we went home"]
 
@@ -82,7 +82,7 @@ def test_rouge155_run_refuses_unequal_files_before_perl_runs(monkeypatch):
 
 
 def test_paired_bootstrap_names_all_three_inputs():
-    message = _error(study_table.paired_bootstrap, HYPS, HYPS[:3], HYPS, n_samples=10,
+    message = _error(bleu_table.paired_bootstrap, HYPS, HYPS[:3], HYPS, n_samples=10,
                      names=("hypotheses T.hyp", "hypotheses M.hyp", "references R.en"))
     assert message.startswith("unequal line counts: hypotheses T.hyp has 4 lines, hypotheses M.hyp has 3 lines, "
                               "references R.en has 4 lines")
@@ -100,24 +100,24 @@ def test_study_table_refuses_a_record_whose_hypotheses_do_not_match_the_referenc
     refs = {"test": HYPS}
     for family in ("transformer", "man"):
         sr.write_record(tmp_path, _record(family, 1), {"test": HYPS})
-    boot = study_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
+    boot = bleu_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
     assert set(boot) == {("man", 1, "test")} and boot[("man", 1, "test")]["paired_bootstrap"]["system_bleu"] == 100.0
     # a record without a Transformer of its seed is bootstrapped against nothing, but its
     # hypotheses (the table shows its scores) must still be one per reference
     short = _record("sman2", 2)
     short["test_sets"]["test"]["n_sentences"] = 3
     sr.write_record(tmp_path, short, {"test": HYPS[:3]})
-    message = _error(study_table.significance, sr.read_records(tmp_path), tmp_path, refs, 10,
+    message = _error(bleu_table.significance, sr.read_records(tmp_path), tmp_path, refs, 10,
                      {"test": "data/test.raw.en"})
     assert message.startswith(f"unequal line counts: hypotheses {tmp_path / 'sman2-seed2.test.hyp'} has 3 lines "
                               "but references data/test.raw.en has 4 lines")
     # a hypothesis file shorter than its own record is named by the record reader first
     (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:2]) + "\n")
     with pytest.raises(sr.RecordError, match="sman2-seed2.test.hyp: 2 hypotheses, but its record"):
-        study_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
+        bleu_table.significance(sr.read_records(tmp_path), tmp_path, refs, 10, {"test": "data/test.raw.en"})
     (tmp_path / "sman2-seed2.test.hyp").write_text("\n".join(HYPS[:3]) + "\n")
     assert "references data/test.raw.en has 0 lines" in _error(
-        study_table.significance, sr.read_records(tmp_path), tmp_path, {"test": []}, 10, {"test": "data/test.raw.en"})
+        bleu_table.significance, sr.read_records(tmp_path), tmp_path, {"test": []}, 10, {"test": "data/test.raw.en"})
 
 
 # ---------------------------------------------------------------------------- results_table
@@ -199,7 +199,7 @@ def test_evaluate_a_multi30k_run_and_replace_its_result_whole(toy_run, monkeypat
 
 def test_every_multi30k_config_can_be_reported():
     # what evaluate.sh reads from the config for its result, checked before decoding
-    from man_fairseq.recipes.evaluation import result_files
+    from man_recipes.evaluation import result_files
 
     paths = sorted(CONFIG_DIR.glob("multi30k*/*.yaml"))
     assert len(paths) >= 12
@@ -300,8 +300,8 @@ def test_a_count_out_of_range_is_refused_when_the_arguments_are_read(toy_run, op
 def test_a_half_precision_on_the_cpu_is_refused_not_dropped(command, tmp_path, capsys):
     # fairseq's --fp16/--bf16 do not run on the CPU: --precision bf16 with --cpu trained and decoded in
     # fp32, with exit status 0
-    from man_fairseq.recipes.studies import reproduce
-    from man_fairseq.recipes.training import launch
+    from man_recipes.studies import reproduce
+    from man_recipes.training import launch
 
     argv, prog = {"train": (["multi30k/transformer", "--cpu"], "scripts/train.sh"),
                   "evaluate": ([str(tmp_path), "--cpu"], "scripts/evaluate.sh"),
@@ -331,7 +331,7 @@ def test_a_rouge_option_on_a_bleu_run_is_refused_before_decoding(toy_run, monkey
 def test_the_exception_database_is_refused_where_no_rouge_reads_it(capsys):
     from types import SimpleNamespace
 
-    from man_fairseq.recipes.studies import reproduce
+    from man_recipes.studies import reproduce
 
     args = SimpleNamespace(rouge_order=None, rouge_implementation="rouge-score", rouge_exception_db="wordnet")
     with pytest.raises(evaluate.EvaluateError, match="--rouge-exception-db: read by ROUGE-1.5.5 only"):

@@ -1,11 +1,11 @@
-"""The seed-level verdict (man_fairseq/recipes/studies/seed_level.py): over trainings, not test sentences."""
+"""The seed-level verdict (man_recipes/studies/seed_level.py): over trainings, not test sentences."""
 
 import numpy as np
 import pytest
 
-from man_fairseq.recipes.evaluation.rouge_significance import paired_randomization
-from man_fairseq.recipes.studies import seed_level
-from man_fairseq.recipes.studies.seed_level import MeanOfDocuments, compare
+from man_recipes.studies.rouge_significance import paired_randomization
+from man_recipes.studies import seed_level
+from man_recipes.studies.seed_level import MeanOfDocuments, compare
 
 N_DOCS = 2000
 

@@ -17,9 +17,9 @@ from conftest import SHARED_DATA, TINY_MODEL, TINY_TRAIN, run_cli
 from test_data_prep import (
     MERGES, WORDS_DE, WORDS_EN, lines, make_sumdata, make_wmt_folder, prep_in_process, run_prep, sentence,
 )
-from man_fairseq.recipes.data import subword
-from man_fairseq.recipes.data.destination import read_record
-from man_fairseq.recipes.data.dataprep import PrepError, tokenize_lines
+from man_recipes.data import subword
+from man_recipes.data.destination import read_record
+from man_recipes.data.dataprep import PrepError, tokenize_lines
 
 SPM = ["--subword", "sentencepiece", "--spm-vocab-size", "300"]
 MARK = "\u2581"  # sentencepiece's word-start mark
@@ -41,7 +41,7 @@ def train_tiny(data, src, tgt, save):
 
 
 def decode_test(data, checkpoint, src, tgt, tmp, metric, sources_only=False):
-    from man_fairseq.recipes.evaluation.decode import decode
+    from man_recipes.evaluation.decode import decode
 
     cfg = {"source_lang": src, "target_lang": tgt,
            "eval": {"metric": metric, "beam": 2, "max_len_a": 0, "max_len_b": 12}}
@@ -62,7 +62,7 @@ def wmt14_spm(shared, tmp_path_factory):
 
 @pytest.mark.shared_data
 def test_wmt14_sentencepiece_prepare_train_generate_sacrebleu(wmt14_spm):
-    from man_fairseq.recipes.evaluation.metric import score
+    from man_recipes.evaluation.metric import score
 
     tmp, data, test_de = wmt14_spm
     record = read_record(data)
@@ -126,7 +126,7 @@ def gigaword_spm(shared, tmp_path_factory):
 
 @pytest.mark.shared_data
 def test_gigaword_sentencepiece_prepare_train_generate_rouge(gigaword_spm):
-    from man_fairseq.recipes.evaluation.metric import score
+    from man_recipes.evaluation.metric import score
 
     tmp, data = gigaword_spm
     manifest = json.loads((data / "gigaword.json").read_text())
@@ -157,7 +157,7 @@ def cnndm_spm(shared, tmp_path_factory):
 
 @pytest.mark.shared_data
 def test_cnndm_sentencepiece_prepare_train_generate_rouge(cnndm_spm):
-    from man_fairseq.recipes.evaluation.metric import score
+    from man_recipes.evaluation.metric import score
 
     tmp, data = cnndm_spm
     assert read_record(data)["tokenizer"] == {"tokenizer": "moses", "moses_no_dash_splits": True,
@@ -223,7 +223,7 @@ def test_a_folder_without_a_record_decodes_as_bpe(tmp_path):
 
 def test_decoding_joins_the_pieces_of_the_folder_it_was_made_from(tmp_path):
     """A test sample's or a sources view's folder holds no record: the caller passes the data folder's."""
-    from man_fairseq.recipes.evaluation.decode import generate_args
+    from man_recipes.evaluation.decode import generate_args
 
     cfg = {"eval": {"remove_bpe": "@@ "}}
     spm = {"kind": "sentencepiece", "model": "spm.model"}
@@ -237,7 +237,7 @@ def test_the_records_tokenizer_options_are_the_documented_ones():
     """The ``tokenizer`` field of each recipe's record is docs/python-api.md's row (checked against
     data-prep's tokenizer in test_python_api)."""
     from test_python_api import TOKENIZERS
-    from man_fairseq.recipes.data import multi30k, prepare
+    from man_recipes.data import multi30k, prepare
 
     fields = {"multi30k.de-en": multi30k.TOKENIZER, "iwslt14.tokenized.de-en": prepare.TOKENIZER["iwslt14"],
               "wmt14_en_de": prepare.TOKENIZER["wmt14"], "cnndm": prepare.TOKENIZER["cnndm"]}

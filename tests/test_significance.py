@@ -1,5 +1,5 @@
 """The studies' second p-value, paired approximate randomization (issue 47): over documents for ROUGE
-(rouge_significance.paired_randomization), sacreBLEU's paired AR for BLEU (study_table), each on
+(rouge_significance.paired_randomization), sacreBLEU's paired AR for BLEU (bleu_table), each on
 cases whose answer is known."""
 
 import random
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from man_fairseq.recipes.evaluation.rouge_significance import AR_TRIALS, BOOTSTRAP_SEED, paired_randomization
-from man_fairseq.recipes.studies import study_table
+from man_recipes.studies.rouge_significance import AR_TRIALS, BOOTSTRAP_SEED, paired_randomization
+from man_recipes.studies import bleu_table
 
 
 def _documents(n=300, seed=0):
@@ -97,7 +97,7 @@ def test_bleu_randomization_is_sacrebleus_cli(tmp_path):
     base, system = _noisy(refs, 0.35, 1), _noisy(refs, 0.3, 2)
     for name, lines in (("ref", refs), ("base", base), ("sys", system)):
         (tmp_path / f"{name}.txt").write_text("\n".join(lines) + "\n")
-    ours = study_table.paired_randomization(base, system, refs, n_trials=2000)
+    ours = bleu_table.paired_randomization(base, system, refs, n_trials=2000)
     cli = subprocess.run([str(Path(sys.executable).parent / "sacrebleu"), tmp_path / "ref.txt", "-i", tmp_path / "base.txt",
                           tmp_path / "sys.txt", "--paired-ar", "--paired-ar-n", "2000", "-m", "bleu"],
                          capture_output=True, text=True, check=True, env={"SACREBLEU_SEED": "12345", "PATH": ""})
@@ -109,7 +109,7 @@ def test_bleu_randomization_is_sacrebleus_cli(tmp_path):
 def test_bleu_randomization_on_known_cases():
     refs = _captions(80)
     same = _noisy(refs, 0.3, 1)
-    assert study_table.paired_randomization(same, same, refs, n_trials=200)["p_value"] == 1.0
-    much_better = study_table.paired_randomization(_noisy(refs, 0.7, 3), refs, refs, n_trials=1000)
+    assert bleu_table.paired_randomization(same, same, refs, n_trials=200)["p_value"] == 1.0
+    much_better = bleu_table.paired_randomization(_noisy(refs, 0.7, 3), refs, refs, n_trials=1000)
     assert much_better["p_value"] == pytest.approx(1 / 1001) and much_better["system_bleu"] == 100.0
     assert AR_TRIALS == 10000  # sacreBLEU's --paired-ar-n default, the tables' count

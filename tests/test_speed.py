@@ -13,9 +13,9 @@ import torch
 
 from conftest import REPO, TINY_MODEL
 from lab.speed import records as speed_table, study as speed
-from man_fairseq.recipes.studies.experiments import FAMILY_LABELS
-from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
-from man_fairseq.recipes import options
+from man_recipes.studies.experiments import FAMILY_LABELS
+from man_recipes.training.fairseq_log import LogError, train_intervals
+from man_recipes import options
 
 
 def run_of(repeat, family, wps, memory, per_s, wpb=(100.0, 100.0, 100.0), tokens=50):
@@ -356,7 +356,7 @@ def test_gpu_settings_and_commands(tmp_path, monkeypatch):
     assert speed.settings(args, p) == [{"device": "cuda", "precision": "bf16", "threads": 1},
                                        {"device": "cuda", "precision": "fp16", "threads": 1}]
     assert speed.settings(p.parse_args(["gigaword-cpu"]), p) == [dict(speed.CPU_FP32, threads=t) for t in (1, 2)]
-    from man_fairseq.recipes.config import CONFIG_DIR, load_config
+    from man_recipes.config import CONFIG_DIR, load_config
 
     cfg = load_config(CONFIG_DIR / "gigaword-cpu" / "man.yaml")
     cmd = speed.train_command(cfg, tmp_path, tmp_path / "ck", [], {"device": "cuda", "precision": "bf16", "threads": 1})

@@ -11,9 +11,9 @@ import types
 import pytest
 from conftest import REPO, child_env
 
-from man_fairseq.recipes.studies import reproduce
-from man_fairseq.recipes.studies import study_records as sr
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
+from man_recipes.studies import reproduce
+from man_recipes.studies import study_records as sr
+from man_recipes.config import CONFIG_DIR, load_config
 
 CPU_CONFIGS = CONFIG_DIR / "multi30k-cpu"
 
@@ -94,7 +94,7 @@ def test_a_run_folder_of_another_training_is_refused(tmp_path):
 
 
 def _reproduce(*argv):
-    proc = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", *map(str, argv)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "man_recipes.studies.reproduce", *map(str, argv)], cwd=REPO,
                           env=child_env({"OMP_NUM_THREADS": "1"}), capture_output=True, text=True, timeout=600)
     return proc
 

@@ -1,13 +1,13 @@
-"""Run records of a study and the table built from them (study_records.py, study_table.py)."""
+"""Run records of a study and the table built from them (study_records.py, bleu_table.py on study_table.py)."""
 
 import json
 
 import pytest
 
-from man_fairseq.recipes.studies import study_records as sr
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
-from man_fairseq.recipes.options import parse_seeds
-from man_fairseq.recipes.studies.reproduce import FAMILIES
+from man_recipes.studies import study_records as sr
+from man_recipes.config import CONFIG_DIR, load_config
+from man_recipes.options import parse_seeds
+from man_recipes.studies.reproduce import FAMILIES
 
 
 def record(family, seed, fp="f" * 16, bleu=30.0, n=3):
@@ -102,7 +102,7 @@ def test_parse_seeds():
 
 def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_parameters():
     from conftest import build_fairseq_model, num_params
-    from man_fairseq.recipes.config import option_args
+    from man_recipes.config import option_args
 
     counts = {}
     for fam in FAMILIES:
@@ -116,19 +116,19 @@ def test_cpu_preset_builds_every_family_and_man_matches_the_transformer_paramete
 
 
 def test_delta_to_the_transformer_is_over_matched_seeds():
-    from man_fairseq.recipes.studies import study_table
+    from man_recipes.studies import bleu_table
 
     records = [record("transformer", 1, bleu=30.0), record("transformer", 2, bleu=33.0),
                record("transformer", 3, bleu=36.0), record("man", 1, bleu=31.0), record("man", 2, bleu=33.5),
                record("man", 3, bleu=36.5), record("localness", 1, bleu=31.0), record("sman2", 4, bleu=40.0)]
-    summary = study_table.summarize(records, ["transformer", "man", "localness", "sman2"], {}, {})
+    summary = bleu_table.summarize(records, ["transformer", "man", "localness", "sman2"], {}, {})
     delta = {fam: e["test_sets"]["test"]["delta_sacrebleu_vs_transformer"] for fam, e in summary.items()}
     # localness has seed 1 only: +1.0 against seed 1 (its 31.0 against the 3-seed mean 33.0 would be -2.0)
     assert delta == {"transformer": 0.0, "man": pytest.approx(0.67, abs=0.005), "localness": 1.0, "sman2": None}
 
 
 def test_table_says_which_way_each_significant_seed_went_under_randomization():
-    from man_fairseq.recipes.studies import study_table
+    from man_recipes.studies import bleu_table
 
     records = [record("transformer", s, bleu=30.0) for s in (1, 2)] + [record("man", 1, bleu=31.0),
                                                                           record("man", 2, bleu=29.0)]
@@ -137,16 +137,16 @@ def test_table_says_which_way_each_significant_seed_went_under_randomization():
                 "paired_randomization": {"p_value": randomization_p, "system_bleu": bleu, "baseline_bleu": 30.0}}
 
     boot = {("man", 1, "test"): tests(0.01, 0.03, 31.0), ("man", 2, "test"): tests(0.02, 0.0001, 29.0)}
-    summary = study_table.summarize(records, ["transformer", "man"], {}, boot)
+    summary = bleu_table.summarize(records, ["transformer", "man"], {}, boot)
     meta = {k: "x" for k in ("title", "date", "records", "configs", "command", "png", "sacrebleu_signature",
                              "bootstrap_signature", "randomization_signature")}
     meta.update(devices=["cpu"], commits=["c"], fairseq_args=[], test_sets={"test": "test_2016_flickr"})
-    (row,) = [l for l in study_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
+    (row,) = [l for l in bleu_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
     # the bootstrap's p beside the randomization's, on which the count of significant seeds rests
     assert "| 0.010 (+), 0.020 (−) | 0.030 (+), 0.0001 (−) | 1 better, 1 worse of 2 |" in row
     boot[("man", 1, "test")]["paired_randomization"]["p_value"] = 0.07
-    summary = study_table.summarize(records, ["transformer", "man"], {}, boot)
-    (row,) = [l for l in study_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
+    summary = bleu_table.summarize(records, ["transformer", "man"], {}, boot)
+    (row,) = [l for l in bleu_table.to_markdown(summary, meta, []).splitlines() if l.startswith("| man ")]
     assert "| 0.010 (+), 0.020 (−) | 0.070 (+), 0.0001 (−) | 0 better, 1 worse of 2 |" in row
 
 
@@ -156,8 +156,8 @@ def test_each_study_names_the_preparation_that_writes_the_data_it_reads(tmp_path
     data-bin/gigaword-30k; then the line named --dest twice (the default folder and the one read)."""
     import shlex
 
-    from man_fairseq.recipes.config import REPO
-    from man_fairseq.recipes.studies.experiments import EXPERIMENTS, prepare_line
+    from man_recipes.config import REPO
+    from man_recipes.studies.experiments import EXPERIMENTS, prepare_line
 
     for name, exp in EXPERIMENTS.items():
         for data, expected in ((None, exp["data"]), (tmp_path / "my data", tmp_path / "my data")):

@@ -15,9 +15,9 @@ import pytest
 from conftest import REPO
 from test_data_prep import WORDS_DE, WORDS_EN, sentence
 from test_score_inputs import _evaluate, _generate_output, _with_metric, toy_run  # noqa: F401  (a fixture)
-from man_fairseq.recipes.data import subword
-from man_fairseq.recipes.data.destination import making_record, write_record
-from man_fairseq.recipes.data.subword import SubwordEvidenceError
+from man_recipes.data import subword
+from man_recipes.data.destination import making_record, write_record
+from man_recipes.data.subword import SubwordEvidenceError
 
 GIGAWORD = REPO / "data-bin" / "gigaword-30k"
 SPM = {"kind": "sentencepiece", "model": "spm.model", "model_type": "unigram", "vocab_size": 60, "seed": 1,
@@ -117,7 +117,7 @@ def test_evaluate_refuses_a_folder_whose_files_disagree_before_decoding(toy_run,
 
 @pytest.mark.skipif(not GIGAWORD.is_dir(), reason="data-bin/gigaword-30k is not prepared")
 def test_reproduce_refuses_a_folder_whose_files_disagree_before_any_run(tmp_path, spm_model, monkeypatch, capsys):
-    from man_fairseq.recipes.studies import reproduce
+    from man_recipes.studies import reproduce
 
     monkeypatch.setattr(reproduce, "train_run", lambda *a: pytest.fail("training started"))  # minutes otherwise
     data = tmp_path / "gigaword"

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from man_fairseq import rouge155
-from man_fairseq.recipes.evaluation.copying import copying
-from man_fairseq.recipes.evaluation.rouge_significance import lead_words, paired_bootstrap
+from man_recipes import rouge155
+from man_recipes.evaluation.copying import copying
+from man_recipes.studies.rouge_significance import lead_words, paired_bootstrap
 from conftest import REPO, TINY_MODEL
 from test_multi30k import run
 
@@ -102,7 +102,7 @@ def test_gigaword_study_end_to_end(tmp_path, rouge155_perl):
     data = tmp_path / "bin"
     run([REPO / "data-prep" / "prepare-gigaword.sh", "--from", release, "--work", tmp_path / "w", "--dest", data,
          "--bpe-merges", "100", "--allow-nonstandard-splits"])
-    cmd = [sys.executable, "-m", "man_fairseq.recipes.studies.reproduce", "gigaword-cpu", "--seeds", "1,", "--families", "man",
+    cmd = [sys.executable, "-m", "man_recipes.studies.reproduce", "gigaword-cpu", "--seeds", "1,", "--families", "man",
            "--device", "cpu", "--data", data, "--runs-dir", tmp_path / "runs", "--results-dir", tmp_path / "results",
            "--avg-last", "1", "--bootstrap-samples", "100", "--",
            *TINY_MODEL, "--max-epoch", "1", "--max-tokens", "1500", "--warmup-updates", "4", "--lr", "0.003"]
@@ -246,14 +246,14 @@ def check_dev_set_rouge_without_checkpoint(args, results):
 
 
 def rouge155_scores(hyps, refs):
-    from man_fairseq import scoring
+    from man_recipes import scoring
 
     scored = scoring.rouge(hyps, refs, order="hyp-ref")
     return {k: scored[k] for k in ("rouge1", "rouge2", "rougeL")}
 
 
 def test_the_table_says_which_checkpoint_was_scored():
-    from man_fairseq.recipes.studies.summarization_table import scored_checkpoints
+    from man_recipes.studies.summarization_table import scored_checkpoints
 
     last = {"averaged_checkpoints": ["checkpoint10.pt"]}
     five = {"averaged_checkpoints": [f"checkpoint{i}.pt" for i in range(6, 11)]}
@@ -266,7 +266,7 @@ def test_dev_set_rouge_refuses_a_checkpoint_its_record_did_not_score(tmp_path):
     import torch
 
     from lab.dev_set_rouge import DevSetError, scored_again
-    from man_fairseq.recipes.config import load_config
+    from man_recipes.config import load_config
 
     cfg = load_config(REPO / "configs" / "gigaword-cpu-converge" / "man.yaml")
     (tmp_path / "man-seed1" / "checkpoints").mkdir(parents=True)

@@ -4,7 +4,7 @@ fairseq options are shell-quoted, so a path with a space or ``--adam-betas '(0.9
 import argparse
 import shlex
 
-from man_fairseq.recipes.studies.study_table import one_run_command
+from man_recipes.studies.study_table import one_run_command
 
 
 def test_the_command_is_shell_quoted(tmp_path):

@@ -1,11 +1,11 @@
-"""The one Markdown table writer (man_fairseq/tables.py) and the rule that every table goes through it."""
+"""The one Markdown table writer (man_recipes/tables.py) and the rule that every table goes through it."""
 
 import re
 from pathlib import Path
 
 import pytest
 
-from man_fairseq.tables import markdown_cell, markdown_table
+from man_recipes.tables import markdown_cell, markdown_table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,6 +38,6 @@ def test_markdown_cell_escapes_pipes_and_line_breaks():
 def test_every_table_goes_through_the_writer():
     """No module writes a table's separator line by hand (the writer is the one place that does)."""
     by_hand = re.compile(r"""["']\|?-{3}:?\|""")
-    found = [f"{path.relative_to(REPO)}:{i}" for folder in ("man_fairseq", "scripts") for path in sorted((REPO / folder).rglob("*.py"))
+    found = [f"{path.relative_to(REPO)}:{i}" for folder in ("man_fairseq", "man_recipes", "scripts") for path in sorted((REPO / folder).rglob("*.py"))
              if path.name != "tables.py" for i, line in enumerate(path.read_text().splitlines(), 1) if by_hand.search(line)]
     assert not found, found

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import REPO, call_entry_point
 
-from man_fairseq import textfile
-from man_fairseq.recipes.data.dataprep import PrepError, read_lines
+from man_recipes import textfile
+from man_recipes.data.dataprep import PrepError, read_lines
 
 LATIN1 = ["Ein Hund läuft.", "Zwei Männer stehen.", "Ein Mädchen spielt."]
 FIRST_BAD = 1  # "läuft": the first line has a byte that is not UTF-8
@@ -61,7 +61,7 @@ def test_multi30k_with_a_latin1_file_stops_naming_it_and_writes_nothing(tmp_path
     sys.path.insert(0, str(REPO / "tests"))
     from test_multi30k import synthetic_release
 
-    from man_fairseq.recipes.data import multi30k
+    from man_recipes.data import multi30k
 
     folder = synthetic_release(tmp_path / "raw")
     write_latin1(folder / "val.de", LATIN1 * 10)  # as many lines as val.en, only the encoding differs
@@ -76,8 +76,8 @@ def test_multi30k_with_a_latin1_file_stops_naming_it_and_writes_nothing(tmp_path
 
 
 def test_cnndm_story_that_is_not_utf8_is_named(tmp_path):
-    from man_fairseq.recipes.data.cnndm import url_hash
-    from man_fairseq.recipes.data.prepare import run
+    from man_recipes.data.cnndm import url_hash
+    from man_recipes.data.prepare import run
 
     src = tmp_path / "cnndm"
     src.mkdir()
@@ -114,7 +114,7 @@ def test_demo_user_data_that_is_not_utf8_is_named(tmp_path):
 
 
 def test_raw_references_that_are_not_utf8_stop_scoring_naming_the_file(tmp_path):
-    from man_fairseq.recipes.evaluation.evaluate import score_decoded
+    from man_recipes.evaluation.evaluate import score_decoded
 
     refs = write_latin1(tmp_path / "test.raw.de")
     cfg = {"eval": {"metric": "bleu_wmt", "gen_subset": "test"}, "target_lang": "de"}
@@ -129,7 +129,7 @@ def test_raw_references_that_are_not_utf8_stop_scoring_naming_the_file(tmp_path)
 
 
 def test_analysis_input_pairs_that_are_not_utf8_are_named(tmp_path):
-    from man_fairseq.analysis.utils import sentence_pairs_dataset
+    from man_recipes.analysis.utils import sentence_pairs_dataset
 
     pairs = write_latin1(tmp_path / "pairs.txt", ["a b ||| x y", "Männer ||| men"])
     task = SimpleNamespace(source_dictionary=None, target_dictionary=None)

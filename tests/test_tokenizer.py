@@ -1,4 +1,4 @@
-"""man_fairseq.recipes.data.moses reproduces the Moses Perl scripts fairseq's recipes run.
+"""man_recipes.data.moses reproduces the Moses Perl scripts fairseq's recipes run.
 
 The expected strings of CASES are the output of mosesdecoder's scripts/tokenizer/tokenizer.perl
 (master, with the "split the last word's period" rule; nonbreaking_prefix files as shipped with
@@ -11,7 +11,7 @@ visible.
 import regex
 import pytest
 
-from man_fairseq.recipes.data import moses
+from man_recipes.data import moses
 
 CASES = [
     # (lang, -a, input, tokenizer.perl output)
@@ -111,7 +111,7 @@ def plausible_raw(tokenized, lang):
 def test_fairseq_iwslt14_valid_reproduced(shared_data, lang):
     """tokenize + lowercase reproduce fairseq's valid.LANG on every line, and our BPE step with
     the shipped ``code`` reproduces the BPE'd file byte for byte."""
-    from man_fairseq.recipes.data.dataprep import apply_bpe_lines, tokenize_lines
+    from man_recipes.data.dataprep import apply_bpe_lines, tokenize_lines
 
     sample = shared_data / "iwslt14-sample"
     bpe = (sample / f"valid.{lang}").read_text(encoding="utf-8").split("\n")[:-1]

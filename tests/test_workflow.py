@@ -16,8 +16,8 @@ from conftest import REPO, USER_DIR, run_cli
 from pausing import pause_env
 from toy_config import toy_config
 
-from man_fairseq.recipes.config import load_config
-from man_fairseq.recipes.evaluation.results_table import build_tables, deviations
+from man_recipes.config import load_config
+from man_recipes.evaluation.results_table import build_tables, deviations
 
 
 def _env(**extra):
@@ -111,7 +111,7 @@ def test_interactive_empty_line_gets_an_empty_hypothesis(stopped_run, toy_data_b
 
 def test_smoke_path_end_to_end(tmp_path):
     out = tmp_path / "smoke"
-    proc = subprocess.run([sys.executable, "-m", "man_fairseq.recipes.checks.smoke", "--out", out,
+    proc = subprocess.run([sys.executable, "-m", "man_recipes.checks.smoke", "--out", out,
                            "--corpus", "synthetic", "--train-size", "200", "--eval-size", "10"],
                           env=_env(), capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -124,7 +124,7 @@ def test_smoke_path_end_to_end(tmp_path):
     assert "36.30" not in table  # --only-finished: no paper row without a standard run
     # a second smoke run replaces its own files and keeps the user's
     (out / "notes.txt").write_text("mine")
-    from man_fairseq.recipes.workdir import prepare_out_dir
+    from man_recipes.workdir import prepare_out_dir
 
     prepare_out_dir(out, command="smoke")
     assert sorted(p.name for p in out.iterdir()) == [".man-fairseq-created", "notes.txt"]

@@ -9,7 +9,7 @@
 """
 
 import sys
-from man_fairseq.interrupt import one_line_on_ctrl_c
+from man_recipes.interrupt import one_line_on_ctrl_c
 
 MODES = ("study", "synthetic", "profile")
 
@@ -18,7 +18,7 @@ MODES = ("study", "synthetic", "profile")
 def main(argv=None):
     import importlib
 
-    from man_fairseq.logging_setup import quiet_logging
+    from man_recipes.logging_setup import quiet_logging
 
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     argv = list(sys.argv[1:] if argv is None else argv)

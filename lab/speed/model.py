@@ -19,7 +19,7 @@ def build(argv):
 
 def config_argv(cfg, data, extra=()):
     """fairseq-train's arguments of a recipe config on ``data`` as ``scripts/train.sh`` passes them, seed 1."""
-    from man_fairseq.recipes.training.launch import train_args
+    from man_recipes.training.launch import train_args
 
     return train_args(cfg, "/nonexistent-save-dir", device="cpu", precision="fp32", data=data,
                       extra=["--seed", 1, *extra])

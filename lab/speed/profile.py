@@ -24,11 +24,11 @@ from pathlib import Path
 
 from lab.speed import records
 from lab.speed.model import build, config_argv
-from man_fairseq.recipes.config import REPO, load_config
-from man_fairseq.recipes.options import number, workers
-from man_fairseq.paths import output_folder_problem
-from man_fairseq.recipes.studies.experiments import EXPERIMENTS, missing_data
-from man_fairseq.tables import markdown_table
+from man_recipes.config import REPO, load_config
+from man_recipes.options import number, workers
+from man_recipes.paths import output_folder_problem
+from man_recipes.studies.experiments import EXPERIMENTS, missing_data
+from man_recipes.tables import markdown_table
 
 CORE = "core"
 CORE_ARGS = ["--localness-layers", ""]  # the localness config with no localness: the core, no bias
@@ -226,7 +226,7 @@ def main(argv=None, prog="scripts/speed.sh profile"):
     import torch
     from fairseq import utils
 
-    from man_fairseq.logging_setup import quiet_logging
+    from man_recipes.logging_setup import quiet_logging
 
     quiet_logging()
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -10,9 +10,10 @@ import os
 import statistics
 from pathlib import Path
 
-from man_fairseq.provenance import cpu_model, git_commit
-from man_fairseq.recipes.config import REPO
-from man_fairseq.tables import markdown_table
+from man_recipes.provenance import cpu_model, git_commit
+from man_recipes.atomic import write_text
+from man_recipes.config import REPO
+from man_recipes.tables import markdown_table
 
 RECORD_KIND = "man-fairseq real-batch speed"
 RECORD_VERSION = 1
@@ -89,11 +90,10 @@ def finish(record):
 
 
 def write_json(path, content):
-    """Written whole or not at all (:func:`man_fairseq.recipes.evaluation.steps.record`): a run stopped
+    """Written whole or not at all (:func:`man_recipes.atomic.write_text`): a run stopped
     midway leaves the earlier record as it was."""
-    from man_fairseq.recipes.evaluation.steps import record as write_whole  # here: steps imports torch
 
-    write_whole(path, json.dumps(content, indent=1) + "\n")
+    write_text(path, json.dumps(content, indent=1) + "\n")
 
 
 def read_records(records_dir, experiment=None):

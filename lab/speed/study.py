@@ -21,19 +21,19 @@ from pathlib import Path
 
 from lab.speed import records
 from lab.speed.cuda_peak import PEAK_LINE
-from man_fairseq.logging_setup import quiet_logging
-from man_fairseq.paths import output_folder_problem
-from man_fairseq.recipes.config import REPO, ConfigError, load_config
-from man_fairseq.recipes.data.dataprep import PrepError
-from man_fairseq.recipes.data.manifest import read_manifest
-from man_fairseq.recipes.data.subword import read_subword
-from man_fairseq.recipes.evaluation.decode import EvaluateError, generate_args, read_generate_output
-from man_fairseq.recipes.evaluation.test_sample import SAMPLE_SEED, sample_ids, sampled_split
-from man_fairseq.recipes.options import number, precision_list, thread_counts
-from man_fairseq.recipes.tools import tool_env
-from man_fairseq.recipes.training.fairseq_log import LogError, train_intervals
-from man_fairseq.recipes.training.launch import launch_command, split_fairseq_args
-from man_fairseq.recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, parse_families, prepare_line
+from man_recipes.logging_setup import quiet_logging
+from man_recipes.paths import output_folder_problem
+from man_recipes.config import REPO, ConfigError, load_config
+from man_recipes.data.dataprep import PrepError
+from man_recipes.data.manifest import read_manifest
+from man_recipes.data.subword import read_subword
+from man_recipes.evaluation.decode import EvaluateError, generate_args, read_generate_output
+from man_recipes.evaluation.fixed_sample import SAMPLE_SEED, sample_ids, sampled_split
+from man_recipes.options import number, precision_list, thread_counts
+from man_recipes.tools import tool_env
+from man_recipes.training.fairseq_log import LogError, train_intervals
+from man_recipes.training.launch import launch_command, split_fairseq_args
+from man_recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, parse_families, prepare_line
 
 SEED = 1  # every family's training: the same shuffling, so the same batches
 CPU_FP32 = {"device": "cpu", "precision": "fp32", "threads": 1}

@@ -10,11 +10,11 @@ import tempfile
 from pathlib import Path
 
 from lab.speed import study
-from man_fairseq.logging_setup import quiet_logging
+from man_recipes.logging_setup import quiet_logging
 from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
-from man_fairseq.recipes.config import CONFIG_DIR, load_config
-from man_fairseq.recipes.data.manifest import write_manifest
-from man_fairseq.recipes.options import generated_pairs
+from man_recipes.config import CONFIG_DIR, load_config
+from man_recipes.data.manifest import write_manifest
+from man_recipes.options import generated_pairs
 
 DATASET = "synthetic"
 # each width: the joint dictionary's size (the paper's parameter counts) and {family: paper config}, the

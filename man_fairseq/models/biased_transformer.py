@@ -23,7 +23,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import nn
 
 from ..modules.biased_attention import BiasedMultiheadAttention
-from ..plugin_options import PluginOptionError, parse_layer_spec
+from ..plugin_options import PluginOptionError
 from .family import CROSS, DECODER_SELF, ENCODER_SELF, AttentionPlan, PluginModel
 
 # (kind, layer_idx, cfg) -> attention module
@@ -143,17 +143,3 @@ class BiasedTransformerModel(PluginModel, TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         build = functools.partial(cls.build_attention, cls.plan_in_build())
         return BiasedTransformerDecoder(cfg, tgt_dict, embed_tokens, build, no_encoder_attn=cfg.no_cross_attention)
-
-
-def parse_layer_set(spec: str, num_layers: int, option: str) -> Tuple[int, ...]:
-    """``"0,1,2"`` / ``"all"`` / ``""`` -> sorted 0-based layer indices, validated."""
-    try:
-        layers = parse_layer_spec(spec)
-    except ValueError as e:
-        raise PluginOptionError(f"{option}: {e}")
-    if layers is None:
-        return tuple(range(num_layers))
-    bad = [i for i in layers if not 0 <= i < num_layers]
-    if bad:
-        raise PluginOptionError(f"{option}: layer indices {bad} out of range for {num_layers} layers (0-based)")
-    return layers

@@ -7,8 +7,8 @@ A family is a fairseq model class (a subclass of :class:`PluginModel`) that decl
   generates its ``register_model_architecture`` functions from them;
 * :meth:`PluginModel.check`: checks between options beyond each option's own valid values;
 * :meth:`PluginModel.make_plan`: the options parsed once into a :class:`Plan` the layers read
-  (which attention of which layer gets which mask module), carrying the ``--attention-backend``
-  every attention is constructed with;
+  (which attention of which layer gets which mask module); the template adds the
+  ``--attention-backend`` every attention is constructed with, so no family has to;
 * :meth:`PluginModel.inert_options`: the options the plan leaves unread, each warned about when
   its value is not the default (a user's option that silently changes nothing).
 
@@ -106,7 +106,8 @@ def stack_depths(args) -> Tuple[int, int]:
 class Plan:
     """A family's options parsed once, at build; the layers read it and nothing else of the options."""
 
-    attention_backend: str
+    # set by the template (:meth:`PluginModel.build_model`) from --attention-backend, for every family
+    attention_backend: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,8 @@ class PluginModel:
     def make_plan(cls, args) -> Plan:
         """The options parsed once into what the layers build. A layer option naming more layers
         than the model has is fitted here (:func:`~man_fairseq.plugin_options.fit_layers`), on
-        ``args``, so the checkpoint records what was built."""
-        return Plan(attention_backend_of(args))
+        ``args``, so the checkpoint records what was built. The template adds the attention backend."""
+        return Plan()
 
     @classmethod
     def inert_options(cls, args, plan: Plan) -> Dict[str, str]:
@@ -253,7 +254,7 @@ class PluginModel:
         # fail at start-up, before any data is read and any layer is built
         check_options(args, cls.config)
         cls.check(args)
-        plan = cls.make_plan(args)
+        plan = dataclasses.replace(cls.make_plan(args), attention_backend=attention_backend_of(args))
         cls.warn_inert_options(args, plan)
         token = _PLAN_IN_BUILD.set(plan)
         try:

@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.diff_window import MASK_TYPES, WINDOW_MODES, WindowPointers, build_window
-from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, PluginOptionError, fit_layers
+from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, PluginOptionError, count_within, fit_layers
 from .biased_transformer import BiasedTransformerModel
 from .family import (
     CROSS,
     DECODER_SELF,
     ENCODER_SELF,
     AttentionPlan,
-    attention_backend_of,
     fairseq_sizes,
     fill_option_defaults,
     register_family,
@@ -155,7 +154,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
         if depths:
             args.diffwin_layers = fit_layers(
                 "--diffwin-layers", args.diffwin_layers, DIFFWIN_DEFAULTS.diffwin_layers, min(depths),
-                lambda n, stack: stack if n > stack else None, logger,
+                count_within, logger,
             )
         logger.info(
             "diffwin: preset=%s encoder=%s(%s) decoder=%s(token) cross=%s(%s) layers<%d "
@@ -173,7 +172,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             for kind, (mode, mask) in modes.items() if mode != "none"
             for layer in range(min(args.diffwin_layers, depth[kind]))
         }
-        return AttentionPlan(attention_backend_of(args), specs)
+        return AttentionPlan(specs=specs)
 
     @classmethod
     def is_default(cls, args, dest, value):

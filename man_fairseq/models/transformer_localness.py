@@ -18,15 +18,16 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.localness import WINDOW_STRATEGIES, LocalnessBias
 from ..modules.relative_position import RelativePositionMultiheadAttention
-from ..plugin_options import MAX_DISTANCE, VALID, Number, Parsed, fit_layers, parse_layer_spec
-from .biased_transformer import BiasedTransformerModel, parse_layer_set
+from ..plugin_options import (
+    MAX_DISTANCE, VALID, Number, Parsed, fit_layers, layers_within, parse_layer_set, parse_layer_spec,
+)
+from .biased_transformer import BiasedTransformerModel
 from .family import (
     ATTENTION_TYPES,
     CROSS,
     DECODER_SELF,
     ENCODER_SELF,
     AttentionPlan,
-    attention_backend_of,
     fairseq_sizes,
     register_family,
     stack_depths,
@@ -108,14 +109,6 @@ class LocalnessAttention:
     max_relative_position: Optional[int] = None
 
 
-def _layers_within(spec: str, num_layers: int):
-    """``spec`` without the indices >= num_layers, or None when nothing is cut."""
-    layers = parse_layer_spec(spec)
-    if layers is None or all(i < num_layers for i in layers):
-        return None
-    return ",".join(str(i) for i in layers if i < num_layers)
-
-
 @register_family("transformer_localness")
 class TransformerLocalnessModel(BiasedTransformerModel):
     """Transformer with a learnable Gaussian localness bias (and optional relative positions)."""
@@ -131,7 +124,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
         if types:
             args.localness_layers = fit_layers(
                 "--localness-layers", args.localness_layers, LOCALNESS_DEFAULTS.localness_layers,
-                min(depth[kind] for kind in types), _layers_within, logger,
+                min(depth[kind] for kind in types), layers_within, logger,
             )
         relative = ()
         if args.relative_positions:
@@ -151,7 +144,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
                         head_window_max=args.localness_head_window_max,
                         max_relative_position=args.max_relative_position if kind in relative else None,
                     )
-        return AttentionPlan(attention_backend_of(args), specs)
+        return AttentionPlan(specs=specs)
 
     @classmethod
     def inert_options(cls, args, plan):

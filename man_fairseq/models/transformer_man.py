@@ -23,7 +23,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
 from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, Parsed, PluginOptionError
 from .biased_transformer import wrap_layer
-from .family import PluginModel, Plan, Size, attention_backend_of, register_family
+from .family import PluginModel, Plan, Size, register_family
 
 
 MAN_NORMS = ("pre", "post", "fairseq")
@@ -154,7 +154,6 @@ class TransformerMANModel(PluginModel, TransformerModel):
     @classmethod
     def make_plan(cls, args):
         return MANPlan(
-            attention_backend_of(args),
             encoder_sublayers=tuple(parse_sublayers(args.encoder_sublayers, decoder=False)),
             decoder_sublayers=tuple(parse_sublayers(args.decoder_sublayers, decoder=True)),
         )

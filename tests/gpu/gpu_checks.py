@@ -17,7 +17,7 @@ from conftest import build_fairseq_model  # noqa: E402
 from model_families import LOSS_SCALE, tokens  # noqa: E402,F401  (the CPU tests' sentences and loss scale)
 
 from man_fairseq.modules.biased_attention import BiasedMultiheadAttention  # noqa: E402
-from man_fairseq.recipes.training import fairseq_log  # noqa: E402
+from man_recipes.training import fairseq_log  # noqa: E402
 
 # head width 16 (flex's compiled kernels need a power of two >= 16)
 GPU_MODEL = [
