@@ -34,7 +34,10 @@ def checkpoint_updates(path):
     """The update count at which fairseq saved ``path`` (its optimizer history)."""
     import torch
 
-    state = torch.load(path, map_location="cpu", weights_only=True)  # the plugin allow-lists what it holds
+    from man_fairseq.checkpoint_compat import register_safe_globals
+
+    register_safe_globals()  # what a fairseq checkpoint holds (man_recipes does not import the plugin itself)
+    state = torch.load(path, map_location="cpu", weights_only=True)
     return int(state["optimizer_history"][-1]["num_updates"])
 
 
