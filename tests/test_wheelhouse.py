@@ -52,7 +52,8 @@ def test_the_wheelhouse_carries_what_the_package_declares():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "dependencies" in project["project"]["dynamic"] and "dependencies" not in project["project"]
     assert project["tool"]["setuptools"]["dynamic"]["dependencies"] == {"file": ["requirements.txt"]}
-    assert names(wheelhouse.extras()) == {"pytest", "pytest-xdist", "matplotlib"}
+    # the extras: the test tools, and the analyses' matplotlib and deepsig (the study tables' ASO test)
+    assert names(wheelhouse.extras()) == {"pytest", "pytest-xdist", "matplotlib", "deepsig"}
 
 
 def test_makefile_targets_and_defaults():
