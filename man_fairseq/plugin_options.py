@@ -17,7 +17,7 @@ Checked twice, from the same declaration:
 * when the model or criterion is built, by :func:`check_options`: values argparse never sees (a
   hydra YAML, ``--model-overrides``) and what depends on other options (layer indices and the
   depth, the criterion and the arch). These raise :class:`PluginOptionError`, which fairseq's
-  CLIs print as one line (see :mod:`man_fairseq.fairseq_fixes`).
+  CLIs print as one line (see :mod:`man_fairseq.patches.option_errors`).
 
 The models call :func:`check_options` in ``build_model`` and the criterion in
 ``build_criterion``, both of which fairseq-train runs before it reads any data.
@@ -54,7 +54,7 @@ class PluginOptionError(ValueError, CompactHydraException):
     """A plugin option that is wrong, found when the model or criterion is built.
 
     A user's mistake, not a defect: fairseq's argparse CLIs print only its message
-    (:func:`man_fairseq.fairseq_fixes.print_plugin_option_errors`), and hydra prints a
+    (:func:`man_fairseq.patches.option_errors.print_plugin_option_errors`), and hydra prints a
     ``CompactHydraException`` as its message alone (fairseq-hydra-train)."""
 
 

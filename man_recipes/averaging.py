@@ -66,9 +66,10 @@ def last_n_checkpoints(path: str, n: int, update_based: bool, upper_bound=None) 
 
 
 def _load(path: str):
-    from man_fairseq.checkpoint_compat import load_error, register_safe_globals
+    from man_fairseq.checkpoint_errors import load_error
+    from man_fairseq.patches import safe_globals
 
-    register_safe_globals()
+    safe_globals.apply()
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated / corrupt files, or no checkpoint at all: say which one

@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, run_cli
 
-from man_fairseq import known_warnings
+from man_fairseq.patches import known_warnings
 from man_recipes.cli.average_checkpoints import cli_main as average_main
 
 TRAIN = ["fairseq-train", "--user-dir", USER_DIR, "--arch", "transformer_man_base",
@@ -66,7 +66,7 @@ def test_tensorboard_logs_and_no_known_noise(trained_run):
 def test_known_warnings_are_silenced_narrowly():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        known_warnings.silence()
+        known_warnings.apply()
         warnings.warn("`torch.cuda.amp.autocast(args...)` is deprecated. Please use ...", FutureWarning)
         warnings.warn("Support for mismatched key_padding_mask and attn_mask is deprecated. Use ...", UserWarning)
         warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then ...", UserWarning)

@@ -1,11 +1,11 @@
 """--no-repeat-ngram-size (the summarization configs' trigram blocking) bans what fairseq's CUDA
-kernel bans, on CPU too, where the fork's Python fallback banned nothing (fairseq_fixes)."""
+kernel bans, on CPU too, where the fork's Python fallback banned nothing (man_fairseq/patches/ngram_blocking.py)."""
 
 import pytest
 import torch
 from conftest import TINY_MODEL, USER_DIR, run_cli
 
-import man_fairseq  # noqa: F401  (applies fairseq_fixes)
+import man_fairseq  # noqa: F401  (applies the patches)
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 
 

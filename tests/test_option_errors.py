@@ -15,9 +15,10 @@ from conftest import TINY_MODEL, TINY_TRAIN, USER_DIR, child_env, run_bounded
 from plugin_parsing import CRITERION, FAMILY_ARCH, parse
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
-from man_recipes.cli import options as man_options
-from man_fairseq.fairseq_fixes import print_plugin_option_errors
+from man_fairseq.patches.install import installed
+from man_fairseq.patches.option_errors import print_plugin_option_errors
 from man_fairseq.plugin_options import Choice, Flag, Number, Parsed, PluginOptionError, rule_of
+from man_recipes.cli import options as man_options
 
 
 def build(args, criterion=False):
@@ -146,7 +147,7 @@ def test_what_only_the_build_can_see_is_a_plugin_option_error(tmp_path, arch, ex
 
 
 def test_the_plugin_prints_its_option_errors_as_one_line(capsys, monkeypatch):
-    assert getattr(sys.excepthook, "prints_plugin_option_errors", False), "installed when the plugin is imported"
+    assert installed(sys, "excepthook"), "installed when the plugin is imported"
     seen = []
     hook = print_plugin_option_errors(lambda *exc_info: seen.append(exc_info[1]))
     monkeypatch.setattr(sys, "argv", ["/somewhere/bin/fairseq-train", "data-bin"])

@@ -1,5 +1,5 @@
 """A training run interrupted and resumed ends exactly where the same run uninterrupted ends
-(man_fairseq/resume_batches.py): fairseq 0.12 made a resumed run's batches anew at the epoch it
+(man_fairseq/patches/resume_batches.py): fairseq 0.12 made a resumed run's batches anew at the epoch it
 resumed at, so the two parted at the first update after the resume."""
 
 import torch
@@ -7,7 +7,7 @@ import torch
 from conftest import TINY_MODEL, TINY_TRAIN, run_cli
 
 from man_recipes.studies.convergence import checkpoint_updates
-from man_fairseq.resume_batches import kept_across_epochs
+from man_fairseq.patches.resume_batches import kept_across_epochs
 
 # dropout on, as in the studies: fairseq reseeds it every update, so it is part of what must agree
 OPTIONS = ["--arch", "transformer_man_small", "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--seed", "3",

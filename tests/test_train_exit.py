@@ -2,7 +2,7 @@
 
 A ``fairseq-train`` that stops mid-epoch exited with SIGABRT ("terminate called without an active
 exception") when its daemon ``BackgroundConsumer`` was inside a torch operator at shutdown (see
-the sixth fix in :mod:`man_fairseq.fairseq_fixes`). The abort itself depends on timing; what the
+:mod:`man_fairseq.patches.exit_threads`). The abort itself depends on timing; what the
 fix guarantees does not: no consumer thread is alive once the interpreter's exit handlers have
 run. Each script below registers its check before fairseq (and the plugin) are imported, so the
 check runs after every other exit handler, the plugin's included.

@@ -27,7 +27,7 @@ def checkpoint_load_errors(path: str, data: str, files: Optional[List[str]] = No
     missing = [f for f in (files or [path]) if not os.path.isfile(f)]
     if missing:
         raise SystemExit(f"--path {path}: no such checkpoint file: {missing[0]}")
-    from man_fairseq.checkpoint_compat import is_torch_file
+    from man_fairseq.checkpoint_errors import is_torch_file
 
     foreign = [f for f in (files or [path]) if not is_torch_file(f)]
     if foreign:

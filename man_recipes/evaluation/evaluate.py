@@ -74,9 +74,10 @@ def training_progress(checkpoint):
     """(number of updates, completed epochs) recorded in a fairseq checkpoint; None where absent."""
     import torch
 
-    from man_fairseq.checkpoint_compat import load_error, register_safe_globals
+    from man_fairseq.checkpoint_errors import load_error
+    from man_fairseq.patches import safe_globals
 
-    register_safe_globals()
+    safe_globals.apply()
     try:
         state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # a file cut short or not a checkpoint at all: name it, before decoding

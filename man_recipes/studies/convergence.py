@@ -34,9 +34,9 @@ def checkpoint_updates(path):
     """The update count at which fairseq saved ``path`` (its optimizer history)."""
     import torch
 
-    from man_fairseq.checkpoint_compat import register_safe_globals
+    from man_fairseq.patches import safe_globals
 
-    register_safe_globals()  # what a fairseq checkpoint holds (man_recipes does not import the plugin itself)
+    safe_globals.apply()  # what a fairseq checkpoint holds (man_recipes does not import the plugin itself)
     state = torch.load(path, map_location="cpu", weights_only=True)
     return int(state["optimizer_history"][-1]["num_updates"])
 
@@ -66,7 +66,7 @@ def stop_fields_disagreement(record):
     (``valid_curve``: [updates, loss] of each epoch's validation) contradicts, in words; None when
     they agree (a fixed-budget record has none). fairseq keeps the last of equal losses as
     ``checkpoint_best.pt`` (``<=``) but counts the patience from the first (``<``); a run resumed from a
-    checkpoint older than :mod:`man_fairseq.patience_resume` restarted the count, so it may stop later."""
+    checkpoint older than :mod:`man_fairseq.patches.patience_resume` restarted the count, so it may stop later."""
     if record_protocol(record) != TO_CONVERGENCE:
         return None
     try:

@@ -46,7 +46,7 @@ ROUGE_TEST_SET_FIELDS = ("name", "n_sentences", "rouge1", "rouge2", "rougeL", "r
 
 
 # How --no-repeat-ngram-size was applied in decoding, in the fingerprint of every record whose config
-# blocks n-grams: records decoded before fairseq_fixes restored the blocking on CPU (fairseq's Python
+# blocks n-grams: records decoded before the plugin (patches/ngram_blocking) restored the blocking on CPU (fairseq's Python
 # fallback blocked nothing) lack it, so they are stale and rescored from their checkpoints.
 NGRAM_BLOCKING = "as fairseq's CUDA kernel"
 

@@ -10,7 +10,7 @@ import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock, is_cuda_extension_usable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from test_ngram_blocking import bans_of, generator_buffer, kernel_bans  # noqa: E402  (applies fairseq_fixes)
+from test_ngram_blocking import bans_of, generator_buffer, kernel_bans  # noqa: E402  (applies the patches)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -1,6 +1,4 @@
-"""The one place where warnings known to be harmless are silenced (in every process that loads the
-plugin: fairseq's CLIs import it through ``--user-dir``). Each is narrow: its exact message and
-category, nothing else.
+"""Warnings known to be harmless are silenced, each narrowly: its exact message and category.
 
 - fairseq's ``train_step`` enters ``torch.cuda.amp.autocast(enabled=False)`` on every update when
   AMP is off; torch deprecates that spelling (FutureWarning), the behaviour is the same.
@@ -20,6 +18,7 @@ KNOWN = [
 ]
 
 
-def silence():
+def apply():
+    """Idempotent: ``warnings.filterwarnings`` does not add a filter it already has."""
     for message, category in KNOWN:
         warnings.filterwarnings("ignore", message=message, category=category)

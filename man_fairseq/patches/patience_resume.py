@@ -1,13 +1,14 @@
-"""``--patience`` that survives a resume, applied when the plugin is imported.
+"""``--patience`` survives a resume.
 
 fairseq 0.12 counts the validations without improvement in attributes of the function
 ``fairseq_cli.train.should_stop_early`` (``best``, ``num_runs``) that no checkpoint saves: a run
-resumed from ``checkpoint_last.pt`` starts counting afresh, from the first loss it sees after the
-restart as its "best", so an interrupted run trains longer than the same run uninterrupted and
-stops at another epoch. (``checkpoint_best.pt`` is unaffected: ``save_checkpoint.best`` is in the
+resumed from ``checkpoint_last.pt`` started counting afresh, from the first loss it saw after the
+restart as its "best", so an interrupted run trained longer than the same run uninterrupted and
+stopped at another epoch. (``checkpoint_best.pt`` is unaffected: ``save_checkpoint.best`` is in the
 checkpoint's ``extra_state`` and restored.) Every checkpoint now carries the counter as well
-(``extra_state["patience"]``), and loading a checkpoint to resume restores it; a checkpoint written
-before this fix gives back its best loss, with the count restarting at 0.
+(``extra_state["patience"]``, written by ``Trainer.save_checkpoint``), and loading a checkpoint to
+resume (``checkpoint_utils.load_checkpoint``) restores it; a checkpoint written before this fix gives
+back its best loss, with the count restarting at 0.
 """
 
 import logging
@@ -15,6 +16,8 @@ import sys
 
 from fairseq import checkpoint_utils
 from fairseq.trainer import Trainer
+
+from .install import install
 
 logger = logging.getLogger(__name__)
 STATE_KEY = "patience"
@@ -30,18 +33,17 @@ def _should_stop_early():
     return None
 
 
-def _save_checkpoint(original):
+def saving_the_count(original):
     def save_checkpoint(self, filename, extra_state):
         func = _should_stop_early()
         if func is not None and getattr(func, "best", None) is not None:
             extra_state = dict(extra_state, **{STATE_KEY: {"best": func.best, "num_runs": func.num_runs}})
         return original(self, filename, extra_state)
 
-    save_checkpoint.patched_by_man_fairseq = True
     return save_checkpoint
 
 
-def _load_checkpoint(original):
+def restoring_the_count(original):
     def load_checkpoint(cfg, trainer, **passthrough_args):
         extra_state, epoch_itr = original(cfg, trainer, **passthrough_args)
         func = _should_stop_early()
@@ -57,12 +59,9 @@ def _load_checkpoint(original):
                             "validations without improvement, which restarts at 0")
         return extra_state, epoch_itr
 
-    load_checkpoint.patched_by_man_fairseq = True
     return load_checkpoint
 
 
 def apply():
-    if not getattr(Trainer.save_checkpoint, "patched_by_man_fairseq", False):
-        Trainer.save_checkpoint = _save_checkpoint(Trainer.save_checkpoint)
-    if not getattr(checkpoint_utils.load_checkpoint, "patched_by_man_fairseq", False):
-        checkpoint_utils.load_checkpoint = _load_checkpoint(checkpoint_utils.load_checkpoint)
+    install(Trainer, "save_checkpoint", saving_the_count)
+    install(checkpoint_utils, "load_checkpoint", restoring_the_count)
