@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml requirements.txt Makefile
 	touch $(STAMP)
 
 # Offline install, for a GPU node with its own torch and no package registry (docs/install.md,
-# "Offline install"; docs/offline-install.md). `make wheelhouse` (where pip reaches PyPI) puts into
+# "Offline install"). `make wheelhouse` (where pip reaches PyPI) puts into
 # WHEELHOUSE every requirement beside torch as wheels for WHEELHOUSE_PYTHON (and within the caps of
 # torch WHEELHOUSE_TORCH, the node's), the fairseq fork's
 # sdist (built on the node, against the node's torch) and this checkout's source;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepare Multi30k (WMT16 multimodal task 1, text only) for fairseq; see docs/results-multi30k.md
-# and docs/multi30k.md. Usage:
+# and results/multi30k-cpu/README.md. Usage:
 #   data-prep/prepare-multi30k.sh [--from FOLDER] [--src de --tgt en] [--bpe-merges 10000]
 #                                 [--workers N] [--dest DIR] [--work DIR] [--allow-nonstandard-splits] [--force]
 #       [--subword sentencepiece [--spm-model-type unigram] [--spm-vocab-size 8000]]  (default: BPE; docs/data-prep.md)

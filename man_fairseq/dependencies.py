@@ -11,7 +11,7 @@ imported: fairseq's own import errors are the fallout of a missing or old torch.
 import re
 
 # torch: the versions this project was tested with (the Makefile's 2.13.0 CPU wheel; 2.11.0+cu130
-# on the GPU nodes, docs/offline-install.md); older ones are refused rather than guessed at.
+# on the GPU nodes, docs/install.md); older ones are refused rather than guessed at.
 MIN_TORCH = (2, 11)
 TESTED_TORCH = "2.11 and 2.13"
 # fairseq: the 0.12 line, as the maintained forks ship it (`make install`'s FAIRSEQ_PKG)

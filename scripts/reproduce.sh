@@ -6,7 +6,7 @@
 # Needs data-prep/prepare-multi30k.sh first. Each finished run writes its record to
 # results/EXPERIMENT/; a run whose record matches today's config is not retrained; an interrupted
 # run resumes. The table results/EXPERIMENT.md (+ .json, figure) is rebuilt from the records;
-# STUDY-converge trains to convergence (docs/gigaword-cpu.md) and rebuilds STUDY's table.
+# STUDY-converge trains to convergence (results/gigaword-cpu/README.md) and rebuilds STUDY's table.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_env.sh"
 exec "$python" -m man_recipes.studies.reproduce "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one speed command (lab/speed/, docs/benchmarks.md):
+# The one speed command (lab/speed/, results/speed/README.md):
 #   scripts/speed.sh [study] EXPERIMENT [options]  a study's real batches (fairseq-train, fairseq-generate)
 #   scripts/speed.sh synthetic [options]           random batches at the papers' widths
 #   scripts/speed.sh profile EXPERIMENT [options]  one update per family by op; --passes: calibration's by phase

@@ -146,12 +146,12 @@ def test_decoding_step_compiles_without_graph_break(family_model):
 # ----------------------------------------------------------------------------------------------
 
 def documented_bucket(n):
-    """docs/benchmarks.md: lengths bucketed to 16/32/64, then multiples of 128."""
+    """results/speed/README.md: lengths bucketed to 16/32/64, then multiples of 128."""
     return next((b for b in (16, 32, 64) if n <= b), -(-n // 128) * 128)
 
 
 def documented_batch_bucket(n):
-    """docs/benchmarks.md: with static kernels the batch is padded to a power of two."""
+    """results/speed/README.md: with static kernels the batch is padded to a power of two."""
     return 1 << (n - 1).bit_length()
 
 

@@ -130,3 +130,36 @@ def test_the_docs_index_lists_every_page_and_each_link_exists():
     assert not missing, f"docs/README.md links files that do not exist: {missing}"
     pages = {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
     assert not pages - set(links), f"docs/README.md does not list: {sorted(pages - set(links))}"
+
+
+ANY_LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]+))?\)")
+
+
+def test_every_relative_link_of_the_guide_and_the_notebooks_resolves():
+    """README.md, docs/ and the studies' notebooks (results/**/README.md): every relative link names a
+    file or folder that exists, and a heading of it where the link has an anchor."""
+    pages = doc_files() + sorted((REPO / "results").rglob("README.md"))
+    bad = []
+    for page in pages:
+        fenced = False
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            if fenced:
+                continue
+            for m in ANY_LINK.finditer(line):
+                name, anchor = m.group(1), m.group(2)
+                if re.match(r"[a-z]+:", name):
+                    continue
+                target = (page.parent / name).resolve() if name else page
+                where = f"{page.relative_to(REPO)}:{n}"
+                if not target.exists():
+                    bad.append(f"{where}: {name} does not exist")
+                elif anchor and target.suffix == ".md" and anchor not in anchors(target):
+                    bad.append(f"{where}: {name or page.name} has no heading with anchor #{anchor}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_docs_page_opens_with_its_title():
+    untitled = [p.name for p in (REPO / "docs").glob("*.md") if not p.read_text(encoding="utf-8").startswith("# ")]
+    assert untitled == []

@@ -284,11 +284,11 @@ def page_block(records_dir, labels):
     lines = [BLOCK_BEGIN]
     if not records:
         lines += ["No real-batch measurement is recorded yet (`results/speed/` holds no record): the numbers "
-                  "must come from an idle machine, see [benchmarks.md](benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)."]
+                  "must come from an idle machine, see [results/speed/](../results/speed/README.md#real-batches-of-the-studies-scriptsspeedsh)."]
     else:
         summaries = [summarize(r) for r in records]
         lines += ["Made by `scripts/speed.sh EXPERIMENT` on each study's own data-bin and configs (method in "
-                  "[benchmarks.md](benchmarks.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
+                  "[results/speed/](../results/speed/README.md#real-batches-of-the-studies-scriptsspeedsh)): median over "
                   "repeats (min–max), ratios to the Transformer of the same repeat.", ""]
         lines += table(["study", lead_name(records)],
                        [cells for record, rows in zip(records, summaries)

@@ -4,7 +4,7 @@ against its Transformer: fairseq-train's words/s (``wps`` of each ``--log-interv
 sentences/s on a fixed test sample with the study's trained checkpoint (else a one-update model). Each
 repeat runs every family in turn, the Transformer first, with ``OMP_NUM_THREADS`` the thread count measured;
 one record per setting (``RESULTS/speed/<experiment>-threads<T>.json``, ``-cuda-<precision>`` on a GPU),
-the tables rebuilt from the records alone (:mod:`.records`). Method: docs/benchmarks.md.
+the tables rebuilt from the records alone (:mod:`.records`). Method: results/speed/README.md.
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """``scripts/speed.sh synthetic``: the study mode (:mod:`.study`, its records and tables in
 ``RESULTS/speed/synthetic/``) on random sentences (:func:`write_data`, a joint dictionary of the paper's
 size), each family's paper config at a width (:data:`WIDTHS`) against the MAN paper's Transformer config;
-``--backend``: every family's ``--attention-backend``, one record each. Method: docs/benchmarks.md.
+``--backend``: every family's ``--attention-backend``, one record each. Method: results/speed/README.md.
 """
 
 import shutil

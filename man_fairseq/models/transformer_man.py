@@ -54,7 +54,7 @@ class MANConfig(FairseqDataclass):
         default="normal",
         metadata={"help": "initial distance and head biases P, U of the DMAN mask: normal = N(0, 1), as the MAN "
                   "reference code; zeros = 0, so that the mask starts with no positional preference (not in "
-                  "the paper; docs/gigaword-cpu.md)"},
+                  "the paper; results/gigaword-cpu/README.md)"},
     )
     static_mask_window: int = field(
         default=4, metadata={"help": "window b of the sman2 static mask (|t-s| <= b)",

@@ -21,7 +21,7 @@
   ``(B, H, T, S)`` tensor (called in ``flex_backend.py``); compiled (``torch.compile``) on CUDA
   with lengths bucketed to multiples of :data:`~.flex_backend.FLEX_BUCKET` so that variable
   sentence lengths reuse a few compiled kernels. It is not ``auto``'s choice: its GPU speed is not
-  measured yet (docs/benchmarks.md).
+  measured yet (results/speed/README.md).
   Falls back to ``auto`` (:func:`choose_kernel` says why; the core logs each cause once) where flex
   cannot run: a bias module without ``flex_mods`` (the differentiable windows' cumulative sums), a
   post-softmax transform (calibration, multiplicative windows), returned attention weights,

@@ -150,7 +150,7 @@ class FlexRunner:
         # compilations of one function (flex_attention, create_block_mask) allowed before a call
         # fails. Static kernels need one per (batch bucket, length buckets) key and mod structure:
         # an epoch of CNN/DM (40k pairs, max-tokens 8192) makes 12 encoder, 18 decoder and 28
-        # cross-attention keys (docs/benchmarks.md), so MAN's two encoder and two decoder
+        # cross-attention keys (results/speed/README.md), so MAN's two encoder and two decoder
         # self-attention structures need 88 kernels in training alone, and validation (no grad)
         # more; dynamo's default (8) and the earlier 64 would stop such a run
         self.recompile_limit = 256
