@@ -3,25 +3,14 @@ ten-minute path is what ``scripts/train.sh --dry-run`` builds, and its hand-writ
 the study config's command (a config changed without the README, or the README without the config,
 fails here)."""
 
-import re
 import shlex
 import subprocess
 import sys
 
 from conftest import REPO, child_env
+from test_docs_commands import bash_blocks
 
 README = (REPO / "README.md").read_text()
-
-
-def bash_blocks(text):
-    """The commands of every ```bash block, continuation lines joined, comments dropped."""
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        for command in block.replace("\\\n", " ").splitlines():
-            command = command.split("  #")[0].strip()
-            if command and not command.startswith("#"):
-                commands.append(command)
-    return commands
 
 
 def test_every_recipe_command_answers_help():
