@@ -2,7 +2,8 @@
 
 Every comparison is float64 against the explicit path (the softmax written out, autograd through it),
 for the output and every gradient (the sublayer input, q/k/v/out projections, each bias parameter),
-with several query blocks per call (the block size forced small) and one block.
+with several blocks per call (the block size forced small: query rows of one sentence, or whole sentences)
+and one block.
 """
 
 import pytest
@@ -20,10 +21,11 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 C, H = 16, 4
 
 
-@pytest.fixture(params=["blocks", "whole"])
+@pytest.fixture(params=["rows", "sentences", "whole"])
 def block_elements(request, monkeypatch):
-    """Two query rows per block (several blocks per call, uneven last block), or the whole call in one."""
-    elements = 2 * 3 * H * 9 if request.param == "blocks" else 1 << 30
+    """Blocks of a few query rows of one sentence (uneven last block), of two whole sentences (of the three the
+    tests use, at 9 x 9 tokens: an uneven last block), or the whole call in one block."""
+    elements = {"rows": 4 * H * 11, "sentences": 2 * H * 9 * 9, "whole": 1 << 30}[request.param]
     monkeypatch.setattr(fused, "BLOCK_ELEMENTS", elements)
     return request.param
 
@@ -187,33 +189,40 @@ def qkv(b=2, t=5, s=5, d=3, seed=0):
     return tuple(torch.randn(b, H, n, d, generator=g, dtype=F64, requires_grad=True) for n in (t, s, s))
 
 
+# two query rows of a sentence, one sentence, both sentences per block (2 sentences x 5 queries x 6 keys)
+ELEMENTS = [2 * H * 6, 5 * H * 6, 10 * H * 6]
+
+
 @pytest.mark.parametrize("shape", [(2, H, 5, 6), (2, 1, 5, 6), (1, H, 1, 6), (5, 6)])
-@pytest.mark.parametrize("rows", [2, 5])
-def test_gradcheck_generic_reducer(shape, rows):
+@pytest.mark.parametrize("elements", ELEMENTS)
+def test_gradcheck_generic_reducer(shape, elements):
     q, k, v = qkv(t=5, s=6)
     bias = torch.randn(shape, generator=torch.Generator().manual_seed(3), dtype=F64, requires_grad=True)
     fixed = torch.zeros(2, 1, 1, 6, dtype=F64).masked_fill(padding([6, 4], left=True)[:, None, None, :], float("-inf"))
 
     def f(q, k, v, b):
-        return fused.fused_bias_attention(q, k, v, fixed, 0.7, _TensorBias(b), _Ctx(), rows=rows)
+        return fused.fused_bias_attention(q, k, v, fixed, 0.7, _TensorBias(b), _Ctx(), elements=elements)
 
     assert torch.autograd.gradcheck(f, (q, k, v, bias))
 
 
-@pytest.mark.parametrize("rows", [2, 5])
-def test_gradcheck_dman_reducer(rows):
-    q, k, v = qkv(t=5, s=5)
+@pytest.mark.parametrize("elements", ELEMENTS)
+def test_gradcheck_dman_reducer(elements):
+    q, k, v = qkv(t=5, s=6)
     dman = DynamicMaskBias(C, H, max_relative_distance=2).double()
     g = torch.Generator().manual_seed(3)
     hw = torch.randn(2, 1, 5, 1, generator=g, dtype=F64, requires_grad=True)
-    dist = torch.randn(5, 5, generator=g, dtype=F64, requires_grad=True)
+    dist = torch.randn(5, 6, generator=g, dtype=F64, requires_grad=True)
     head = torch.randn(1, H, 1, 1, generator=g, dtype=F64, requires_grad=True)
-    fixed = future_mask(5)
+    # causal (keys one ahead) with padding, and a finite entry: the -inf entries folded into the bias, the rest added
+    fixed = torch.triu(torch.full((5, 6), float("-inf"), dtype=F64), 2).expand(2, 1, 5, 6).clone()
+    fixed[0, 0, :, 0] = float("-inf")
+    fixed[1, 0, 2, 3] = -0.5
 
     def f(q, k, v, hw, dist, head):
         # the DMAN reducer on free terms (the module builds them from its parameters)
         dman.fused_bias_terms = lambda ctx: (hw, dist, head)
-        return fused.fused_bias_attention(q, k, v, fixed, 0.7, dman, _Ctx(), rows=rows)
+        return fused.fused_bias_attention(q, k, v, fixed, 0.7, dman, _Ctx(), elements=elements)
 
     assert torch.autograd.gradcheck(f, (q, k, v, hw, dist, head))
 

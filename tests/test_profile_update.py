@@ -30,6 +30,21 @@ def test_core_is_the_transformer_with_the_plugins_core_and_no_bias(gigaword_like
     assert count(core) == count(transformer) < count(localness)  # the study's localness has a bias
 
 
+def test_man_nobias_is_man_with_its_dman_sublayer_a_plain_self_attention(gigaword_like_bin):
+    from man_fairseq.modules.mask_bias import DynamicMaskBias
+
+    models = {}
+    for fam in ("man", "man-nobias"):
+        cfg, extra = pu.family_config("gigaword-cpu", fam)
+        models[fam] = build(config_argv(cfg, str(gigaword_like_bin), extra))[1]
+    man, nobias = models["man"], models["man-nobias"]
+    dman = [m for m in man.modules() if isinstance(m, DynamicMaskBias)]
+    assert dman and not any(isinstance(m, DynamicMaskBias) for m in nobias.modules())
+    assert len(attentions(nobias)) == len(attentions(man))
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(man) - count(nobias) == sum(count(m) for m in dman)
+
+
 def run(*args):
     return subprocess.run([sys.executable, "-m", "lab.speed", "profile", *map(str, args)],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)

@@ -14,6 +14,8 @@ variant (``/proc/self/clear_refs``, Linux). Variants:
 * ``man:sdpa``: PyTorch's dispatcher, which sends a bias that needs a gradient to its math kernel
   (``auto``'s path for DMAN before issue 74);
 * ``man:explicit``: the written-out softmax;
+* ``man-nobias:auto``: MAN's layer with its DMAN sublayer a plain self-attention (``san,san,ffn``): what
+  the layer would cost if DMAN's bias were free, the floor of any DMAN bias path;
 * ``man:auto@N``: the fused-bias-grad path with ``BLOCK_ELEMENTS = N`` (``--blocks``; the block rule);
 * ``aw:...`` with ``--diffwin``: one self-attention sublayer with diffwin's additive window (AW) on
   the same paths, ``plain``: the sublayer without a bias, ``aw:predictors``: the window's bias
@@ -72,8 +74,9 @@ def _build(family, backend, dtype):
     if family == "transformer":
         module = TransformerEncoderLayerBase(layer_config(1024))
         run = lambda x, pad: module(x, pad)  # noqa: E731
-    elif family == "man":
-        module = MANEncoderLayer(layer_config(512), ["dman", "san", "ffn"], attention_backend=backend)
+    elif family in ("man", "man-nobias"):
+        sublayers = ["dman" if family == "man" else "san", "san", "ffn"]
+        module = MANEncoderLayer(layer_config(512), sublayers, attention_backend=backend)
         run = lambda x, pad: module(x, pad)  # noqa: E731
     elif backend == "predictors":
         module = AdditiveWindow(256)
@@ -192,7 +195,7 @@ def main(argv=None):
     if args.diffwin:
         variants = ["transformer", "plain:auto", "aw:auto", "aw:sdpa", "aw:explicit", "aw:predictors"]
     else:
-        variants = ["transformer", "man:auto", "man:sdpa", "man:explicit"]
+        variants = ["transformer", "man-nobias:auto", "man:auto", "man:sdpa", "man:explicit"]
         variants += [f"man:auto@{n}" for n in args.blocks.split(",") if n]
     if args.precision:
         for v, row in precision([v for v in variants if ":" in v and "predictors" not in v], args.batch,

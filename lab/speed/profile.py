@@ -5,8 +5,10 @@ Each family's study config is built as fairseq-train builds it (:func:`.model.bu
 training batches (seed 1), the families taking turns on every batch; an update is forward, loss and
 backward (no optimizer step, no data loading). ``core`` is fairseq's Transformer with every attention
 replaced by the plugin's core and no bias (the study's localness config with ``--localness-layers ""``):
-against it a family's ratio is its method's cost. On CUDA the model is cast to ``--precision`` as
-``--bf16``/``--fp16`` cast it (the whole model; no loss scale, which changes no op).
+against it a family's ratio is its method's cost. ``man-nobias`` is MAN with its DMAN sublayer a plain
+self-attention: against it MAN's ratio is its bias's cost, against the Transformer its layers' (``DERIVED``).
+On CUDA the model is cast to ``--precision`` as ``--bf16``/``--fp16`` cast it (the whole model; no loss
+scale, which changes no op).
 
 ``--passes`` times calibration's parts against the Transformer's: the calibrated pass forward, the
 perturbation pass forward (the decoder again, on the detached encoder output), then each term's backward
@@ -31,17 +33,24 @@ from man_recipes.studies.experiments import EXPERIMENTS, missing_data
 from man_recipes.tables import markdown_table
 
 CORE = "core"
-CORE_ARGS = ["--localness-layers", ""]  # the localness config with no localness: the core, no bias
+# Families made from a study config with other options: (config, extra fairseq arguments, what it is).
+DERIVED = {
+    CORE: ("localness", ["--localness-layers", ""], "the localness config with no localness: the core, no bias"),
+    "man-nobias": ("man", ["--encoder-sublayers", "san,san,ffn"],
+                   "MAN with its DMAN sublayer a plain self-attention: what MAN would cost if its bias were free"),
+    "man-sdpa": ("man", ["--attention-backend", "sdpa"], "MAN with DMAN through PyTorch's math kernel"),
+}
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero")
 PHASES = {"calibration": ["calibrated forward", "perturbation forward", "calibrated backward", "perturbation backward"],
           "transformer": ["forward", "backward"]}
 
 
 def family_config(experiment, family):
-    """(config, extra fairseq arguments) of a family name, ``core`` included."""
+    """(config, extra fairseq arguments) of a family name, the ``DERIVED`` ones included."""
     configs = EXPERIMENTS[experiment]["configs"]
-    if family == CORE:
-        return load_config(configs / "localness.yaml"), CORE_ARGS
+    if family in DERIVED:
+        base, extra, _ = DERIVED[family]
+        return load_config(configs / f"{base}.yaml"), list(extra)
     return load_config(configs / f"{family}.yaml"), []
 
 
@@ -163,8 +172,9 @@ def parse(argv, prog):
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
     p.add_argument("--passes", action="store_true", help="calibration's update by phase against the Transformer's")
     p.add_argument("--families", default="transformer,core,man",
-                   help="comma-separated study families, and 'core' (default: transformer,core,man; --passes: "
-                        "transformer,calibration)")
+                   help="comma-separated study families, and "
+                        + "; ".join(f"'{name}' ({what})" for name, (_, _, what) in DERIVED.items())
+                        + " (default: transformer,core,man; --passes: transformer,calibration)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="on CUDA: the model's dtype (the CPU profiles fp32)")
@@ -186,11 +196,13 @@ def parse(argv, prog):
         p.error("--families: --passes compares calibration with the Transformer")
     args.families = list(PHASES) if args.passes else [f for f in args.families.split(",") if f]
     for fam in args.families:
-        if fam != CORE and not (configs / f"{fam}.yaml").is_file():
+        if fam not in DERIVED and not (configs / f"{fam}.yaml").is_file():
             p.error(f"--passes: {args.experiment} has no config {fam}.yaml" if args.passes else
-                    f"--families: {args.experiment} has no config {fam}.yaml (and 'core' is the only other name)")
-    if CORE in args.families and not (configs / "localness.yaml").is_file():
-        p.error(f"--families: 'core' is built from {args.experiment}'s localness.yaml, which it does not have")
+                    f"--families: {args.experiment} has no config {fam}.yaml (and the other names are "
+                    f"{', '.join(DERIVED)})")
+        if fam in DERIVED and not (configs / f"{DERIVED[fam][0]}.yaml").is_file():
+            p.error(f"--families: '{fam}' is built from {args.experiment}'s {DERIVED[fam][0]}.yaml, "
+                    "which it does not have")
     if args.device == "cuda":
         import torch
 

@@ -12,67 +12,86 @@ probabilities from the log-sum-exp and takes every gradient from them by batched
     dv = P^T dO,  dq = dS k * scale,  dk = dS^T q * scale
 
 (PyTorch's fused backward kernel gives dq, dk, dv but not dS, and called per block it costs more:
-``_block_backward``.) Both passes go one block of queries at a time, so the attention makes no
-tensor larger than ``(B, H, block, S)`` (every row of the output, log-sum-exp and dS depends on its own query
-only; dk and dv are summed over the blocks). Each block's ``dS`` is handed to the bias's reducer:
+``_block_backward``.) Both passes go one block at a time: a few whole sentences (all heads, all query
+rows), or the query rows of one sentence where a sentence alone is larger than ``BLOCK_ELEMENTS``
+(``plan_blocks``), so the attention makes no tensor larger than that (every row of the output,
+log-sum-exp and dS depends on its own sentence and query only; dk and dv are summed over the blocks).
+The causal and padding mask's ``-inf`` entries are handed to the bias as a boolean ``blocked`` mask to
+fold into its own small terms (its finite entries, if any, are added to the scores). Each block's
+``dS`` is handed to the bias's reducer:
 
 * a bias module with ``fused_bias_terms(ctx)`` (its small terms, under autograd),
-  ``fused_bias_block(terms, rows)`` (the bias of the query rows ``rows``, a slice) and
-  ``fused_bias_grad(terms, rows, dS, grads)`` (adds the block's gradient of each term to
-  ``grads``) is reduced by its own formula (DMAN: ``mask_bias.DynamicMaskBias``);
+  ``fused_bias_block(terms, batch, rows, blocked)`` (the bias of the sentences ``batch`` and query rows
+  ``rows``, two slices, ``-inf`` where ``blocked``, (b, H, r, S)) and ``fused_bias_grad(terms, batch, rows, dS,
+  bias, grads)`` (adds the block's gradient of each term to ``grads``; ``bias`` is the block's bias,
+  which it may overwrite) is reduced by its own formula (DMAN: ``mask_bias.DynamicMaskBias``);
 * any other bias module by :class:`WholeBias`: its bias computed under autograd as usual is the
   one term, ``dS`` is summed to its broadcast shape, and autograd carries that gradient back
   through the module (the bias tensor and its graph are kept, as on the other paths).
 """
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
-# Elements of one (B, H, block, S) block: the rows per block are this over B*H*S (at least 1).
-# Measured (docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel): as fast as 4x larger blocks
-# with the memory of smaller ones; smaller blocks and the whole call in one block were slower.
+# Elements of one (b, H, r, S) block at most (a sentence larger than this is split by query rows).
+# Measured (docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel): whole sentences per block
+# rather than a few query rows of every sentence, and blocks of this size rather than larger ones.
 BLOCK_ELEMENTS = 1 << 20
 
-
-def rows_per_block(bsz: int, heads: int, src_len: int) -> int:
-    return max(1, BLOCK_ELEMENTS // max(1, bsz * heads * src_len))
+Block = Tuple[slice, slice]  # (sentences, query rows)
 
 
-def _blocks(tgt_len: int, rows: int) -> List[slice]:
-    return [slice(start, min(start + rows, tgt_len)) for start in range(0, tgt_len, rows)]
+def plan_blocks(bsz: int, heads: int, tgt_len: int, src_len: int, elements: Optional[int] = None) -> List[Block]:
+    """The blocks of a call: as many whole sentences as fit in ``elements``, else one sentence's query rows."""
+    elements = BLOCK_ELEMENTS if elements is None else elements
+    per_sentence = heads * tgt_len * src_len
+    if per_sentence <= elements:
+        n = elements // max(1, per_sentence)
+        return [(slice(b, min(b + n, bsz)), slice(0, tgt_len)) for b in range(0, bsz, n)]
+    rows = max(1, elements // max(1, heads * src_len))
+    return [(slice(b, b + 1), slice(r, min(r + rows, tgt_len))) for b in range(bsz) for r in range(0, tgt_len, rows)]
 
 
-def _query_rows(mask: Tensor, rows: slice) -> Tensor:
-    """The query rows of a (.., T|1, S) tensor; a tensor broadcast over the queries stays whole."""
-    return mask if mask.size(-2) == 1 else mask[..., rows, :]
+def part(x: Optional[Tensor], batch: slice, rows: slice) -> Optional[Tensor]:
+    """The sentences and query rows of a (B|1, .., T|1, S) tensor; a dimension of size 1 (broadcast) stays whole."""
+    if x is None:
+        return None
+    if x.size(0) > 1:
+        x = x[batch]
+    return x if x.size(-2) == 1 else x[..., rows, :]
+
+
+def _as_4d(x: Tensor) -> Tensor:
+    return x.view((1,) * (4 - x.dim()) + tuple(x.shape))
 
 
 class WholeBias:
     """The generic reducer: the whole bias tensor (under autograd) is the one term."""
 
     def __init__(self, bias: Tensor):
-        self.bias = bias
+        self.bias = _as_4d(bias)
 
     def terms(self):
         return (self.bias,)
 
     @staticmethod
-    def block(terms, rows: slice) -> Tensor:
-        return _query_rows(terms[0], rows)
+    def block(terms, batch: slice, rows: slice, blocked: Optional[Tensor]) -> Tensor:
+        bias = part(terms[0], batch, rows)
+        return bias if blocked is None else bias.masked_fill(blocked, float("-inf"))
 
     @staticmethod
-    def grad(terms, rows: slice, grad_scores: Tensor, grads: List[Optional[Tensor]]) -> None:
+    def grad(terms, batch: slice, rows: slice, grad_scores: Tensor, bias_block: Tensor,
+             grads: List[Optional[Tensor]]) -> None:
         bias = terms[0]
-        shape = (1,) * (4 - bias.dim()) + tuple(bias.shape)
-        summed = [d for d in range(4) if shape[d] == 1 and grad_scores.size(d) > 1]
+        summed = [d for d in range(4) if bias.size(d) == 1 and grad_scores.size(d) > 1]
         g = grad_scores.sum(summed, keepdim=True) if summed else grad_scores
         if grads[0] is None:
-            grads[0] = torch.zeros(shape, dtype=grad_scores.dtype, device=grad_scores.device)
-        _query_rows(grads[0], rows).add_(g)
+            grads[0] = torch.zeros(bias.shape, dtype=grad_scores.dtype, device=grad_scores.device)
+        part(grads[0], batch, rows).add_(g)
 
 
 class ModuleBias:
@@ -105,83 +124,101 @@ def reducer_for(bias_module, ctx):
 
 
 class _FusedBiasAttention(torch.autograd.Function):
-    """(q, k, v, fixed mask, scale, rows per block, reducer, *bias terms) -> (B, H, T, D)."""
+    """(q, k, v, blocked, rest, scale, blocks, reducer, *bias terms) -> (B, H, T, D)."""
 
     @staticmethod
-    def forward(fctx, q, k, v, fixed, scale, rows, reducer, *terms):
+    def forward(fctx, q, k, v, blocked, rest, scale, blocks, reducer, *terms):
         # contiguous once: the kernels would copy a strided k and v at every block
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        outs, lses = [], []
+        out = lse = None
         with torch.no_grad():
-            for block in _blocks(q.size(2), rows):
-                mask = _block_mask(reducer, terms, fixed, block, q, k)
-                out, lse = _FORWARD(q[:, :, block], k, v, 0.0, False, attn_mask=mask, scale=scale)
-                outs.append(out)
-                lses.append(lse)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
-        fctx.save_for_backward(q, k, v, out, lse, fixed, *terms)
-        fctx.scale, fctx.rows, fctx.reducer = scale, rows, reducer
+            for batch, rows in blocks:
+                bias = _block_bias(reducer, terms, blocked, batch, rows, q, k)
+                mask = bias if rest is None else bias + part(rest, batch, rows)
+                out_b, lse_b = _FORWARD(q[batch, :, rows], k[batch], v[batch], 0.0, False, attn_mask=mask, scale=scale)
+                if len(blocks) == 1:
+                    out, lse = out_b, lse_b
+                    break
+                if out is None:
+                    out = out_b.new_empty(q.shape[:-1] + out_b.shape[-1:])
+                    lse = lse_b.new_empty(q.shape[:-1])
+                out[batch, :, rows] = out_b
+                lse[batch, :, rows] = lse_b
+        fctx.save_for_backward(q, k, v, out, lse, blocked, rest, *terms)
+        fctx.scale, fctx.blocks, fctx.reducer = scale, blocks, reducer
         return out
 
     @staticmethod
     def backward(fctx, grad_out: Tensor):
-        q, k, v, out, lse, fixed, *terms = fctx.saved_tensors
+        q, k, v, out, lse, blocked, rest, *terms = fctx.saved_tensors
         scale, reducer = fctx.scale, fctx.reducer
-        need_terms = fctx.needs_input_grad[7:]
+        need_terms = fctx.needs_input_grad[8:]
         grad_q = torch.empty_like(q)
         grad_k = torch.zeros_like(k)  # q, k, v were saved contiguous: so are these
         grad_v = torch.zeros_like(v)
         grads: List[Optional[Tensor]] = [None] * len(terms)
         grad_out = grad_out.contiguous()
-        k_t = k.transpose(-1, -2).flatten(0, 1)  # (B*H, D, S) for the rebuilt scores
-        for block in _blocks(q.size(2), fctx.rows):
-            mask = _block_mask(reducer, terms, fixed, block, q, k)
-            q_b, out_b, go_b = q[:, :, block], out[:, :, block], grad_out[:, :, block]
-            grad_q[:, :, block] = _block_backward(q_b, k_t, k, v, out_b, go_b, lse[:, :, block], mask, scale,
-                                                  grad_k, grad_v, reducer, terms, block, grads, any(need_terms))
+        for batch, rows in fctx.blocks:
+            bias = _block_bias(reducer, terms, blocked, batch, rows, q, k)
+            mask = bias if rest is None else bias + part(rest, batch, rows)
+            grad_scores = _block_backward(q[batch, :, rows], k[batch], v[batch], out[batch, :, rows],
+                                          grad_out[batch, :, rows], lse[batch, :, rows], mask, scale,
+                                          grad_q[batch, :, rows], grad_k[batch], grad_v[batch])
+            if any(need_terms):
+                reducer.grad(terms, batch, rows, grad_scores, bias, grads)
         grads = [g if need else None for g, need in zip(grads, need_terms)]
-        return (grad_q, grad_k, grad_v, None, None, None, None, *grads)
+        return (grad_q, grad_k, grad_v, None, None, None, None, None, *grads)
 
 
-def _block_backward(q_b, k_t, k, v, out_b, go_b, lse_b, mask, scale, grad_k, grad_v, reducer, terms, block, grads,
-                    bias_grad: bool) -> Tensor:
-    """One block's q gradient (returned), its k and v gradients (added) and its dS (to the reducer).
+def _block_backward(q_b, k_b, v_b, out_b, go_b, lse_b, mask, scale, grad_q_b, grad_k_b, grad_v_b) -> Tensor:
+    """One block's q gradient (written), its k and v gradients (added) and its dS (returned, (b, H, r, S)).
 
     By batched products from P rebuilt with the saved log-sum-exp, not by the fused backward kernel:
     that kernel returns zero-filled full-size k and v gradients per block and recomputes P itself,
     which dS needs too (measured: docs/speed.md#a-learnable-bias-through-the-fused-cpu-kernel)."""
-    q3, go3 = q_b.flatten(0, 1), go_b.flatten(0, 1)
-    p = torch.baddbmm(mask.flatten(0, 1), q3, k_t, alpha=scale)
-    p = p.sub_(lse_b.flatten(0, 1)[..., None]).exp_()
-    grad_v.flatten(0, 1).baddbmm_(p.transpose(-1, -2), go3)
+    shape = mask.shape
+    q3, go3 = q_b.reshape(-1, *q_b.shape[2:]), go_b.reshape(-1, *go_b.shape[2:])
+    k3, v3 = k_b.flatten(0, 1), v_b.flatten(0, 1)
+    p = torch.baddbmm(mask.view(-1, *shape[2:]), q3, k3.transpose(-1, -2), alpha=scale)
+    p = p.sub_(lse_b.reshape(-1, shape[2], 1).to(p.dtype)).exp_()
+    grad_v_b.flatten(0, 1).baddbmm_(p.transpose(-1, -2), go3)
     # dS = P * (dO v^T - rowsum(dO * O)), in place
-    ds = torch.bmm(go3, v.flatten(0, 1).transpose(-1, -2))
-    ds = ds.sub_((go_b * out_b).sum(-1, keepdim=True).flatten(0, 1)).mul_(p)
+    ds = torch.bmm(go3, v3.transpose(-1, -2))
+    ds = ds.sub_((go_b * out_b).sum(-1, keepdim=True).reshape(-1, shape[2], 1)).mul_(p)
     del p
-    if bias_grad:
-        reducer.grad(terms, block, ds.view(mask.shape), grads)
-    grad_k.flatten(0, 1).baddbmm_(ds.transpose(-1, -2), q3, alpha=scale)
-    return torch.bmm(ds, k.flatten(0, 1)).mul_(scale).view(q_b.shape)
+    grad_k_b.flatten(0, 1).baddbmm_(ds.transpose(-1, -2), q3, alpha=scale)
+    grad_q_b.copy_(torch.bmm(ds, k3).mul_(scale).view(grad_q_b.shape))
+    return ds.view(shape)
 
 
-def _block_mask(reducer, terms: Sequence[Tensor], fixed: Optional[Tensor], block: slice, q: Tensor, k: Tensor) -> Tensor:
-    """The bias of the query rows ``block`` plus the fixed (causal / padding) mask, (B, H, rows, S) in q's dtype."""
-    mask = reducer.block(terms, block).to(q.dtype)
-    if fixed is not None:
-        mask = mask + _query_rows(fixed, block)
-    shape = (q.size(0), q.size(1), block.stop - block.start, k.size(2))
-    return mask.expand(shape).contiguous() if mask.shape != shape else mask
+def _block_bias(reducer, terms: Sequence[Tensor], blocked: Optional[Tensor], batch: slice, rows: slice, q: Tensor,
+                k: Tensor) -> Tensor:
+    """The bias of a block with ``-inf`` where the fixed mask blocks, (b, H, r, S) contiguous in q's dtype."""
+    bias = reducer.block(terms, batch, rows, part(blocked, batch, rows)).to(q.dtype)
+    shape = (len(range(*batch.indices(q.size(0)))), q.size(1), len(range(*rows.indices(q.size(2)))), k.size(2))
+    return bias.expand(shape).contiguous() if bias.shape != shape else bias.contiguous()
+
+
+def split_fixed(fixed: Optional[Tensor], dtype: torch.dtype) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """A fixed float mask as (blocked, rest): its ``-inf`` entries as a boolean mask for the bias to fold
+    into its terms, and its other entries, or None where all are 0 (causal and padding masks; checked in
+    eager mode only: under torch.compile a read of the values would break the graph, so they are added)."""
+    if fixed is None:
+        return None, None
+    fixed = _as_4d(fixed.detach().to(dtype))
+    blocked = torch.isneginf(fixed)
+    rest = fixed.masked_fill(blocked, 0.0)
+    if not torch.compiler.is_compiling() and not bool(rest.any()):
+        rest = None
+    return blocked, rest
 
 
 def fused_bias_attention(q: Tensor, k: Tensor, v: Tensor, fixed: Optional[Tensor], scale: float, bias_module,
-                         ctx, rows: Optional[int] = None) -> Tensor:
+                         ctx, elements: Optional[int] = None) -> Tensor:
     """Attention of (B, H, T, D) q, k, v with the bias module's bias (under ``ctx``, the core's
-    AttentionContext) plus the ``fixed`` float mask (causal, padding: no gradient)."""
+    AttentionContext) plus the ``fixed`` float mask (causal, padding: no gradient); ``elements``: the
+    block size (default ``BLOCK_ELEMENTS``)."""
     reducer = reducer_for(bias_module, ctx)
-    if rows is None:
-        rows = rows_per_block(q.size(0), q.size(1), k.size(2))
-    if fixed is not None:
-        fixed = fixed.detach().to(q.dtype)
-        fixed = fixed.view((1,) * (4 - fixed.dim()) + tuple(fixed.shape))
-    return _FusedBiasAttention.apply(q, k, v, fixed, scale, rows, reducer, *reducer.terms())
+    blocks = plan_blocks(q.size(0), q.size(1), q.size(2), k.size(2), elements)
+    blocked, rest = split_fixed(fixed, q.dtype)
+    return _FusedBiasAttention.apply(q, k, v, blocked, rest, scale, blocks, reducer, *reducer.terms())

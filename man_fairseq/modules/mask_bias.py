@@ -93,25 +93,30 @@ class DynamicMaskBias(nn.Module):
     def forward(self, ctx: AttentionContext) -> Tensor:
         return _LogSigmoidOfSum.apply(*self.terms(ctx))
 
-    # the fused CPU path's reducer (fused_bias_grad.py): the bias of a block of query rows from the
-    # three terms, and a block's score gradient dS reduced to them at once
+    # the fused CPU path's reducer (fused_bias_grad.py): the bias of a block (sentences, query rows) from
+    # the three terms, and a block's score gradient dS reduced to them at once
     def fused_bias_terms(self, ctx: AttentionContext):
         return self.terms(ctx)
 
     @staticmethod
-    def fused_bias_block(terms, rows: slice) -> Tensor:
+    def fused_bias_block(terms, batch: slice, rows: slice, blocked) -> Tensor:
         hw, dist, head = terms
-        return F.logsigmoid(hw[:, :, rows] + dist[rows] + head)
+        x = hw[batch, :, rows] + dist[rows]  # (b, 1, r, S)
+        if blocked is not None:  # logsigmoid(-inf) = -inf: the fixed mask folded in before the heads' broadcast
+            x = x.masked_fill(blocked, float("-inf"))
+        return F.logsigmoid(x + head)
 
     @staticmethod
-    def fused_bias_grad(terms, rows: slice, grad_scores: Tensor, grads) -> None:
+    def fused_bias_grad(terms, batch: slice, rows: slice, grad_scores: Tensor, bias: Tensor, grads) -> None:
         hw, dist, head = terms
-        block = reduce_logsigmoid_grad(hw[:, :, rows], dist[rows], head, grad_scores, (True, True, True))
+        # d logsigmoid(x) / dx = sigmoid(-x) = 1 - exp(logsigmoid(x)), from the block's bias (in place)
+        g = torch.addcmul(grad_scores, grad_scores, bias.exp_(), value=-1)  # (b, H, r, S)
+        g_heads = g.sum(1, keepdim=True)  # shared by hw and dist
         if grads[0] is None:
             grads[:] = [torch.zeros_like(hw), torch.zeros_like(dist), torch.zeros_like(head)]
-        grads[0][:, :, rows] += block[0]
-        grads[1][rows] += block[1]
-        grads[2] += block[2]
+        grads[0][batch, :, rows] += g_heads.sum(-1, keepdim=True)
+        grads[1][rows] += g_heads.sum((0, 1))
+        grads[2] += g.sum((0, 2, 3), keepdim=True)
 
     def flex_mods(self, ctx: AttentionContext, shape: flex.FlexShape) -> flex.FlexMods:
         """The same bias as a flex score mod from ``h_t·w`` (B,T), ``P`` and ``U``: no (T,S) tensor."""
