@@ -200,10 +200,10 @@ def main(argv=None):
     if args.precision:
         for v, row in precision([v for v in variants if ":" in v and "predictors" not in v], args.batch,
                                 args.length).items():
-            bias = max((e for n, e in row.items() if "bias_module" in n), default=float("nan"))
+            bias = max((e for n, e in row.items() if "bias_module" in n), default=None)
             others = max(e for n, e in row.items() if "bias_module" not in n and n != "output")
-            print(f"{v}: output {row['output']:.1e}, bias parameters' gradients <= {bias:.1e}, "
-                  f"other gradients <= {others:.1e}")
+            print(f"{v}: output {row['output']:.1e}, bias parameters' gradients "
+                  f"{'—' if bias is None else f'<= {bias:.1e}'}, other gradients <= {others:.1e}")
         return 0
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch} x {args.length} tokens, "
           f"{args.repeats} interleaved repeats")
