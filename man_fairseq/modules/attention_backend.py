@@ -41,7 +41,7 @@ a float mask (``sdpa``).
 Under ``auto`` (and ``flex`` where it falls back) on the CPU, a call whose bias learns (a bias module
 with parameters that need a gradient, in training: DMAN, the additive windows) takes the
 ``fused-bias-grad`` path (``fused_bias_grad.py``): the fused CPU kernel with the bias detached as a
-float mask, the bias's gradient rebuilt by blocks of queries from the saved log-sum-exp, where
+float mask, the bias's gradient rebuilt by blocks of sentences from the saved log-sum-exp, where
 PyTorch would run its math kernel and keep the ``(B, H, T, S)`` probabilities. Not with attention
 dropout (the path has none) nor in half precision (P rebuilt in half); ``reason`` says so. ``sdpa``
 stays PyTorch's dispatcher, ``explicit`` the reference.
@@ -141,7 +141,7 @@ def choose_kernel(
             return KernelChoice(SDPA, (), choice.reason + "; half precision: the bias's gradient through PyTorch's "
                                 "math kernel (the fused-bias-grad path rebuilds the probabilities in fp32/fp64 only)")
         return KernelChoice(FUSED_BIAS_GRAD, (), choice.reason + "; a learnable bias: the fused CPU kernel, "
-                            "the bias's gradient rebuilt by query blocks")
+                            "the bias's gradient rebuilt by blocks of sentences")
     return choice
 
 

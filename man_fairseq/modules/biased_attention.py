@@ -14,7 +14,7 @@ with ``needs_probabilities`` such as relative positions) or ``--attention-backen
 for the written-out softmax, the core runs a fused kernel (chosen by ``attention_backend.py``):
 PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask; for a bias module with
 ``extended_query_key`` (localness) on q and k extended by the bias's columns; for a learnable bias
-in CPU training the fused CPU kernel with the bias's gradient rebuilt by query blocks
+in CPU training the fused CPU kernel with the bias's gradient rebuilt by blocks of sentences
 (``fused_bias_grad.py``); or ``flex_attention`` with the bias as a score modification.
 
 It subclasses fairseq's :class:`MultiheadAttention` so that parameter names, initialisation,
