@@ -6,7 +6,8 @@ The check that a model trained on one attention path is an ordinary checkpoint o
 decoding does not depend on the path): the config's decoding (beam, length limits, n-gram blocking;
 ``man_recipes.evaluation.decode.generate_args``) of a whole subset on the CPU, once per backend with
 ``--model-overrides "{'attention_backend': B}"``. Prints how many hypotheses equal the first backend's
-and the largest difference of their scores; exit status 1 when a hypothesis differs, 2 on bad input.
+and the largest difference of their scores; exit status 1 when a hypothesis differs, 2 on bad input or
+when a backend decoded no sentence or other sentences than the first.
 """
 
 import argparse
@@ -15,26 +16,29 @@ import tempfile
 from pathlib import Path
 
 from man_recipes.config import ConfigError, load_config
-from man_recipes.evaluation.decode import EvaluateError, generate_args, run_generate
+from man_recipes.evaluation.decode import EvaluateError, generate_args, run_generate, top_hypotheses
+from man_recipes.options import number
+from man_recipes.paths import output_folder_problem
 
 BACKENDS = ("auto", "sdpa", "flex", "explicit")
 
 
-def hypotheses(text):
-    """{sentence id: (score, hypothesis)} from fairseq-generate's H- lines (the top beam)."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("H-"):
-            idx, score, *rest = line[2:].rstrip("\n").split("\t")
-            out.setdefault(int(idx), (float(score), rest[0] if rest else ""))
-    return out
-
-
 def compare(first, other):
-    """(identical hypotheses, sentences, largest score difference over all sentences)."""
-    same = sum(first[i][1] == other.get(i, (None, None))[1] for i in first)
-    diff = max((abs(first[i][0] - other[i][0]) for i in first if i in other), default=0.0)
-    return same, len(first), diff
+    """(identical hypotheses, largest score difference) of two {id: (score, hypothesis)} of the same sentences."""
+    same = sum(first[i][1] == other[i][1] for i in first)
+    diff = max((abs(first[i][0] - other[i][0]) for i in first), default=0.0)
+    return same, diff
+
+
+def sentence_problem(found):
+    """None when every backend decoded the same sentences, at least one; otherwise what differs."""
+    (ref, first), *others = found.items()
+    if not first:
+        return f"{ref} decoded no sentence"
+    for backend, other in others:
+        if set(other) != set(first):
+            return f"{ref} decoded {len(first):,} sentences, {backend} {len(other):,}: not the same ones"
+    return None
 
 
 def main(argv=None):
@@ -44,7 +48,7 @@ def main(argv=None):
     p.add_argument("--data", default=None, help="binarized data (default: the config's)")
     p.add_argument("--subset", default="test")
     p.add_argument("--backends", default="auto,explicit", help="comma-separated, the first the reference")
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
     p.add_argument("--logs", default=None, help="folder for fairseq-generate's outputs (default: a temporary one)")
     args = p.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
@@ -52,6 +56,10 @@ def main(argv=None):
         p.error(f"--backends: two or more of {', '.join(BACKENDS)}")
     if not Path(args.checkpoint).is_file():
         p.error(f"{args.checkpoint}: no such checkpoint")
+    if args.logs and (problem := output_folder_problem(args.logs)):
+        p.error(f"--logs {args.logs}: {problem}")
+    if args.logs and (kept := [b for b in backends if (Path(args.logs) / f"generate-{b}.log").exists()]):
+        p.error(f"--logs {args.logs}: holds generate-{kept[0]}.log already; it is not replaced")
     try:
         cfg = load_config(args.config)
     except ConfigError as e:
@@ -66,16 +74,21 @@ def main(argv=None):
                 cmd = (["fairseq-generate"] + generate_args(cfg, data, args.checkpoint, args.subset, "cpu", "fp32",
                                                             args.batch_size)
                        + ["--model-overrides", repr({"attention_backend": backend})])
-                found[backend] = hypotheses(run_generate(cmd, logs / f"generate-{backend}.log"))
+                found[backend] = top_hypotheses(run_generate(cmd, logs / f"generate-{backend}.log"))
         except EvaluateError as e:
             print(f"ERROR: {e}", file=sys.stderr)
+            return 2
+        if problem := sentence_problem(found):
+            where = f"their outputs: {logs}/generate-*.log" if args.logs else "--logs keeps fairseq-generate's outputs"
+            print(f"ERROR: {problem} ({where})", file=sys.stderr)
             return 2
     ref = backends[0]
     differ = False
     for backend in backends[1:]:
-        same, n, diff = compare(found[ref], found[backend])
-        differ |= same != n
-        print(f"{backend} against {ref}: {same:,} of {n:,} hypotheses identical, largest score difference {diff:.2g}")
+        same, diff = compare(found[ref], found[backend])
+        differ |= same != len(found[ref])
+        print(f"{backend} against {ref}: {same:,} of {len(found[ref]):,} hypotheses identical, "
+              f"largest score difference {diff:.2g}")
     return 1 if differ else 0
 
 

@@ -133,8 +133,7 @@ class _FusedBiasAttention(torch.autograd.Function):
         out = lse = None
         with torch.no_grad():
             for batch, rows in blocks:
-                bias = _block_bias(reducer, terms, blocked, batch, rows, q, k)
-                mask = bias if rest is None else bias + part(rest, batch, rows)
+                _, mask = _block_bias(reducer, terms, blocked, rest, batch, rows, q, k)
                 out_b, lse_b = _FORWARD(q[batch, :, rows], k[batch], v[batch], 0.0, False, attn_mask=mask, scale=scale)
                 if len(blocks) == 1:
                     out, lse = out_b, lse_b
@@ -159,8 +158,7 @@ class _FusedBiasAttention(torch.autograd.Function):
         grads: List[Optional[Tensor]] = [None] * len(terms)
         grad_out = grad_out.contiguous()
         for batch, rows in fctx.blocks:
-            bias = _block_bias(reducer, terms, blocked, batch, rows, q, k)
-            mask = bias if rest is None else bias + part(rest, batch, rows)
+            bias, mask = _block_bias(reducer, terms, blocked, rest, batch, rows, q, k)
             grad_scores = _block_backward(q[batch, :, rows], k[batch], v[batch], out[batch, :, rows],
                                           grad_out[batch, :, rows], lse[batch, :, rows], mask, scale,
                                           grad_q[batch, :, rows], grad_k[batch], grad_v[batch])
@@ -191,12 +189,14 @@ def _block_backward(q_b, k_b, v_b, out_b, go_b, lse_b, mask, scale, grad_q_b, gr
     return ds.view(shape)
 
 
-def _block_bias(reducer, terms: Sequence[Tensor], blocked: Optional[Tensor], batch: slice, rows: slice, q: Tensor,
-                k: Tensor) -> Tensor:
-    """The bias of a block with ``-inf`` where the fixed mask blocks, (b, H, r, S) contiguous in q's dtype."""
+def _block_bias(reducer, terms: Sequence[Tensor], blocked: Optional[Tensor], rest: Optional[Tensor], batch: slice,
+                rows: slice, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
+    """A block's bias, ``-inf`` where the fixed mask blocks, (b, H, r, S) contiguous in q's dtype, and its
+    mask for the scores (the bias plus the fixed mask's finite entries, if any)."""
     bias = reducer.block(terms, batch, rows, part(blocked, batch, rows)).to(q.dtype)
-    shape = (len(range(*batch.indices(q.size(0)))), q.size(1), len(range(*rows.indices(q.size(2)))), k.size(2))
-    return bias.expand(shape).contiguous() if bias.shape != shape else bias.contiguous()
+    shape = (batch.stop - batch.start, q.size(1), rows.stop - rows.start, k.size(2))  # plan_blocks' slices
+    bias = bias.expand(shape).contiguous() if bias.shape != shape else bias.contiguous()
+    return bias, (bias if rest is None else bias + part(rest, batch, rows))
 
 
 def split_fixed(fixed: Optional[Tensor], dtype: torch.dtype) -> Tuple[Optional[Tensor], Optional[Tensor]]:

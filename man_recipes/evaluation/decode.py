@@ -21,15 +21,23 @@ class EvaluateError(RuntimeError):
     """What stops an evaluation; ``main`` prints it as one ``ERROR:`` line (exit status 2)."""
 
 
+def top_hypotheses(text):
+    """{sentence id: (score, hypothesis)} from fairseq-generate's H- lines (the top beam: the first)."""
+    hyps = {}
+    for line in text.splitlines():
+        if line.startswith("H-"):
+            idx, score, *rest = line[2:].split("\t")
+            hyps.setdefault(int(idx), (float(score), rest[0] if rest else ""))
+    return hyps
+
+
 def read_generate_output(text, with_targets=True):
     """(ids, hypotheses, targets) from fairseq-generate's H-/T- lines (hypothesis = top beam);
     targets None when decoded ``with_targets=False`` (from the sources alone)."""
-    hyps, refs = {}, {}
+    hyps = {i: hyp for i, (_score, hyp) in top_hypotheses(text).items()}
+    refs = {}
     for line in text.splitlines():
-        if line.startswith("H-"):
-            idx, _score, *rest = line[2:].split("\t")
-            hyps.setdefault(int(idx), rest[0] if rest else "")
-        elif line.startswith("T-"):
+        if line.startswith("T-"):
             idx, *rest = line[2:].split("\t")
             refs[int(idx)] = rest[0] if rest else ""
     if set(hyps) != set(refs) and (with_targets or refs):
