@@ -137,7 +137,8 @@ def test_good_values_still_parse_as_their_type(tmp_path):
      "transformer_man does not support --cross-self-attention"),
     ("transformer_localness_small", ["--localness-layers", "0,1", "--cross-self-attention"], False,
      "--cross-self-attention is not supported"),
-    ("transformer_man_small", [], True, "needs a calibrated model (--arch transformer_calibrated_small/_base/_big), "
+    ("transformer_man_small", [], True, "needs a calibrated model (--arch transformer_calibrated_small/_base/_big, "
+                                        "or transformer_masked_* with --calibration-layers), "
                                         "got --arch transformer_man_small"),
 ])
 def test_what_only_the_build_can_see_is_a_plugin_option_error(tmp_path, arch, extra, criterion, message):
@@ -211,7 +212,8 @@ def test_an_option_error_in_a_spawned_process_is_one_line_too(tmp_path, capsys):
      f"checkpoint trained so loads with --model-overrides \"{{'criterion': '{CRITERION}'}}\")"),
     (["--arch", "transformer_man_small", "--criterion", CRITERION], 1,
      f"fairseq-train: error: --criterion {CRITERION} needs a calibrated model "
-     "(--arch transformer_calibrated_small/_base/_big), got --arch transformer_man_small"),
+     "(--arch transformer_calibrated_small/_base/_big, or transformer_masked_* with --calibration-layers), "
+     "got --arch transformer_man_small"),
 ])
 def test_fairseq_train_prints_one_line_and_no_traceback(toy_data_bin, tmp_path, extra, status, last_line):
     # (a --criterion in ``extra`` comes after TINY_TRAIN's: the last one counts)

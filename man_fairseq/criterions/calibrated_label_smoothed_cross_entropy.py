@@ -46,7 +46,7 @@ from torch import nn
 
 from ..plugin_options import VALID, Number, PluginOptionError, add_option_args, check_options
 from ..modules.calibration import PERTURBED, calibration_mode
-from ..models.transformer_calibrated import JOINT_CRITERION, TransformerCalibratedModel
+from ..models.transformer_calibrated import JOINT_CRITERION
 
 
 @dataclass
@@ -117,10 +117,12 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
             from fairseq.models import ARCH_MODEL_REGISTRY
 
             model_cls = ARCH_MODEL_REGISTRY.get(arch)
-            if model_cls is None or not issubclass(model_cls, TransformerCalibratedModel):
+            # the composed arch calibrates where --calibration-layers says (checked when it is built)
+            if model_cls is None or not hasattr(model_cls, "perturbation_parameters"):
                 raise PluginOptionError(
                     f"--criterion {JOINT_CRITERION} needs a calibrated model "
-                    f"(--arch transformer_calibrated_small/_base/_big), got --arch {arch}"
+                    f"(--arch transformer_calibrated_small/_base/_big, or transformer_masked_* with "
+                    f"--calibration-layers), got --arch {arch}"
                 )
         return super().build_criterion(cfg, task)
 
@@ -175,7 +177,8 @@ class CalibratedLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCrit
     def forward(self, model, sample, reduce=True):
         inner = unwrap_model(model)
         if not hasattr(inner, "perturbation_parameters"):
-            raise PluginOptionError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_*")
+            raise PluginOptionError("calibrated_label_smoothed_cross_entropy needs --arch transformer_calibrated_* "
+                                    "(or transformer_masked_* with --calibration-layers)")
         if getattr(inner.decoder, "adaptive_softmax", None) is not None:
             raise PluginOptionError("calibrated_label_smoothed_cross_entropy does not support --adaptive-softmax-cutoff")
         net_output, loss, nll_loss, encoder_out = self.calibrated_pass(model, sample, reduce)

@@ -13,7 +13,7 @@ Each sublayer has its own residual connection, dropout and LayerNorm (post-norm 
 are other sequences of the same names.
 """
 
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from fairseq import utils
@@ -48,6 +48,16 @@ def parse_sublayers(spec: str, decoder: bool) -> List[str]:
     return names
 
 
+# (sublayer name, the core's keyword arguments; a self-attention's carry its MAN mask as
+# ``bias_module``) -> the attention module of that sublayer
+AttentionFactory = Callable[[str, dict], nn.Module]
+
+
+def plain_attention(name: str, kwargs: dict) -> nn.Module:
+    """The attention of a MAN sublayer: the core with the sublayer's own mask (if any)."""
+    return BiasedMultiheadAttention(**kwargs)
+
+
 class FeedForward(nn.Module):
     """fairseq's position-wise FFN: fc2(dropout(act(fc1(x))))."""
 
@@ -70,9 +80,13 @@ class MANLayer(nn.Module):
         decoder: build a decoder layer (causal self-attention sublayers and ``cross``).
         sublayers: the sublayer names in order (:func:`parse_sublayers` of the option).
         attention_backend: ``--attention-backend`` of every attention sublayer.
+        build_attention: builds each attention sublayer from its name and the core's arguments
+            (default :func:`plain_attention`); the composed arch (``transformer_masked``) adds its
+            plan's mechanisms there.
     """
 
-    def __init__(self, cfg, decoder: bool, sublayers: Sequence[str], attention_backend: str = "auto"):
+    def __init__(self, cfg, decoder: bool, sublayers: Sequence[str], attention_backend: str = "auto",
+                 build_attention: Optional[AttentionFactory] = None):
         super().__init__()
         side = cfg.decoder if decoder else cfg.encoder
         self.decoder = decoder
@@ -83,6 +97,7 @@ class MANLayer(nn.Module):
         activation_dropout = cfg.activation_dropout or (cfg.relu_dropout or 0.0)
         q_noise, qn_block = cfg.quant_noise.pq, cfg.quant_noise.pq_block_size
 
+        build = build_attention or plain_attention
         self.blocks = nn.ModuleList()
         # not "layer_norms": fairseq's decoder renames that legacy key on checkpoint load
         self.sublayer_norms = nn.ModuleList()
@@ -91,19 +106,19 @@ class MANLayer(nn.Module):
                 block = FeedForward(self.embed_dim, side.ffn_embed_dim, cfg.activation_fn,
                                     float(activation_dropout), q_noise, qn_block)
             elif name == "cross":
-                block = BiasedMultiheadAttention(
-                    self.embed_dim, side.attention_heads, kdim=cfg.encoder.embed_dim,
+                block = build(name, dict(
+                    embed_dim=self.embed_dim, num_heads=side.attention_heads, kdim=cfg.encoder.embed_dim,
                     vdim=cfg.encoder.embed_dim, dropout=cfg.attention_dropout,
                     encoder_decoder_attention=True, head_activation=cfg.attention_head_activation,
                     attention_backend=attention_backend, q_noise=q_noise, qn_block_size=qn_block,
-                )
+                ))
             else:
-                block = BiasedMultiheadAttention(
-                    self.embed_dim, side.attention_heads, dropout=cfg.attention_dropout,
+                block = build(name, dict(
+                    embed_dim=self.embed_dim, num_heads=side.attention_heads, dropout=cfg.attention_dropout,
                     self_attention=True, bias_module=self.build_mask(name, cfg, side.attention_heads),
                     head_activation=cfg.attention_head_activation, attention_backend=attention_backend,
                     q_noise=q_noise, qn_block_size=qn_block,
-                )
+                ))
                 block.causal_attn_mask = decoder  # the decoder passes fairseq's future mask only
             self.blocks.append(block)
             self.sublayer_norms.append(LayerNorm(self.embed_dim, export=cfg.export))
@@ -158,10 +173,11 @@ class MANLayer(nn.Module):
 
 
 class MANEncoderLayer(MANLayer):
-    def __init__(self, cfg, sublayers: Sequence[str], attention_backend: str = "auto", return_fc: bool = False):
+    def __init__(self, cfg, sublayers: Sequence[str], attention_backend: str = "auto", return_fc: bool = False,
+                 build_attention: Optional[AttentionFactory] = None):
         if return_fc:
             raise ValueError("return_fc is not supported by MAN encoder layers")
-        super().__init__(cfg, False, sublayers, attention_backend)
+        super().__init__(cfg, False, sublayers, attention_backend, build_attention)
 
     def forward(self, x, encoder_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor] = None):
         if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -171,10 +187,11 @@ class MANEncoderLayer(MANLayer):
 
 
 class MANDecoderLayer(MANLayer):
-    def __init__(self, cfg, sublayers: Sequence[str], attention_backend: str = "auto", no_encoder_attn: bool = False):
+    def __init__(self, cfg, sublayers: Sequence[str], attention_backend: str = "auto", no_encoder_attn: bool = False,
+                 build_attention: Optional[AttentionFactory] = None):
         if no_encoder_attn:
             raise ValueError("MAN decoder layers need encoder-decoder attention")
-        super().__init__(cfg, True, sublayers, attention_backend)
+        super().__init__(cfg, True, sublayers, attention_backend, build_attention)
 
     def forward(
         self, x, encoder_out=None, encoder_padding_mask=None, incremental_state=None,

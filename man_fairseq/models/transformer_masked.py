@@ -1,0 +1,284 @@
+"""The composed arch (``--arch transformer_masked_*``), docs/model-families.md#combining-the-families.
+
+Every family's options on one model: MAN's layers (its sublayer orders and DMAN / SMAN options;
+by default a Transformer's ``san,ffn`` and ``san,cross,ffn``), and on any attention the entries of
+the other families' plans, each made by that family's own ``make_plan`` and turned into modules by
+its own ``attention_extras``:
+
+* localness (``--localness-attention-types``, ``--localness-layers``) and relative positions;
+* differentiable windows (``--diffwin-encoder/-decoder/-cross``, ``--diffwin-layers``, presets);
+* calibration of the cross-attention of ``--calibration-layers`` (with the joint criterion).
+
+On one attention the additive biases add in the logits (the MAN sublayer's own mask, then
+localness, then an additive window) and the post-softmax transforms apply in :data:`MECHANISMS`'
+order (a multiplicative window, then calibration): ``calib(mw(softmax(qk/sqrt(d) + sum of biases)))``.
+Every mechanism off, the model is a Transformer in MAN's layer form (its parameters named
+``blocks.i`` / ``sublayer_norms.i``, not fairseq's). The four family archs stay their own classes.
+"""
+
+import dataclasses
+import functools
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Tuple
+
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models.transformer import TransformerConfig
+
+from ..modules.combined_mask import combine
+from ..modules.man_layers import SELF_ATTENTION_SUBLAYERS, MANDecoderLayer, MANEncoderLayer
+from ..plugin_options import VALID, Parsed, PluginOptionError, parse_layer_set, parse_layer_spec
+from .biased_transformer import BiasedTransformerModel, wrap_layer
+from .family import ATTENTION_TYPES, CROSS, DECODER_SELF, ENCODER_SELF, AttentionPlan, fairseq_sizes, register_family, stack_depths
+from .transformer_calibrated import JOINT_CRITERION, CalibrationConfig, TransformerCalibratedModel
+from .transformer_diffwin import DIFFWIN_PRESETS, DiffWinConfig, TransformerDiffWinModel, diffwin_base_architecture
+from .transformer_localness import LocalnessConfig, TransformerLocalnessModel
+from .transformer_man import MANConfig, MANDecoder, MANEncoder, MANPlan, TransformerMANModel
+
+logger = logging.getLogger(__name__)
+
+# the mechanisms a plan entry may hold, in the order their biases add and their transforms apply
+MECHANISMS = {
+    "localness": TransformerLocalnessModel,
+    "diffwin": TransformerDiffWinModel,
+    "calibration": TransformerCalibratedModel,
+}
+
+
+def default_changed(config, name: str, default):
+    """A field of ``config`` with another default (its help and valid values kept)."""
+    original = {f.name: f for f in dataclasses.fields(config)}[name]
+    return field(default=default, metadata=dict(original.metadata))
+
+
+def parse_mechanism_sublayers(spec: str):
+    names = [s.strip() for s in (spec or "").split(",") if s.strip()]
+    bad = [n for n in names if n not in SELF_ATTENTION_SUBLAYERS]
+    if bad or not names:
+        raise ValueError(f"--mechanism-sublayers: expected a comma-separated subset of "
+                         f"{', '.join(SELF_ATTENTION_SUBLAYERS)}, got {spec!r}")
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass
+class MaskedConfig(CalibrationConfig, DiffWinConfig, LocalnessConfig, MANConfig):
+    """Every family's options; every mechanism off by default (a Transformer in MAN's layer form)."""
+
+    encoder_sublayers: str = default_changed(MANConfig, "encoder_sublayers", "san,ffn")
+    decoder_sublayers: str = default_changed(MANConfig, "decoder_sublayers", "san,cross,ffn")
+    localness_attention_types: str = default_changed(LocalnessConfig, "localness_attention_types", "")
+    diffwin_preset: ChoiceEnum(list(DIFFWIN_PRESETS)) = default_changed(DiffWinConfig, "diffwin_preset", "none")
+    calibration_layers: str = field(
+        default="",
+        metadata={"help": "a LIST of 0-based decoder layers whose cross-attention is calibrated (as "
+                  "transformer_calibrated's, which calibrates every layer: 'all'); '' for none. Trains with "
+                  f"--criterion {JOINT_CRITERION}",
+                  VALID: Parsed(parse_layer_spec, "comma-separated 0-based layer indices, 'all', or '' (none)")},
+    )
+    mechanism_sublayers: str = field(
+        default=",".join(SELF_ATTENTION_SUBLAYERS),
+        metadata={"help": "which self-attention sublayers of a layer take the layer's localness, relative "
+                  "positions and windows: a subset of dman, san, sman1, sman2 (default: each of them; "
+                  "'san' leaves MAN's DMAN / SMAN sublayers as the paper's)",
+                  VALID: Parsed(parse_mechanism_sublayers, "comma-separated subset of "
+                                + ", ".join(SELF_ATTENTION_SUBLAYERS))},
+    )
+
+
+MASKED_DEFAULTS = MaskedConfig()
+
+
+@dataclass(frozen=True)
+class MaskedPlan(MANPlan):
+    """MAN's sublayers, and per (attention type, layer) the mechanisms of that attention:
+    ``((mechanism, its family's spec), ...)`` in :data:`MECHANISMS`' order."""
+
+    mechanism_sublayers: Tuple[str, ...] = ()
+    specs: Mapping[Tuple[str, int], Tuple[Tuple[str, object], ...]] = field(default_factory=dict)
+
+
+def build_attention(plan: MaskedPlan, side_kind: str, layer_idx: int, cfg, name: str, kwargs: dict):
+    """The attention of sublayer ``name`` of layer ``layer_idx``: its MAN mask (``kwargs``) and the
+    plan's mechanisms, their modules built in the plan's order before the attention."""
+    kind = CROSS if name == "cross" else side_kind
+    takes = name == "cross" or name in plan.mechanism_sublayers
+    entries = plan.specs.get((kind, layer_idx), ()) if takes else ()
+    if not entries:
+        return BiasedTransformerModel.attention_module(None, kind, cfg, **kwargs)
+    own = kwargs.pop("bias_module", None)
+    biases, transforms = ([own] if own is not None else []), []
+    for mechanism, spec in entries:
+        bias, transform = MECHANISMS[mechanism].attention_extras(spec, kind, cfg)
+        biases += [bias] if bias is not None else []
+        transforms += [transform] if transform is not None else []
+    kwargs["bias_module"], kwargs["post_softmax"] = combine(biases, transforms)
+    # at most one mechanism of an entry brings its own attention class (checked in make_plan)
+    for mechanism, spec in entries:
+        if owns_attention_class(MECHANISMS[mechanism]):
+            return MECHANISMS[mechanism].attention_module(spec, kind, cfg, **kwargs)
+    return BiasedTransformerModel.attention_module(None, kind, cfg, **kwargs)
+
+
+def owns_attention_class(family) -> bool:
+    return family.attention_module.__func__ is not BiasedTransformerModel.attention_module.__func__
+
+
+class MaskedEncoder(MANEncoder):
+    def __init__(self, cfg, dictionary, embed_tokens, plan: MaskedPlan):
+        self._layer_ids = itertools.count()
+        super().__init__(cfg, dictionary, embed_tokens, plan)
+
+    def build_encoder_layer(self, cfg):
+        build = functools.partial(build_attention, self.plan, ENCODER_SELF, next(self._layer_ids), cfg)
+        layer = MANEncoderLayer(cfg, self.plan.encoder_sublayers, self.plan.attention_backend,
+                                return_fc=self.return_fc, build_attention=build)
+        return wrap_layer(layer, cfg)
+
+
+class MaskedDecoder(MANDecoder):
+    def __init__(self, cfg, dictionary, embed_tokens, plan: MaskedPlan, no_encoder_attn=False):
+        self._layer_ids = itertools.count()
+        super().__init__(cfg, dictionary, embed_tokens, plan, no_encoder_attn=no_encoder_attn)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        build = functools.partial(build_attention, self.plan, DECODER_SELF, next(self._layer_ids), cfg)
+        layer = MANDecoderLayer(cfg, self.plan.decoder_sublayers, self.plan.attention_backend,
+                                no_encoder_attn=no_encoder_attn, build_attention=build)
+        return wrap_layer(layer, cfg)
+
+
+@register_family("transformer_masked")
+class TransformerMaskedModel(TransformerMANModel):
+    """MAN's layers with localness, relative positions, windows and calibration on any attention."""
+
+    config = MaskedConfig
+    sizes = fairseq_sizes(("small", "base", "big"))
+
+    @classmethod
+    def fill_defaults(cls, args):
+        # diffwin's preset fills its per-attention options first (none unless one is named)
+        if getattr(args, "diffwin_preset", None) is None:
+            args.diffwin_preset = MASKED_DEFAULTS.diffwin_preset
+        diffwin_base_architecture(args)
+        super().fill_defaults(args)
+
+    @classmethod
+    def calibrated_layers(cls, args):
+        return parse_layer_set(args.calibration_layers, stack_depths(args)[1], "--calibration-layers")
+
+    @classmethod
+    def check(cls, args):
+        super().check(args)
+        criterion = getattr(args, "criterion", None)  # what fairseq-train trains with (absent when built by hand)
+        if cls.calibrated_layers(args):
+            if getattr(args, "checkpoint_activations", False):
+                # the criterion switches the calibration mode between two passes; a recomputation
+                # during backward would run in the wrong mode
+                raise PluginOptionError("--calibration-layers does not work with --checkpoint-activations")
+            if isinstance(criterion, str) and criterion != JOINT_CRITERION:
+                raise PluginOptionError(f"--calibration-layers trains with --criterion {JOINT_CRITERION} (its mask "
+                                        f"perturbation model learns only from that joint loss); got --criterion {criterion}")
+        elif criterion == JOINT_CRITERION:
+            raise PluginOptionError(f"--criterion {JOINT_CRITERION} needs a calibrated cross-attention "
+                                    "(--calibration-layers, e.g. 'all')")
+
+    @classmethod
+    def mechanism_specs(cls, args) -> Dict[str, Mapping]:
+        """{mechanism: its family's plan specs} for the mechanisms the options turn on."""
+        specs = {"localness": TransformerLocalnessModel.make_plan(args).specs}
+        if any(str(getattr(args, f"diffwin_{side}")) != "none" for side in ("encoder", "decoder", "cross")):
+            specs["diffwin"] = TransformerDiffWinModel.make_plan(args).specs
+        layers = cls.calibrated_layers(args)
+        if layers:
+            every = TransformerCalibratedModel.make_plan(args).specs
+            specs["calibration"] = {key: spec for key, spec in every.items() if key[1] in layers}
+        return specs
+
+    @classmethod
+    def make_plan(cls, args):
+        man = super().make_plan(args)
+        mechanism_sublayers = parse_mechanism_sublayers(args.mechanism_sublayers)
+        by_mechanism = cls.mechanism_specs(args)
+        specs: Dict[Tuple[str, int], Tuple] = {}
+        for mechanism in MECHANISMS:
+            for key, spec in by_mechanism.get(mechanism, {}).items():
+                specs[key] = specs.get(key, ()) + ((mechanism, spec),)
+        for (kind, layer), entries in specs.items():
+            owners = [m for m, _ in entries if owns_attention_class(MECHANISMS[m])]
+            if len(owners) > 1:
+                raise PluginOptionError(f"{kind} layer {layer}: {' and '.join(owners)} each bring their own "
+                                        "attention class; one attention cannot take both")
+        sublayers = {ENCODER_SELF: man.encoder_sublayers, DECODER_SELF: man.decoder_sublayers}
+        for kind, names in sublayers.items():
+            if any(k == kind for k, _ in specs) and not set(names) & set(mechanism_sublayers):
+                side = kind.split("_")[0]
+                raise PluginOptionError(f"--mechanism-sublayers {args.mechanism_sublayers}: no sublayer of "
+                                        f"--{side}-sublayers {getattr(args, f'{side}_sublayers')} takes the "
+                                        f"mechanisms asked for on {kind}")
+        plan = MaskedPlan(encoder_sublayers=man.encoder_sublayers, decoder_sublayers=man.decoder_sublayers,
+                          mechanism_sublayers=mechanism_sublayers, specs=specs)
+        log_plan(plan)
+        return plan
+
+    @classmethod
+    def is_default(cls, args, dest, value):
+        """The option's own default, or the value its diffwin preset fills in."""
+        preset = DIFFWIN_PRESETS[args.diffwin_preset]
+        return super().is_default(args, dest, value) or (dest in preset and str(value) == str(preset[dest]))
+
+    @classmethod
+    def inert_options(cls, args, plan):
+        inert = super().inert_options(args, plan)  # MAN's: no dman / sman2 sublayer
+        def of(mechanism):
+            return AttentionPlan(specs={key: spec for key, entries in plan.specs.items()
+                                        for m, spec in entries if m == mechanism})
+        localness = of("localness")
+        inert.update(TransformerLocalnessModel.inert_options(args, localness))
+        if not any(spec.window is not None for spec in localness.specs.values()):
+            inert["localness_layers"] = "no attention gets the Gaussian bias (--localness-attention-types is empty)"
+        inert.update(TransformerDiffWinModel.inert_options(args, of("diffwin")))
+        if of("calibration").specs:
+            inert.update(TransformerCalibratedModel.inert_options(args, of("calibration")))
+        else:
+            inert.update({dest: "no cross-attention is calibrated (--calibration-layers)"
+                          for dest in ("calibration_fusion", "calibration_lambda", "calibration_anneal_steps")})
+        if not any(kind != CROSS for kind, _ in plan.specs):
+            inert["mechanism_sublayers"] = "no self-attention takes localness, relative positions or a window"
+        return inert
+
+    # the families' model methods the composed model needs as they are
+    set_beam_size = TransformerDiffWinModel.set_beam_size
+    perturbation_parameters = TransformerCalibratedModel.perturbation_parameters
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return MaskedEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        cfg = TransformerConfig.from_namespace(args)
+        return MaskedDecoder(cfg, tgt_dict, embed_tokens, cls.plan_in_build(), no_encoder_attn=cfg.no_cross_attention)
+
+
+def log_plan(plan: MaskedPlan) -> None:
+    """One line per attention type: its layers and their mechanisms (beside each layer's MAN sublayers)."""
+    for kind in ATTENTION_TYPES:
+        layers = sorted(layer for k, layer in plan.specs if k == kind)
+        if layers:
+            what = "; ".join(f"{layer}: " + " + ".join(describe(m, spec) for m, spec in plan.specs[kind, layer])
+                             for layer in layers)
+            logger.info("transformer_masked %s layers %s", kind, what)
+
+
+def describe(mechanism: str, spec) -> str:
+    """A plan entry's mechanism in the start-up log."""
+    if mechanism == "localness":
+        parts = ([f"localness({spec.window})"] if spec.window is not None else []) + \
+                ([f"relative positions(K={spec.max_relative_position})"] if spec.max_relative_position else [])
+        return " + ".join(parts)
+    if mechanism == "diffwin":
+        return f"{spec.mode}({spec.mask})"
+    if mechanism == "calibration":
+        return f"calibration({spec.fusion})"
+    return mechanism
