@@ -8,6 +8,7 @@ FAMILY_ARCH = {
     "transformer_localness": "transformer_localness_small",
     "transformer_diffwin": "transformer_diffwin_small",
     "transformer_calibrated": "transformer_calibrated_small",
+    "transformer_masked": "transformer_masked_small",
 }
 CRITERION = "calibrated_label_smoothed_cross_entropy"
 

@@ -19,6 +19,11 @@ FAMILIES = {
                 "label_smoothed_cross_entropy"),
     "calibrated": ("transformer_calibrated_small", {"calibration_fusion": "gate"},
                    "calibrated_label_smoothed_cross_entropy"),
+    # the composed arch: MAN's encoder, localness on it, calibrated cross-attention (issue 78)
+    "masked": ("transformer_masked_small",
+               {"encoder_sublayers": "dman,san,ffn", "localness_attention_types": "encoder_self",
+                "localness_layers": "0", "calibration_layers": "all", "calibration_fusion": "anneal"},
+               "calibrated_label_smoothed_cross_entropy"),
 }
 
 

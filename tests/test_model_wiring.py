@@ -30,6 +30,8 @@ ARCH_EXTRAS = {
     "transformer_diffwin": [[], ["--diffwin-preset", "cr_aw_seg", "--diffwin-cross", "mw"],
                             ["--diffwin-preset", "none", "--diffwin-encoder", "aw", "--diffwin-layers", "6"]],
     "transformer_calibrated": [[], ["--calibration-fusion", "gate"]],
+    "transformer_masked": [[], ["--encoder-sublayers", "dman,san,ffn", "--localness-attention-types", "encoder_self",
+                                "--diffwin-preset", "cr_aw_seg", "--calibration-layers", "all"]],
 }
 
 # tiny models: (arch, options); TINY_MODEL has 2 encoder and 2 decoder layers
@@ -57,6 +59,17 @@ TINY_BUILDS = {
     "calibrated_gate": ("transformer_calibrated_base", ["--calibration-fusion", "gate"]),
     "backend_flex": ("transformer_localness_base", ["--attention-backend", "flex"]),
     "backend_sdpa_man": ("transformer_man_base", ["--attention-backend", "sdpa"]),
+    # the composed arch (issue 78; added after the family template, the entries above unchanged)
+    "masked_default": ("transformer_masked_base", []),
+    "masked_man_calibration": ("transformer_masked_base", [
+        "--encoder-sublayers", "dman,san,ffn", "--calibration-layers", "all",
+        "--criterion", "calibrated_label_smoothed_cross_entropy"]),
+    "masked_every_mechanism": ("transformer_masked_base", [
+        "--encoder-sublayers", "dman,san,ffn", "--decoder-sublayers", "sman2,cross,ffn",
+        "--localness-attention-types", "encoder_self,decoder_self,cross", "--relative-positions",
+        "--diffwin-preset", "enc_aw-cr_aw_seg-dec_mw", "--mechanism-sublayers", "san,sman2",
+        "--calibration-layers", "1", "--calibration-fusion", "gate",
+        "--criterion", "calibrated_label_smoothed_cross_entropy"]),
 }
 
 
