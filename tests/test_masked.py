@@ -158,7 +158,8 @@ def test_combination_equals_the_naive_formula_on_the_fast_and_explicit_paths(nam
         key = query if key is None else key
         with torch.no_grad():
             want = naive_output(attention, query, key, pad, attn_mask)
-            for backend in ("auto", "explicit"):
+            # flex: eager on the CPU (no backward needed here); with a transform it falls back, saying so
+            for backend in ("auto", "explicit", "flex"):
                 attention.attention_backend = backend
                 got, _ = attention(query, key, key, key_padding_mask=pad, attn_mask=attn_mask, need_weights=False,
                                    static_kv=kind == "cross")
@@ -180,6 +181,11 @@ def test_the_fast_path_is_the_one_the_mechanisms_allow():
     dec = attentions_of(model, "decoder_self")[0]
     assert enc.last_kernel.path == "fused-bias-grad"  # DMAN + localness, both learn
     assert dec.last_kernel.path == "extended"  # localness alone
+    model.eval()
+    enc.attention_backend = "flex"
+    with torch.no_grad():
+        model(**padded_sample(task, left=True))
+    assert enc.last_kernel.path == "flex"  # DMAN + localness: each part's score modification
     model, task = build(COMBINATIONS["cross_localness_calibration"][0])
     model.eval()
     with torch.no_grad():

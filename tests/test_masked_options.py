@@ -145,3 +145,32 @@ def test_man_encoder_with_calibrated_cross_attention_trains_and_generates(toy_da
         "--beam", "3", "--batch-size", "8", "--gen-subset", "valid", "--cpu", "--max-len-b", "12",
     ]).stdout
     assert len([line for line in gen.splitlines() if line.startswith("H-")]) == 40
+
+
+def test_the_multi30k_man_calibration_config_is_man_s_encoder_with_calibration_s_cross_attention():
+    """configs/multi30k-cpu/man-calibration.yaml: for the same seed its encoder is the man row's,
+    parameter for parameter, and its decoder calibrates every cross-attention as the calibration row
+    does (same fusion, same perturbation parameters), trained with the joint criterion."""
+    from man_fairseq.modules.calibration import calibration_modules
+    from man_recipes.config import CONFIG_DIR, load_config, option_args
+    from man_recipes.studies.experiments import parse_families
+
+    def build(family):
+        cfg = load_config(CONFIG_DIR / "multi30k-cpu" / f"{family}.yaml")
+        torch.manual_seed(3)
+        extra = option_args(cfg["model"]) + ["--dropout", "0.3", "--criterion", cfg["train"]["criterion"]]
+        return cfg, build_fairseq_model(cfg["arch"], extra, dict_size=300)[0]
+
+    cfg, composed = build("man-calibration")
+    _, man = build("man")
+    _, calibrated = build("calibration")
+    assert cfg["train"]["criterion"] == "calibrated_label_smoothed_cross_entropy"
+    assert parse_families("multi30k-cpu", "man-calibration")[1] == ["transformer", "man-calibration"]
+    want = man.encoder.state_dict()
+    got = composed.encoder.state_dict()
+    assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want)
+    ours, theirs = calibration_modules(composed), calibration_modules(calibrated)
+    assert len(ours) == len(theirs) == 3
+    for a, b in zip(ours, theirs):
+        assert (a.fusion, a.anneal_steps) == (b.fusion, b.anneal_steps) == ("anneal", 1270.0)
+        assert [p.shape for p in a.parameters()] == [p.shape for p in b.parameters()]

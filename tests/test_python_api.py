@@ -25,9 +25,13 @@ FAMILIES = {
     "localness": ["--arch", "transformer_localness_small", "--localness-layers", "0,1"],
     "diffwin": ["--arch", "transformer_diffwin_small", "--diffwin-layers", "2", "--diffwin-segment-size", "3"],
     "calibrated": ["--arch", "transformer_calibrated_small", "--criterion", "calibrated_label_smoothed_cross_entropy"],
+    "masked": ["--arch", "transformer_masked_small", "--encoder-sublayers", "dman,san,ffn", "--localness-attention-types",
+               "encoder_self", "--localness-layers", "0", "--calibration-layers", "all",
+               "--criterion", "calibrated_label_smoothed_cross_entropy"],
 }
 MODEL_CLASS = {"transformer": "TransformerModel", "man": "TransformerMANModel", "localness": "TransformerLocalnessModel",
-               "diffwin": "TransformerDiffWinModel", "calibrated": "TransformerCalibratedModel"}
+               "diffwin": "TransformerDiffWinModel", "calibrated": "TransformerCalibratedModel",
+               "masked": "TransformerMaskedModel"}
 # a raw sentence with what Moses escapes and splits, and a word BPE splits (not in the corpus)
 RAW = 'The doctor\'s "new" bicycle isn\'t colder, is it?'
 # decode() detokenizes with the target language's rules: a round trip of text in that language

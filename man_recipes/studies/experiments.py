@@ -18,6 +18,7 @@ FAMILY_LABELS = {
     "calibration": "Calibration (anneal)",
     "calibration-alpha0.01": "Calibration (anneal, α = 0.01)",
     "man-zeros": "MAN (small, DMAN P, U from 0)",
+    "man-calibration": "MAN enc. + calibrated cross-att. (anneal)",
 }
 MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k", "metric": "bleu",
             "prepare": "data-prep/prepare-multi30k.sh [--from FOLDER]"}
@@ -25,7 +26,9 @@ EXPERIMENTS = {
     "multi30k": dict(MULTI30K, configs=CONFIG_DIR / "multi30k",
                      title="Multi30k De→En, papers' small width: every family against the Transformer"),
     # "device": the default --device of a CPU study (its records were made there)
+    # man-calibration: the composed arch (transformer_masked: MAN's encoder, calibrated cross-attention)
     "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu", device="cpu",
+                         families=FAMILIES + ["man-calibration"],
                          title="Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"),
     "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
                      "dataset": "gigaword", "metric": "rouge", "device": "cpu",
