@@ -117,6 +117,12 @@ def diffwin_base_architecture(args):
     fill_option_defaults(args, DIFFWIN_DEFAULTS)
 
 
+def preset_fills(args, dest: str, value) -> bool:
+    """Whether ``--diffwin-preset`` of ``args`` fills option ``dest`` with ``value``."""
+    preset = DIFFWIN_PRESETS[args.diffwin_preset]
+    return dest in preset and str(value) == str(preset[dest])
+
+
 @dataclass(frozen=True)
 class WindowAttention:
     """The plan entry of one attention: its window (``aw``/``mw``) and mask."""
@@ -177,8 +183,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
     @classmethod
     def is_default(cls, args, dest, value):
         """The option's own default, or the value its preset fills in."""
-        preset = DIFFWIN_PRESETS[args.diffwin_preset]
-        return super().is_default(args, dest, value) or (dest in preset and str(value) == str(preset[dest]))
+        return super().is_default(args, dest, value) or preset_fills(args, dest, value)
 
     @classmethod
     def inert_options(cls, args, plan):

@@ -169,11 +169,14 @@ class TransformerMANModel(PluginModel, TransformerModel):
             inert.update(dman_max_relative_distance=why, dman_init=why)
         return inert
 
+    # the classes build_encoder / build_decoder make (the composed arch's read its plan's mechanisms)
+    encoder_class, decoder_class = MANEncoder, MANDecoder
+
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
-        return MANEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
+        return cls.encoder_class(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
 
     @classmethod
     def build_decoder(cls, args, tgt_dict, embed_tokens):
         cfg = TransformerConfig.from_namespace(args)
-        return MANDecoder(cfg, tgt_dict, embed_tokens, cls.plan_in_build(), no_encoder_attn=cfg.no_cross_attention)
+        return cls.decoder_class(cfg, tgt_dict, embed_tokens, cls.plan_in_build(), no_encoder_attn=cfg.no_cross_attention)

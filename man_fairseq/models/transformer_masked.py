@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Dict, Mapping, Tuple
 
 from fairseq.dataclass import ChoiceEnum
-from fairseq.models.transformer import TransformerConfig
 
 from ..modules.combined_mask import combine
 from ..modules.man_layers import SELF_ATTENTION_SUBLAYERS, MANDecoderLayer, MANEncoderLayer
@@ -32,7 +31,9 @@ from ..plugin_options import VALID, Parsed, PluginOptionError, parse_layer_set, 
 from .biased_transformer import BiasedTransformerModel, wrap_layer
 from .family import ATTENTION_TYPES, CROSS, DECODER_SELF, ENCODER_SELF, AttentionPlan, fairseq_sizes, register_family, stack_depths
 from .transformer_calibrated import JOINT_CRITERION, CalibrationConfig, TransformerCalibratedModel
-from .transformer_diffwin import DIFFWIN_PRESETS, DiffWinConfig, TransformerDiffWinModel, diffwin_base_architecture
+from .transformer_diffwin import (
+    DIFFWIN_PRESETS, DiffWinConfig, TransformerDiffWinModel, diffwin_base_architecture, preset_fills,
+)
 from .transformer_localness import LocalnessConfig, TransformerLocalnessModel
 from .transformer_man import MANConfig, MANDecoder, MANEncoder, MANPlan, TransformerMANModel
 
@@ -224,8 +225,7 @@ class TransformerMaskedModel(TransformerMANModel):
     @classmethod
     def is_default(cls, args, dest, value):
         """The option's own default, or the value its diffwin preset fills in."""
-        preset = DIFFWIN_PRESETS[args.diffwin_preset]
-        return super().is_default(args, dest, value) or (dest in preset and str(value) == str(preset[dest]))
+        return super().is_default(args, dest, value) or preset_fills(args, dest, value)
 
     @classmethod
     def inert_options(cls, args, plan):
@@ -251,14 +251,7 @@ class TransformerMaskedModel(TransformerMANModel):
     set_beam_size = TransformerDiffWinModel.set_beam_size
     perturbation_parameters = TransformerCalibratedModel.perturbation_parameters
 
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return MaskedEncoder(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return MaskedDecoder(cfg, tgt_dict, embed_tokens, cls.plan_in_build(), no_encoder_attn=cfg.no_cross_attention)
+    encoder_class, decoder_class = MaskedEncoder, MaskedDecoder
 
 
 def log_plan(plan: MaskedPlan) -> None:
