@@ -230,13 +230,14 @@ class TransformerMaskedModel(TransformerMANModel):
     @classmethod
     def inert_options(cls, args, plan):
         inert = super().inert_options(args, plan)  # MAN's: no dman / sman2 sublayer
+
         def of(mechanism):
             return AttentionPlan(specs={key: spec for key, entries in plan.specs.items()
                                         for m, spec in entries if m == mechanism})
         localness = of("localness")
         inert.update(TransformerLocalnessModel.inert_options(args, localness))
-        if not any(spec.window is not None for spec in localness.specs.values()):
-            inert["localness_layers"] = "no attention gets the Gaussian bias (--localness-attention-types is empty)"
+        if not str(args.localness_attention_types).strip():
+            inert["localness_layers"] = "--localness-attention-types is empty (localness is off)"
         inert.update(TransformerDiffWinModel.inert_options(args, of("diffwin")))
         if of("calibration").specs:
             inert.update(TransformerCalibratedModel.inert_options(args, of("calibration")))
