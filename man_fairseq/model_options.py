@@ -45,6 +45,14 @@ def option_value(options, name, absent=None):
         return absent
 
 
+def saved_model_options(state):
+    """The model options a loaded checkpoint ``state`` holds: its ``cfg.model``, or an older one's
+    ``args``; None when it holds neither."""
+    cfg = state.get("cfg") or {}
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    return model if model is not None else state.get("args")
+
+
 def same_value(a, b) -> bool:
     """Whether two option values are the same setting (an Enum choice and its string are)."""
     return a == b or str(a) == str(b)

@@ -19,9 +19,8 @@ from fairseq.trainer import Trainer
 from .install import install
 
 
-def saved_model_options(path):
-    """The model options saved in the checkpoint ``path`` (its ``cfg.model``, or an older one's
-    ``args``), read without its tensors; None when it holds neither."""
+def read_without_tensors(path):
+    """The checkpoint ``path`` as torch's safe loading reads it, its tensors mapped, not read."""
     import torch
 
     from ..checkpoint_errors import load_error
@@ -30,21 +29,18 @@ def saved_model_options(path):
 
     safe_globals.apply()
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # not a checkpoint at all: say so, rather than fairseq's traceback
         raise PluginOptionError(load_error(path, e)) from None
-    cfg = state.get("cfg") or {}
-    model = cfg.get("model") if hasattr(cfg, "get") else None
-    return model if model is not None else state.get("args")
 
 
 def check_resume(path, given):
     """Refuse (PluginOptionError) resuming the checkpoint ``path`` with the model options ``given``
     where an option defining the model differs."""
-    from ..model_options import describe_differences, differing_options, option_value
+    from ..model_options import describe_differences, differing_options, option_value, saved_model_options
     from ..plugin_options import PluginOptionError
 
-    saved = saved_model_options(path)
+    saved = saved_model_options(read_without_tensors(path))
     if saved is None:
         return
     arch = option_value(given, "arch") or option_value(saved, "arch")
