@@ -7,13 +7,14 @@ print their own line first (which step was interrupted, how to resume) with the 
 
 Every child process a command starts (fairseq-train, fairseq-generate, fairseq-preprocess, ROUGE-1.5.5's
 Perl, one of our own commands) is started by :func:`child_process` (or :func:`run_child`) in a process
-group (a session) of its own: a terminal's Ctrl-C reaches the command alone, which stops the child's whole group
-(:func:`stop_child`: SIGTERM, SIGKILL after a grace period) and waits for it before its one line. So
-nothing the child started outlives the command, also when SIGINT reaches the command alone (``kill
--INT``), and nothing the child prints on its way out (a traceback, its own Ctrl-C line) follows that
-line. A command of ours stopped so (SIGTERM: :class:`Terminated`; SIGHUP too, a closed terminal) stops
-its own children and exits quietly with status 143: its parent says what happened. Standard library only: data-prep imports it
-without fairseq.
+group (a session) of its own: a terminal's Ctrl-C reaches the command alone, which stops the child's
+whole group (:func:`stop_child`: SIGTERM, SIGKILL after a grace period) and waits for it before its one
+line. So nothing the child started outlives the command, also when SIGINT reaches the command alone
+(``kill -INT``), and nothing the child prints on its way out (a traceback, its own Ctrl-C line) follows
+that line. A command of ours stopped so (SIGTERM: :class:`Terminated`; SIGHUP too, a closed terminal)
+stops its own children and exits quietly with status 143: its parent says what happened.
+
+Standard library only: data-prep imports it without fairseq.
 """
 
 import contextlib
@@ -35,7 +36,14 @@ class Terminated(BaseException):
     KeyboardInterrupt, so no Ctrl-C line is printed; a :func:`child_process` block stops its child."""
 
 
+_HANDLER_PID = None  # the process that installed _raise_terminated
+
+
 def _raise_terminated(signum, frame):
+    if os.getpid() != _HANDLER_PID:  # a forked worker (a multiprocessing Pool's) inherited the handler:
+        signal.signal(signum, signal.SIG_DFL)  # it ends as it would have, without a traceback
+        os.kill(os.getpid(), signum)
+        return
     raise Terminated()
 
 
@@ -46,6 +54,8 @@ def terminated_as_exception():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _HANDLER_PID
+    _HANDLER_PID = os.getpid()
     previous = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)
                 if signal.getsignal(sig) == signal.SIG_DFL}
     try:

@@ -223,3 +223,30 @@ def test_ctrl_c_of_a_command_running_another_of_ours_is_one_line_and_ends_both_a
             proc.wait()
     assert _ended_or_killed([inner, sleep]) == []
     assert (proc.returncode, out, err) == (EXIT_INTERRUPTED, "", "outer: interrupted (Ctrl-C)\n")
+
+
+POOL = """
+import sys, time
+from multiprocessing import Pool
+from man_recipes.interrupt import one_line_on_ctrl_c
+
+def nap(x):
+    time.sleep(60)
+
+@one_line_on_ctrl_c("pool")
+def main():
+    with Pool(2) as pool:  # its exit terminates the workers (SIGTERM), as data-prep's tokenizer on Ctrl-C
+        pool.map_async(nap, [1, 2])
+        time.sleep(1)
+    return 0
+
+sys.exit(main())
+"""
+
+
+def test_forked_workers_end_on_sigterm_as_before():
+    """A command's SIGTERM handler (Terminated) is inherited by the workers a Pool forks: terminated, they
+    end without a traceback, as before."""
+    proc = subprocess.run([sys.executable, "-c", POOL], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")
