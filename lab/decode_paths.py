@@ -17,6 +17,7 @@ from pathlib import Path
 
 from man_recipes.config import ConfigError, load_config
 from man_recipes.evaluation.decode import EvaluateError, generate_args, run_generate, top_hypotheses
+from man_recipes.interrupt import one_line_on_ctrl_c
 from man_recipes.options import number
 from man_recipes.paths import output_folder_problem
 
@@ -41,6 +42,7 @@ def sentence_problem(found):
     return None
 
 
+@one_line_on_ctrl_c("python -m lab.decode_paths")
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m lab.decode_paths", description=__doc__.split("\n")[0])
     p.add_argument("config", help="the config the checkpoint was trained with (its eval settings decode)")

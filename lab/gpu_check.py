@@ -36,7 +36,7 @@ from man_recipes.tables import markdown_table
 from man_recipes.training import fairseq_log
 from man_recipes.config import CONFIG_DIR, REPO, load_config
 from man_recipes.training.launch import train_args
-from man_recipes.interrupt import one_line_on_ctrl_c
+from man_recipes.interrupt import one_line_on_ctrl_c, run_child
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
@@ -59,7 +59,7 @@ class Check:
 
 def command_output(cmd, cwd=REPO) -> Optional[str]:
     try:
-        out = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60)
+        out = run_child(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -96,8 +96,7 @@ def run_logged(cmd, log_path: Path, timeout: float) -> int:
         log.write("$ " + " ".join(map(str, cmd)) + "\n")
         log.flush()
         try:
-            return subprocess.run([str(c) for c in cmd], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            return run_child(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             log.write(f"\ntimed out after {timeout:.0f}s\n")
             return 124

@@ -48,7 +48,7 @@ from man_recipes.training.launch import split_fairseq_args, train_args
 from man_recipes.tools import tool_env
 from man_recipes.workdir import MARKER, created
 from man_recipes.logging_setup import quiet_logging
-from man_recipes.interrupt import one_line_on_ctrl_c
+from man_recipes.interrupt import child_process, one_line_on_ctrl_c, run_child
 
 DEFAULT_TEXT = REPO.parent / "shared" / "data" / "iwslt14-sample" / "valid"
 WINDOW = 3  # logged points averaged at the start / end of the curve
@@ -98,7 +98,7 @@ def binarize(text_prefix, src, tgt, dest):
     cmd = ["fairseq-preprocess", "--source-lang", src, "--target-lang", tgt, "--trainpref",
            str(text_prefix), "--destdir", str(dest), "--joined-dictionary", "--workers", "1"]
     print("+ " + " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tool_env())
+    proc = run_child(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=tool_env())
     if proc.returncode != 0:
         raise ProbeError(f"fairseq-preprocess failed on --text {text_prefix} (exit {proc.returncode}): "
                          + (proc.stdout.strip().splitlines() or [""])[-1])
@@ -294,31 +294,33 @@ def run_probe(args):
     env = tool_env()
     start = time.time()
     lines = []
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1)
     timer = None
     limited = threading.Event()
-    if args.time_limit:
-        def stop():
-            limited.set()
-            proc.terminate()
+    try:
+        with open(out / "train.log", "w") as log, \
+                child_process(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              bufsize=1) as proc:
+            if args.time_limit:
+                def stop():
+                    limited.set()
+                    proc.terminate()
 
-        timer = threading.Timer(args.time_limit * 60, stop)
-        timer.start()
-    with open(out / "train.log", "w") as log:
-        for line in proc.stdout:
-            lines.append(line)
-            log.write(line)
-            log.flush()
-            if "train_inner" in line:  # progress: one line per logged window
-                rec = parse_log([line])
-                if rec:
-                    r = rec[0]
-                    print(f"update {int(r['num_updates'])}: loss {r['loss']:.3f} gnorm {r['gnorm']:.3f} "
-                          f"lr {r['lr']:.2e} ({time.time() - start:.0f}s)", flush=True)
-        rc = proc.wait()
-    if timer is not None:
-        timer.cancel()
+                timer = threading.Timer(args.time_limit * 60, stop)
+                timer.start()
+            for line in proc.stdout:
+                lines.append(line)
+                log.write(line)
+                log.flush()
+                if "train_inner" in line:  # progress: one line per logged window
+                    rec = parse_log([line])
+                    if rec:
+                        r = rec[0]
+                        print(f"update {int(r['num_updates'])}: loss {r['loss']:.3f} gnorm {r['gnorm']:.3f} "
+                              f"lr {r['lr']:.2e} ({time.time() - start:.0f}s)", flush=True)
+            rc = proc.wait()
+    finally:
+        if timer is not None:  # a Ctrl-C must not wait for it
+            timer.cancel()
     return finish(args, cfg, out, lines, rc, time.time() - start, limited.is_set(), cmd)
 
 

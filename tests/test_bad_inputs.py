@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import default_ctrl_c, run_files2rouge
+from conftest import default_ctrl_c, run_cli, run_files2rouge
 from pausing import pause_env, wait_for
 from test_cnndm_layouts import example, record, write_bin, write_see_text
 from test_data_prep import MERGES, PREP, WORDS_EN, make_iwslt_archive, make_sumdata, prep_in_process, sentence
@@ -355,6 +355,39 @@ def test_a_model_override_the_checkpoint_has_no_option_of_is_refused(key, said, 
     models, cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(man_checkpoint),
                                                                               "dropout": 0.25})
     assert cfg.model.dropout == 0.25 and cfg.task.data == str(man_checkpoint)
+
+
+@pytest.mark.parametrize("command", ["fairseq-generate", "fairseq-validate"])
+@pytest.mark.parametrize("text", ["[1, 2]", "{'beam': 5"])
+def test_model_overrides_that_are_no_dict_are_one_line(command, text, man_checkpoint):
+    """A list was an AttributeError traceback, an unclosed brace a SyntaxError one (issue 81)."""
+    proc = run_cli([command, man_checkpoint, "--user-dir", "man_fairseq", "--path", man_checkpoint / "checkpoint_last.pt",
+                    "--model-overrides", text], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout
+    assert proc.stdout.splitlines()[-1] == (f"{command}: error: argument --model-overrides: must be a literal dict of "
+                                            f"option names to values, e.g. \"{{'attention_backend': 'flex'}}\"; "
+                                            f"got {text!r}")
+
+
+def test_a_model_override_that_changes_the_model_is_refused(man_checkpoint, monkeypatch):
+    """{'encoder_embed_dim': 64} built another model than the checkpoint's parameters (issue 81)."""
+    import torch
+    from fairseq import checkpoint_utils
+
+    from man_fairseq.plugin_options import PluginOptionError
+
+    path = str(man_checkpoint / "checkpoint_last.pt")
+    saved = torch.load(path, weights_only=False)["cfg"]["model"].encoder_embed_dim
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", "--model-overrides", "{'encoder_embed_dim': 64}"])
+    with pytest.raises(PluginOptionError, match=rf"^--model-overrides 'encoder_embed_dim': 64 would change the model "
+                                                rf"{path} was trained as \(encoder_embed_dim {saved}\); an option that "
+                                                r"defines the model cannot be overridden"):
+        checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(man_checkpoint), "encoder_embed_dim": 64})
+    # the value it was trained with changes nothing, and an option that does not define the model may change
+    overrides = {"encoder_embed_dim": saved, "attention_backend": "explicit"}
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", "--model-overrides", repr(overrides)])
+    _, cfg = checkpoint_utils.load_model_ensemble([path], arg_overrides={"data": str(man_checkpoint), **overrides})
+    assert cfg.model.attention_backend == "explicit"
 
 
 def test_an_option_the_arch_declares_is_accepted_though_the_checkpoint_predates_it(man_checkpoint):

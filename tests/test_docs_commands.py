@@ -169,3 +169,24 @@ def test_fairseq_commands_name_registered_archs_and_criteria():
                 if value.isidentifier() and value not in registry:
                     wrong.append(f"{page}: {flag} {value}")
     assert wrong == []
+
+
+def _module_files(module):
+    path = module.replace(".", "/")
+    return [f"{path}.py", f"{path}/__main__.py", f"{path}/__init__.py"]
+
+
+@pytest.mark.skipif(subprocess.run(["git", "-C", str(REPO), "rev-parse", "--is-shallow-repository"],
+                                   capture_output=True, text=True).stdout.strip() != "false",
+                    reason="needs the checkout's whole git history")
+def test_the_notebooks_quote_modules_that_were_run():
+    """results/'s notebooks keep their commands as they were run, so each ``python -m`` of this project
+    there names a module of today's checkout or of its history (results/speed/README.md quoted
+    ``man_recipes.studies.profile_update`` "as run": no such module ever existed, issue 81)."""
+    quoted = {m.rstrip(".") for page in sorted((REPO / "results").rglob("*.md"))
+              for m in re.findall(r"python -m ((?:man_fairseq|man_recipes|lab)\.[\w.]*\w)", page.read_text())}
+    assert quoted, "no python -m quoted in results/: the pattern is stale"
+    never = [m for m in sorted(quoted) if not any((REPO / f).is_file() for f in _module_files(m))
+             and not subprocess.run(["git", "-C", str(REPO), "log", "--all", "-1", "--format=%h", "--",
+                                     *_module_files(m)], capture_output=True, text=True).stdout.strip()]
+    assert never == []

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +48,9 @@ SCRIPT_MAINS = {
     "python -m lab.flex_keys": "lab.flex_keys:main",
     "python -m lab.compare_rouge_scorers": "lab.compare_rouge_scorers:main",
     "python -m lab.man_training_study": "lab.man_training_study:main",
+    "python -m lab.decode_paths": "lab.decode_paths:main",
+    "python -m lab.speed.fused_bias": "lab.speed.fused_bias:main",
+    "make smoke": "man_recipes.checks.smoke:main",
 }
 
 
@@ -122,3 +126,127 @@ def test_a_real_ctrl_c_while_rouge_runs(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
     assert err == "man-files2rouge: interrupted (Ctrl-C)\n"
+
+
+# ---- no child left running (issue 81): man_recipes.interrupt.child_process / run_child
+
+
+def running(pid):
+    """Whether process ``pid`` exists and is not a zombie (ended, not yet waited for)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _ended_or_killed(pids):
+    """The pids of ``pids`` still running, each then killed so that no test leaves it behind."""
+    alive = [pid for pid in pids if running(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    return alive
+
+
+@pytest.mark.parametrize("to", ["the terminal's group", "train.sh alone"])
+def test_a_real_ctrl_c_while_train_sh_trains_leaves_no_fairseq_train(to, toy_data_bin, tmp_path):
+    """SIGINT while scripts/train.sh's fairseq-train trains (held after its first logged update, so not
+    racing it): one line, exit 130, fairseq-train ended, whether SIGINT reached the whole foreground
+    group (a terminal's Ctrl-C) or train.sh alone (``kill -INT``: fairseq-train was left training)."""
+    import yaml
+    from pausing import pause_env, wait_for
+    from toy_config import toy_config
+
+    cfg = toy_config(toy_data_bin, "toy-ctrl-c", {"warmup-updates": 5, "max-tokens": 300, "log-interval": 1},
+                     {"paper_gpus": 1, "paper_update_freq": 1}, {})
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump(cfg))
+    hook, reached, release = pause_env(tmp_path, "fairseq-train", "| train_inner |")
+    with open(tmp_path / "stdout.txt", "w") as out:
+        proc = subprocess.Popen(["bash", str(REPO / "scripts" / "train.sh"), str(tmp_path / "toy.yaml"), "--cpu",
+                                 "--run-dir", str(tmp_path / "run"), "--", "--max-update", "50"],
+                                env=child_env({"OMP_NUM_THREADS": "1", **hook}), stdout=out, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True, preexec_fn=default_ctrl_c)
+    child = None
+    try:
+        wait_for(reached, proc)
+        child = int(reached.read_text())
+        if to == "train.sh alone":
+            os.kill(proc.pid, signal.SIGINT)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        release.touch()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert _ended_or_killed([child]) == [], "fairseq-train was left running"
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert err == ("scripts/train.sh: interrupted (Ctrl-C); fairseq-train keeps its last checkpoint: the same "
+                   "command again resumes from it\n")
+
+
+NESTED = """
+import os, sys
+from man_recipes.interrupt import child_process, one_line_on_ctrl_c, run_child
+
+@one_line_on_ctrl_c(sys.argv[1])
+def main():
+    if sys.argv[1] == "outer":  # a command of ours running another (as the smoke check runs train.sh)
+        return run_child([sys.executable, "-c", sys.argv[2], "inner", sys.argv[2], sys.argv[3]]).returncode
+    with child_process(["sleep", "600"]) as proc:  # the inner one: a child of its own
+        with open(sys.argv[3], "w") as f:
+            f.write(f"{os.getpid()} {proc.pid}\\n")
+        return proc.wait()
+
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_of_a_command_running_another_of_ours_is_one_line_and_ends_both_and_theirs(tmp_path):
+    """The inner command is stopped (SIGTERM) by the outer one: it stops its own child and says nothing;
+    the outer one says its line."""
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen([sys.executable, "-c", NESTED, "outer", NESTED, str(pids)], cwd=REPO, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=default_ctrl_c)
+    try:
+        deadline = time.monotonic() + 60
+        while not (pids.is_file() and pids.read_text().endswith("\n")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        inner, sleep = map(int, pids.read_text().split())
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert _ended_or_killed([inner, sleep]) == []
+    assert (proc.returncode, out, err) == (EXIT_INTERRUPTED, "", "outer: interrupted (Ctrl-C)\n")
+
+
+POOL = """
+import sys, time
+from multiprocessing import Pool
+from man_recipes.interrupt import one_line_on_ctrl_c
+
+def nap(x):
+    time.sleep(60)
+
+@one_line_on_ctrl_c("pool")
+def main():
+    with Pool(2) as pool:  # its exit terminates the workers (SIGTERM), as data-prep's tokenizer on Ctrl-C
+        pool.map_async(nap, [1, 2])
+        time.sleep(1)
+    return 0
+
+sys.exit(main())
+"""
+
+
+def test_forked_workers_end_on_sigterm_as_before():
+    """A command's SIGTERM handler (Terminated) is inherited by the workers a Pool forks: terminated, they
+    end without a traceback, as before."""
+    proc = subprocess.run([sys.executable, "-c", POOL], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, "")

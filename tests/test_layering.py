@@ -33,7 +33,8 @@ PACKAGES = (PLUGIN, RECIPES)
 LAB = REPO / "lab"
 
 FLOORS = [
-    ("plugin.ground", ["man_fairseq.plugin_options", "man_fairseq.checkpoint_errors", "man_fairseq.dependencies"]),
+    ("plugin.ground", ["man_fairseq.plugin_options", "man_fairseq.model_options", "man_fairseq.checkpoint_errors",
+                       "man_fairseq.dependencies"]),
     ("plugin.patches", ["man_fairseq.patches"]),
     ("plugin", ["man_fairseq"]),
     ("ground", ["man_recipes.logging_setup", "man_recipes.paths", "man_recipes.textfile", "man_recipes.provenance",

@@ -370,6 +370,31 @@ def test_norm_defaults_to_the_authors_runs(arch, extra, pre):
         assert all(layer.normalize_before == pre for layer in layers)
 
 
+def _plugin_archs():
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from man_fairseq.models.family import PluginModel
+
+    return sorted(arch for arch, cls in ARCH_MODEL_REGISTRY.items() if issubclass(cls, PluginModel))
+
+
+@pytest.mark.parametrize("arch", _plugin_archs())
+@pytest.mark.parametrize("given", ["encoder", "decoder"])
+def test_one_norm_flag_alone_leaves_the_other_side_as_the_arch_has_it(arch, given):
+    """fairseq's --encoder/--decoder-normalize-before are a pair: given alone on a pre-norm MAN arch, one
+    made its decoder post-norm without a word (issue 81). Each flag sets its own side; the other side
+    keeps the arch's norm, on every plugin arch."""
+    from fairseq import options
+
+    def parse(extra):
+        args = options.parse_args_and_arch(options.get_training_parser(),
+                                           ["/nowhere", "--task", "translation", "--arch", arch] + extra)
+        return {side: getattr(args, f"{side}_normalize_before") for side in ("encoder", "decoder")}
+
+    default, flagged = parse([]), parse([f"--{given}-normalize-before"])
+    assert flagged == dict(default, **{given: True})
+
+
 def test_man_norm_post_with_a_pre_norm_flag_is_refused():
     with pytest.raises(PluginOptionError, match="--man-norm post contradicts --encoder-normalize-before"):
         tiny_man(["--man-norm", "post", "--encoder-normalize-before"])

@@ -24,10 +24,12 @@ def test_evaluate_sh_and_the_studies_score_bleu_the_same(tmp_path):
                                        types.SimpleNamespace(rouge_exception_db=None), "hypotheses of run test")
     assert details["bleu"] == study["tokenized_bleu_details"] and details["bleu"]["lowercase"] is True
     assert scores["bleu"] == study["bleu_tok_ci"] > scoring.tokenized_bleu(HYPS, REFS)["bleu"]
-    # the study adds sacreBLEU on the detokenized hypotheses; evaluate.sh's bleu_ci has none
+    # both add the same sacreBLEU of the detokenized hypotheses against the raw references (issue 81)
     assert kept == scoring.moses_detokenize(HYPS, "en") == score("bleu_wmt", HYPS, REFS, raw_refs=RAW,
                                                                  target_lang="en").detokenized
-    assert study["sacrebleu"] == scoring.sacrebleu_detok(kept, RAW)["bleu"] and "sacrebleu" not in details
+    assert study["sacrebleu"] == scoring.sacrebleu_detok(kept, RAW)["bleu"] == scores["sacrebleu"]
+    assert details["sacrebleu_signature"] == study["sacrebleu_signature"]
+    assert details["sacrebleu_references"] == f"raw references {tmp_path / 'test.raw.en'}"
     assert line == f"sacreBLEU {study['sacrebleu']:.2f}, tokenized BLEU {study['bleu_tok_ci']:.2f}"
 
 
@@ -42,8 +44,9 @@ def test_the_detokenized_hypotheses_a_sacrebleu_error_names_are_written_first(tm
     assert (eval_dir / "test.detok.hyp").read_text().splitlines() == scoring.moses_detokenize(HYPS, "en")
 
 
-def test_bleu_wmt_without_raw_references_scores_the_detokenized_tokenized_ones():
-    got = score("bleu_wmt", HYPS, REFS, target_lang="en")
-    assert got.bleu["compound_split"] is True and got.bleu_no_compound_split["compound_split"] is False
+@pytest.mark.parametrize("metric", ["bleu_wmt", "bleu_ci"])
+def test_bleu_without_raw_references_scores_the_detokenized_tokenized_ones(metric):
+    got = score(metric, HYPS, REFS, target_lang="en")
+    assert got.bleu["compound_split"] is (metric == "bleu_wmt")
+    assert (got.bleu_no_compound_split or {}).get("compound_split", False) is False
     assert got.sacrebleu == scoring.sacrebleu_detok(got.detokenized, scoring.moses_detokenize(REFS, "en"))
-    assert score("bleu_ci", HYPS, REFS).sacrebleu is None

@@ -21,9 +21,11 @@ TARGETS = [
     ("fairseq.options", "", "parse_args_and_arch"),
     ("fairseq.ngram_repeat_block", "NGramRepeatBlock", "_no_repeat_ngram"),
     ("fairseq.data.iterators", "BackgroundConsumer", "__init__"),
+    ("fairseq.options", "", "gen_parser_from_dataclass"),
     ("fairseq.checkpoint_utils", "", "load_checkpoint_to_cpu"),
     ("fairseq.hub_utils", "", "from_pretrained"),
     ("fairseq.trainer", "Trainer", "save_checkpoint"),
+    ("fairseq.trainer", "Trainer", "load_checkpoint"),
     ("fairseq.checkpoint_utils", "", "load_checkpoint"),
     ("fairseq.tasks.fairseq_task", "FairseqTask", "get_batch_iterator"),
 ]

@@ -191,7 +191,8 @@ def test_evaluate_a_multi30k_run_and_replace_its_result_whole(toy_run, monkeypat
     assert "previous result moved aside to results.previous.json, results.previous.md" in out
     res = json.loads((run / "results.json").read_text())
     assert (res["paper"], res["table"], res["row"]) == ("none", None, None)  # was KeyError: 'table'
-    assert res["scores"] == {"bleu": 100.0} and res["n_sentences"] == len(refs) == 20
+    # a Multi30k config's BLEU and sacreBLEU, as the README says (issue 81)
+    assert res["scores"] == {"bleu": 100.0, "sacrebleu": 100.0} and res["n_sentences"] == len(refs) == 20
     assert (res["num_updates"], res["epochs_completed"]) == (7, 2)
     assert "| bleu | 100.0 |" in (run / "results.md").read_text()
     assert sorted(p.name for p in run.glob("results*")) == ["results.json", "results.md"]

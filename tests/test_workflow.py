@@ -85,6 +85,10 @@ def test_evaluate_after_a_mid_epoch_stop(stopped_run):
     res = json.loads((run / "results.json").read_text())
     assert res["num_updates"] == 12 and res["epochs_completed"] == 0 and res["n_sentences"] == 20
     assert res["overrides"] == ["--max-update", "12"]
+    # a BLEU config's result holds sacreBLEU beside tokenized BLEU, as the README says (issue 81); the toy
+    # data folder keeps no raw references: the Moses-detokenized tokenized ones, and results.json says so
+    assert set(res["scores"]) == {"bleu", "sacrebleu"} and res["details"]["sacrebleu_signature"].startswith("nrefs:1")
+    assert res["details"]["sacrebleu_references"].startswith("Moses-detokenized")
     assert set(res["data_fingerprint"]) == {"dict.src.txt", "dict.tgt.txt", "test.src-tgt.src.idx",
                                             "test.src-tgt.src.bin", "test.src-tgt.tgt.idx", "test.src-tgt.tgt.bin"}
 

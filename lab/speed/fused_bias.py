@@ -30,11 +30,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
+
+from man_recipes.interrupt import one_line_on_ctrl_c, run_child
 
 
 def layer_config(ffn):
@@ -147,9 +148,9 @@ def peak_memory(variants, batch, length, repeats, threads):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     for _ in range(repeats):
         for v in variants:
-            out = subprocess.run([sys.executable, "-m", "lab.speed.fused_bias", "--memory-child", v, "--batch",
-                                  str(batch), "--length", str(length), "--threads", str(threads)],
-                                 env=env, check=True, capture_output=True, text=True).stdout
+            out = run_child([sys.executable, "-m", "lab.speed.fused_bias", "--memory-child", v, "--batch",
+                             str(batch), "--length", str(length), "--threads", str(threads)],
+                            env=env, check=True, capture_output=True, text=True).stdout
             peaks[v].append(json.loads(out.strip().splitlines()[-1])["peak_rise_mib"])
     return peaks
 
@@ -176,6 +177,7 @@ def precision(variants, batch, length):
     return rows
 
 
+@one_line_on_ctrl_c("python -m lab.speed.fused_bias")
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m lab.speed.fused_bias", description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=1)

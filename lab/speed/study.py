@@ -21,6 +21,7 @@ from pathlib import Path
 
 from lab.speed import records
 from lab.speed.cuda_peak import PEAK_LINE
+from man_recipes.interrupt import child_process
 from man_recipes.logging_setup import quiet_logging
 from man_recipes.paths import output_folder_problem
 from man_recipes.config import REPO, ConfigError, load_config
@@ -61,10 +62,9 @@ def run_measured(cmd, log_path, env):
     if shutil.which(cmd[0], path=env["PATH"]) is None:
         raise SpeedError(f"{cmd[0]} not found on PATH")
     start = time.monotonic()
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen([str(c) for c in cmd], env=env, stdout=out, stderr=subprocess.STDOUT)
+    with open(log_path, "w") as out, child_process(cmd, env=env, stdout=out, stderr=subprocess.STDOUT) as proc:
         _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
     return proc.returncode, Path(log_path).read_text(errors="replace"), usage.ru_maxrss / 1024, time.monotonic() - start
 
 

@@ -132,8 +132,11 @@ class TransformerMANModel(PluginModel, TransformerModel):
 
     @classmethod
     def fill_size(cls, args, size):
-        # a checkpoint saved before --man-norm keeps the norm its fairseq flags say
-        if not hasattr(args, "man_norm") and hasattr(args, "encoder_normalize_before"):
+        # a checkpoint saved before --man-norm keeps the norm its fairseq flags say: it holds both (a
+        # command line names only the flags given, and one flag alone must not undo the arch's norm on
+        # the other side: fairseq's flag pair made a pre-norm arch's decoder post-norm, issue 81)
+        if not hasattr(args, "man_norm") and all(hasattr(args, f"{side}_normalize_before")
+                                                 for side in ("encoder", "decoder")):
             args.man_norm = "fairseq"
         super().fill_size(args, size)
         if args.man_norm == "fairseq":

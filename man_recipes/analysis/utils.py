@@ -61,18 +61,15 @@ def load_checkpoint(path: str, data: str, source_lang: Optional[str] = None, tar
 
 
 def parse_model_overrides(text: str) -> dict:
-    """``--model-overrides`` as a dict, read as a Python *literal* (never evaluated as code):
+    """``--model-overrides`` as a dict, read as a Python *literal* (never evaluated as code), as the
+    plugin reads fairseq's (:func:`man_fairseq.patches.model_overrides.parse_model_overrides`):
     ``"{'attention_backend': 'flex'}"``. Anything else is refused with a clear error."""
-    import ast
+    from man_fairseq.patches import model_overrides
 
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        value = None
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise SystemExit(f"--model-overrides must be a literal dict of option names to values, "
-                         f"e.g. \"{{'attention_backend': 'flex'}}\"; got {text!r}")
-    return value
+        return model_overrides.parse_model_overrides(text)
+    except ValueError as e:
+        raise SystemExit(f"--model-overrides {e}") from None
 
 
 def arch_name(cfg) -> str:

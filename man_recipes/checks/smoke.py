@@ -16,12 +16,12 @@ an earlier smoke run wrote there (see :mod:`man_recipes.workdir`).
 
 import argparse
 import gzip
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from man_recipes.config import REPO, load_config
+from man_recipes.interrupt import one_line_on_ctrl_c, run_child
 from man_recipes.tools import tool_env
 from man_recipes.workdir import created, prepare_out_dir
 from man_recipes.logging_setup import quiet_logging
@@ -60,12 +60,13 @@ def write_de_en(raw: Path, train: int, valid: int, test: int, source: str):
 def step(title, cmd, env):
     print(f"\n== {title}\n+ " + " ".join(map(str, cmd)), flush=True)
     start = time.time()
-    rc = subprocess.call([str(c) for c in cmd], env=env)
+    rc = run_child(cmd, env=env).returncode
     if rc != 0:
         raise SystemExit(f"smoke: {title} failed (exit code {rc})")
     print(f"== {title}: done in {time.time() - start:.0f}s", flush=True)
 
 
+@one_line_on_ctrl_c("make smoke")
 def main(argv=None):
     quiet_logging()  # first: fairseq's import left the root logger at DEBUG
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -14,6 +14,7 @@ from man_recipes.data.dataprep import PrepError, apply_bpe_lines, learn_bpe, log
 from man_recipes.data.destination import differences, read_record, refuse_replacing, write_record
 from man_recipes.data.steps import MARKER, claim_folder, is_ours
 from man_recipes.data.subword import learn_and_apply_sentencepiece
+from man_recipes.interrupt import run_child
 from man_recipes.tools import tool_env
 
 
@@ -43,8 +44,8 @@ def _preprocess(cmd, what):
     """Run fairseq-preprocess (the venv's, first on PATH); it dies with us (see _die_with_parent)."""
     env = tool_env()
     log("+ " + shlex.join(str(c) for c in cmd))
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    proc = run_child(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     if proc.returncode != 0:
         raise PrepError(f"fairseq-preprocess failed{what}:\n{proc.stdout[-3000:]}")
 

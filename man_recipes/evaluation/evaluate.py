@@ -88,10 +88,6 @@ def training_progress(checkpoint):
     return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
 
 
-# the metrics that read raw_reference_file when data-prep wrote it: sacreBLEU of bleu_wmt, and ROUGE
-RAW_REFERENCE_METRICS = ("bleu_wmt", "rouge")
-
-
 def raw_reference_file(data, subset, tgt):
     """The references as released, which data-prep writes beside the binarized data (line i =
     sentence id i): ``DATA/<subset>.raw.<tgt>``. sacreBLEU reads them, and so does ROUGE: the
@@ -115,14 +111,14 @@ def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rou
     """The config's metric (:func:`.metric.score`) on the decoded ``hyps`` and fairseq's target lines
     ``refs`` of ``subset`` (None when decoded from the sources alone; written to ``eval_dir``, named in
     errors), as results.json's (scores, details).
-    ``bleu_wmt``'s sacreBLEU and ROUGE read the references data-prep writes beside the data
+    sacreBLEU (every BLEU metric) and ROUGE read the references data-prep writes beside the data
     (:func:`raw_reference_file`). Written: ``eval_dir/SUBSET.ref`` (the references tokenized BLEU or
     ROUGE scored against) and ``SUBSET.detok.hyp`` (the hypotheses sacreBLEU scored)."""
     ev, tgt = cfg["eval"], cfg.get("target_lang")
     raw_file, detok_file = raw_reference_file(data, subset, tgt), eval_dir / f"{subset}.detok.hyp"
     # Without them (an older data folder, a subset data-prep writes none for) sacreBLEU falls back to
     # detokenized target lines, ROUGE to the target lines, and results.json says so.
-    raw_refs = read_raw_references(raw_file) if ev["metric"] in RAW_REFERENCE_METRICS and raw_file.is_file() else None
+    raw_refs = read_raw_references(raw_file) if raw_file.is_file() else None
     names = Names(f"hypotheses {eval_dir / f'{subset}.hyp'}", f"references {eval_dir / f'{subset}.ref'}",
                   detok_hyps=f"hypotheses {detok_file}", raw_refs=f"references {raw_file}")
     rouge_refs = None
@@ -144,10 +140,9 @@ def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rou
                        rouge_references=rouge_refs)
         return {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}, details
     details["bleu"] = scored.bleu
-    if scored.metric == "bleu_ci":
-        return {"bleu": scored.bleu["bleu"]}, details
-    details.update(bleu_tokenized_no_compound_split=scored.bleu_no_compound_split,
-                   sacrebleu_references=f"raw references {raw_file}" if raw_refs is not None else
+    if scored.metric == "bleu_wmt":
+        details["bleu_tokenized_no_compound_split"] = scored.bleu_no_compound_split
+    details.update(sacrebleu_references=f"raw references {raw_file}" if raw_refs is not None else
                    "Moses-detokenized tokenized references (raw references not found)",
                    sacrebleu=scored.sacrebleu, sacrebleu_signature=scored.sacrebleu["signature"])
     return {"bleu": scored.bleu["bleu"], "sacrebleu": scored.sacrebleu["bleu"]}, details
@@ -173,7 +168,7 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
                                 "check --subset and --data")
         total = subset_size(data, subset, src, tgt)
     metric = cfg["eval"]["metric"]
-    if metric in RAW_REFERENCE_METRICS and raw_reference_file(data, subset, tgt).is_file():
+    if raw_reference_file(data, subset, tgt).is_file():
         read_raw_references(raw_reference_file(data, subset, tgt),
                             None if total is None else (f"the binarized {subset} set in {folder}", total),
                             rouge=metric == "rouge")

@@ -5,11 +5,11 @@ The scorers themselves are :mod:`man_recipes.scoring`'s.
 
 Metrics (a config's ``eval.metric``):
 
-* ``bleu_ci``: case-insensitive tokenized BLEU (multi-bleu.perl's formula; IWSLT14, Multi30k), and,
-  given the untokenized references, detokenized sacreBLEU (the Multi30k studies);
-* ``bleu_wmt``: tokenized BLEU with compound splitting (WMT14's convention), the same without
-  compound splitting, and detokenized sacreBLEU against the untokenized references, or, without
-  them, against the Moses-detokenized tokenized references (not the official sacreBLEU setting);
+* ``bleu_ci``: case-insensitive tokenized BLEU (multi-bleu.perl's formula; IWSLT14, Multi30k);
+* ``bleu_wmt``: tokenized BLEU with compound splitting (WMT14's convention) and the same without
+  compound splitting;
+* both BLEU metrics: detokenized sacreBLEU against the untokenized references, or, without them, against
+  the Moses-detokenized tokenized references (not the official sacreBLEU setting);
 * ``rouge``: ROUGE-1/2/L F1, ROUGE-1.5.5 as files2rouge runs it unless asked otherwise.
 
 The demo's metric, :data:`DEMO_METRIC`, is no config's: sacreBLEU's default BLEU on the tokenized text.
@@ -66,7 +66,7 @@ def score(metric: str, hyps: Sequence[str], refs: Sequence[str], *, raw_refs: Op
     ``hyps`` against ``refs``, one per line.
 
     ``refs``: the references BLEU's tokenized scores and ROUGE read. ``raw_refs``: the untokenized
-    references of sacreBLEU (``bleu_ci``: sacreBLEU only when given). ``target_lang``: the Moses
+    references of sacreBLEU (without them: the Moses-detokenized ``refs``). ``target_lang``: the Moses
     detokenizer's language. ``rouge_*``: :func:`man_recipes.scoring.rouge`'s options.
     ``keep_detokenized``: called with the detokenized hypotheses before sacreBLEU reads them (evaluate.sh
     writes them to the file ``names.detok_hyps`` names). Misaligned or blank inputs raise
@@ -84,8 +84,6 @@ def score(metric: str, hyps: Sequence[str], refs: Sequence[str], *, raw_refs: Op
                                                      names=(names.hyps, names.refs)))
     if wmt:
         out.bleu_no_compound_split = scoring.tokenized_bleu(hyps, refs, names=(names.hyps, names.refs))
-    if raw_refs is None and not wmt:
-        return out
     out.detokenized = scoring.moses_detokenize(hyps, target_lang)
     raw_name = names.raw_refs
     if raw_refs is None:
