@@ -217,15 +217,17 @@ def check_ascii_letters(texts, name):
 
     ROUGE-1.5.5 keeps a-z and 0-9 only (it lowercases and turns everything else into spaces), so
     Greek, Cyrillic or CJK text loses its words: identical files scored 0 or 0.25, not 1, with exit
-    status 0. English with a few accented names keeps nearly all its letters and is scored as
-    files2rouge scores it."""
+    status 0. rouge-score's tokenizer does the same (``[^a-z0-9]+`` becomes a space), so
+    :func:`man_recipes.scoring.rouge` applies this check to either implementation. English with a
+    few accented names keeps nearly all its letters and is scored as files2rouge scores it."""
     for i, text in enumerate(texts, start=1):
         letters = [c for c in text if c.isalpha()]
         other = sum(not c.isascii() for c in letters)
         if other * 2 > len(letters):
             raise ScoreInputError(f"{name} line {i}: {other} of its {len(letters)} letters are not ASCII letters, which "
-                             "ROUGE-1.5.5 drops (it scores a-z and 0-9 only; identical text would not score 1): "
-                             "transliterate the text to ASCII first, or use a scorer for its script")
+                                  "ROUGE drops (ROUGE-1.5.5 and rouge-score score a-z and 0-9 only; identical text "
+                                  "would not score 1): transliterate the text to ASCII first, or use a scorer for its "
+                                  "script")
 
 
 def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=False):
