@@ -3,13 +3,16 @@ checkpoint.
 
 fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (behind fairseq-generate, -interactive, -validate)
 set any key it was given: another family's option or a misspelt name was ignored without a word. Such
-a key, as given on the command line, is now refused in one line naming it
-(:func:`man_fairseq.plugin_options.check_model_overrides`); bad values of known keys were refused
+a key, as given on the command line (or as a keyword of ``from_pretrained``: :func:`requested_overrides`),
+is now refused in one line naming it (:func:`man_fairseq.plugin_options.check_model_overrides`, one
+rule for both); bad values of known keys were refused
 already, when the model is built. A ``--path`` that is not a checkpoint at all (a text file) is one line
 saying so, not torch's ``KeyError: 101``.
 """
 
 import ast
+import contextlib
+import contextvars
 import os
 import sys
 
@@ -34,6 +37,21 @@ def command_line_model_overrides():
     return tuple(value) if isinstance(value, dict) else ()
 
 
+# the overrides a Python caller gave (from_pretrained's keywords) and how to name one, while it loads
+_REQUESTED = contextvars.ContextVar("requested_overrides", default=None)
+
+
+@contextlib.contextmanager
+def requested_overrides(keys, given_as):
+    """Within it, the overrides checked are ``keys`` (named as ``given_as``, a format string of
+    ``key``), not the command line's: the arguments of a Python call such as ``from_pretrained``."""
+    token = _REQUESTED.set((tuple(keys), given_as))
+    try:
+        yield
+    finally:
+        _REQUESTED.reset(token)
+
+
 def checking_overrides(fairseq_load):
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         """fairseq's ``load_checkpoint_to_cpu``, the overrides applied after a check that each key of the
@@ -50,7 +68,8 @@ def checking_overrides(fairseq_load):
                 raise PluginOptionError(load_error(path, e)) from None
             raise
         if arg_overrides:
-            check_model_overrides([k for k in command_line_model_overrides() if k in arg_overrides], state, path)
+            keys, given_as = _REQUESTED.get() or (command_line_model_overrides(), "--model-overrides {key!r}")
+            check_model_overrides({k: arg_overrides[k] for k in keys if k in arg_overrides}, state, path, given_as)
             if state.get("args") is not None:  # as fairseq applies them
                 for name, value in arg_overrides.items():
                     setattr(state["args"], name, value)
