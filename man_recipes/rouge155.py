@@ -230,6 +230,36 @@ def check_ascii_letters(texts, name):
                                   "script")
 
 
+# ROUGE-1.5.5.pl's own getopts() string: a letter followed by ':' takes a value
+GETOPTS = "ahHb:c:de:f:l:mMn:p:st:r:2:3:w:uUvxz:"
+
+
+def getopts(words):
+    """{option letter: value (True for a flag)} as ROUGE-1.5.5's ``getopts`` (Perl's Getopt::Std)
+    reads ``words``: a value glued to its letter (``-n1000000``) or the next word, flags bundled
+    (``-mn4``: -m, then -n 4), the last of a repeated option kept, reading stopped at ``--`` or at
+    the first word that is no option. An unknown letter is skipped, as Getopt::Std warns and goes on."""
+    words, found = list(words), {}
+    while words and len(words[0]) > 1 and words[0].startswith("-"):
+        if words[0] == "--":
+            break
+        first, rest = words[0][1], words[0][2:]
+        pos = GETOPTS.find(first)
+        if pos >= 0 and GETOPTS[pos + 1:pos + 2] == ":":
+            words.pop(0)
+            if rest == "" and words:
+                rest = words.pop(0)
+            found[first] = rest
+            continue
+        if pos >= 0:
+            found[first] = True
+        if rest:
+            words[0] = "-" + rest
+        else:
+            words.pop(0)
+    return found
+
+
 def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=False):
     """files2rouge's ROUGE options (without ``-e``, stemming and the config file)."""
     if rouge_args is not None:

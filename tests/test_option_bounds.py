@@ -73,6 +73,12 @@ def test_rouge_n_within_the_ceiling(tmp_path, capsys, no_work):
     ("-c 95 -r 1000000000000 -n 2 -a",
      "ROUGE's -r 1000000000000: must be >= 1 and <= 10000 (10 x the field's 1000 resamples)"),
     ("-c 95 -r 1000 -n 1000000 -a", "ROUGE's -n 1000000: must be >= 0 and <= 9"),
+    # read as ROUGE-1.5.5's getopts reads them: a value glued to its letter, flags bundled, the last kept
+    ("-c 95 -r 1000 -a -n1000000", "ROUGE's -n 1000000: must be >= 0 and <= 9"),
+    ("-c 95 -r1000000000000 -n 2 -a", "ROUGE's -r 1000000000000: must be >= 1 and <= 10000"),
+    ("-c 95 -amn1000000", "ROUGE's -n 1000000: must be >= 0 and <= 9"),
+    ("-c 95 -n 2 -n 1000000 -a", "ROUGE's -n 1000000: must be >= 0 and <= 9"),
+    ("-c 95 -n2x", "ROUGE's -n 2x: not an integer"),
 ])
 def test_rouge_s_own_resamples_and_n_within_the_same_ceilings(tmp_path, capsys, no_work, rouge_args, said):
     ref = tmp_path / "ref.txt"
@@ -80,6 +86,16 @@ def test_rouge_s_own_resamples_and_n_within_the_same_ceilings(tmp_path, capsys, 
     assert files2rouge.main([str(ref), str(ref), f"-a={rouge_args}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"ERROR: -a {rouge_args!r}: {said}") and err.count("\n") == 1, err
+
+
+def test_rouge_s_arguments_are_read_as_its_getopts_reads_them():
+    from man_recipes.rouge155 import getopts
+
+    assert getopts("-c 95 -r 1000 -n 2 -a".split()) == {"c": "95", "r": "1000", "n": "2", "a": True}
+    assert getopts(["-mn4", "-c95", "-x"]) == {"m": True, "n": "4", "c": "95", "x": True}
+    assert getopts(["-n", "-2"]) == {"n": "-2"}  # the next word is the value, whatever it looks like
+    assert getopts(["-q", "-n3", "conf.xml", "-n", "1000000"]) == {"n": "3"}  # unknown -q skipped; stops at conf.xml
+    assert getopts(["-n", "3", "--", "-n", "1000000"]) == {"n": "3"}
 
 
 def test_a_bound_is_named_in_the_refusal():
