@@ -28,7 +28,7 @@ import yaml
 
 from man_recipes.config import ConfigError, validate
 from man_recipes.data.subword import SubwordEvidenceError, read_subword
-from man_recipes.options import PRECISION_HELP, PRECISIONS, number, resolve_precision, visible_gpus
+from man_recipes.options import PRECISION_HELP, PRECISIONS, batch_size, number, resolve_precision, visible_gpus
 from man_recipes.evaluation import result_files
 from man_recipes.evaluation.run_checkpoint import check_run_model, load_state, training_progress
 from man_recipes.evaluation.steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
@@ -201,7 +201,7 @@ def build_parser():
     p.add_argument("--data", default=None, help="override the data-bin directory")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
-    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
+    p.add_argument("--batch-size", type=batch_size(), default=128)
     p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
                    help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
                         "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
