@@ -11,8 +11,8 @@ MAX_REPEATS = 100
 # updates of one measurement's training run (speed.sh study, lab.lr_probe, lab.gpu_check): minutes to hours
 # at the studies' sizes, where 10^12 never ended
 MAX_UPDATES = 1_000_000
-# tokens of one batch (lab.flex_keys --max-tokens, lab.speed.fused_bias's batch x length): 80 x the
-# 12,288 of the CNN/DM study's batches; fairseq's batching holds such counts in int64
+# tokens of one batch (lab.flex_keys, lab.lr_probe --max-tokens): 80 x the 12,288 of the Gigaword
+# config's batches; fairseq's batching holds such counts in int64 (10^30 overflowed)
 MAX_BATCH_TOKENS = 1_000_000
 # a wall-clock limit in seconds (lab.gpu_check --timeout): a borrowed GPU node's whole day
 MAX_SECONDS = 86_400
@@ -32,4 +32,4 @@ def updates(flag):
 
 
 def batch_tokens(flag):
-    return positive(flag, MAX_BATCH_TOKENS, "80 x the CNN/DM study's 12,288 tokens a batch")
+    return positive(flag, MAX_BATCH_TOKENS, "80 x the Gigaword config's 12,288 tokens a batch")

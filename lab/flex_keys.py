@@ -16,7 +16,7 @@ from typing import Dict, Iterable, Sequence, Set, Tuple
 
 import numpy as np
 
-from lab.bounds import batch_tokens
+from lab.bounds import MAX_BATCH_TOKENS, batch_tokens
 from man_fairseq.modules.flex_backend import bucket_batch, bucket_length
 from man_fairseq.plugin_options import MAX_DISTANCE
 from man_recipes.interrupt import one_line_on_ctrl_c
@@ -76,7 +76,9 @@ def main(argv=None):
                                                               ceiling="the plugin's ceiling of a distance"),
                         default=1024, help="sources truncated to this")
     # 0 divided by zero in fairseq's batching (SIGFPE)
-    parser.add_argument("--required-batch-size-multiple", type=batch_tokens("--required-batch-size-multiple"),
+    parser.add_argument("--required-batch-size-multiple",
+                        type=number("--required-batch-size-multiple", low=1, high=MAX_BATCH_TOKENS,
+                                    ceiling="no batch holds more sentences than --max-tokens' ceiling of tokens"),
                         default=8, help="as fairseq-train's (default 8)")
     args = parser.parse_args(argv)
     batches, source_sizes, target_sizes = training_batches(args.data, args.source_lang, args.target_lang,

@@ -141,13 +141,14 @@ def _lab_main(name):
     ("lab.speed.fused_bias", ["--threads", "1000000"], "argument --threads: invalid value '1000000': must be >= 1 and "
                                                        "<= 2 (the 2 CPU core(s) this process may use)"),
     ("lab.speed.fused_bias", ["--memory-repeats", "0"], "argument --memory-repeats: invalid value '0': must be >= 1"),
-    ("lab.speed.fused_bias", ["--batch", "1000", "--length", "100000"],
-     "--batch 1000 x --length 100000 = 100,000,000 tokens: at most 1,000,000 (80 x the CNN/DM study's 12,288 tokens "
-     "a batch)"),
+    ("lab.speed.fused_bias", ["--batch", "1", "--length", "100000"],
+     "--batch 1 x --length 100000²: 10,000,000,000 attention scores a head, at most 67,108,864 (1 GiB of float32 a "
+     "head)"),
     ("lab.speed.fused_bias", ["--blocks", "4096,0"], "argument --blocks: invalid value '0': must be >= 1"),
     ("lab.speed.fused_bias", ["--blocks", "4096,,8"], "argument --blocks: invalid value '4096,,8': an empty item"),
     ("lab.flex_keys", ["data", "--required-batch-size-multiple", "0"],
-     "argument --required-batch-size-multiple: invalid value '0': must be >= 1 and <= 1000000"),
+     "argument --required-batch-size-multiple: invalid value '0': must be >= 1 and <= 1000000 (no batch holds more "
+     "sentences than --max-tokens' ceiling of tokens)"),
     ("lab.flex_keys", ["data", "--max-tokens", str(10 ** 30)], "argument --max-tokens: invalid value "),
     ("lab.flex_keys", ["data", "--max-source-positions", "0"], "argument --max-source-positions: invalid value '0'"),
     ("lab.lr_probe", ["multi30k/man", "--updates", BIG], f"argument --updates: invalid value '{BIG}': must be >= 1 and "

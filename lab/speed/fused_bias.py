@@ -36,8 +36,13 @@ import time
 
 import torch
 
-from lab.bounds import MAX_BATCH_TOKENS, repeats
+from lab.bounds import repeats
 from man_recipes.options import comma_items, number, workers
+
+
+# batch x length² attention scores a head: 2^26 (1 GiB of float32, 2 of float64 for --precision), 20 x the
+# default 20 x 400² and 16 x the CNN/DM CPU study's largest batches (16 sentences of 512 tokens)
+MAX_SCORES = 1 << 26
 
 
 def layer_config(ffn):
@@ -202,9 +207,10 @@ def main(argv=None):
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.batch * args.length > MAX_BATCH_TOKENS:  # each head's scores are batch x length²
-        p.error(f"--batch {args.batch} x --length {args.length} = {args.batch * args.length:,} tokens: at most "
-                f"{MAX_BATCH_TOKENS:,} (80 x the CNN/DM study's 12,288 tokens a batch)")
+    scores = args.batch * args.length ** 2
+    if scores > MAX_SCORES:
+        p.error(f"--batch {args.batch} x --length {args.length}²: {scores:,} attention scores a head, at most "
+                f"{MAX_SCORES:,} (1 GiB of float32 a head)")
     torch.set_num_threads(args.threads)
     if args.memory_child:
         return peak_memory_child(args.memory_child, args.batch, args.length)

@@ -134,6 +134,7 @@ def train_run(cfg, run, seed, args, fingerprint, force=False):
 # config's max-epoch stopped it, and then the error blamed a --log-interval no one had given
 MAX_TIME_UPDATES = 100_000
 
+
 def time_families(families, cfgs, args, on_family=None):
     """Seconds per update over ``args.time_updates`` updates per family, extrapolated to an epoch.
 
