@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from man_recipes.interrupt import one_line_on_ctrl_c  # noqa: E402
+from man_recipes.options import number  # noqa: E402
 
 
 def baselines(shared, max_docs=None):
@@ -65,7 +66,9 @@ def main(argv=None):
     quiet_logging()
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("shared_data", type=Path, help="the folder holding cnndm-sample/ and gigaword-sample/")
-    p.add_argument("--max-docs", type=int, default=None, help="only the first N documents of each sample")
+    # no ceiling needed: more than a sample holds is all of it
+    p.add_argument("--max-docs", type=number("--max-docs", low=1), default=None,
+                   help="only the first N documents of each sample")
     args = p.parse_args(argv)
     print(table(args.shared_data, args.max_docs), end="")
     return 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from man_recipes.config import ConfigError, load_config
 from man_recipes.evaluation.decode import EvaluateError, generate_args, run_generate, top_hypotheses
 from man_recipes.interrupt import one_line_on_ctrl_c
-from man_recipes.options import number
+from man_recipes.options import batch_size
 from man_recipes.paths import output_folder_problem
 
 BACKENDS = ("auto", "sdpa", "flex", "explicit")
@@ -50,7 +50,7 @@ def main(argv=None):
     p.add_argument("--data", default=None, help="binarized data (default: the config's)")
     p.add_argument("--subset", default="test")
     p.add_argument("--backends", default="auto,explicit", help="comma-separated, the first the reference")
-    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
+    p.add_argument("--batch-size", type=batch_size(), default=128)
     p.add_argument("--logs", default=None, help="folder for fairseq-generate's outputs (default: a temporary one)")
     args = p.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]

@@ -16,8 +16,11 @@ from typing import Dict, Iterable, Sequence, Set, Tuple
 
 import numpy as np
 
+from lab.bounds import MAX_BATCH_TOKENS, batch_tokens
 from man_fairseq.modules.flex_backend import bucket_batch, bucket_length
+from man_fairseq.plugin_options import MAX_DISTANCE
 from man_recipes.interrupt import one_line_on_ctrl_c
+from man_recipes.options import number
 
 KINDS = ("encoder self", "decoder self", "cross")
 
@@ -68,9 +71,15 @@ def main(argv=None):
     parser.add_argument("data", help="a fairseq-preprocess folder")
     parser.add_argument("--source-lang", default="article")
     parser.add_argument("--target-lang", default="title")
-    parser.add_argument("--max-tokens", type=int, default=12288)
-    parser.add_argument("--max-source-positions", type=int, default=1024, help="sources truncated to this")
-    parser.add_argument("--required-batch-size-multiple", type=int, default=8, help="as fairseq-train's (default 8)")
+    parser.add_argument("--max-tokens", type=batch_tokens("--max-tokens"), default=12288)
+    parser.add_argument("--max-source-positions", type=number("--max-source-positions", low=1, high=MAX_DISTANCE,
+                                                              ceiling="the plugin's ceiling of a distance"),
+                        default=1024, help="sources truncated to this")
+    # 0 divided by zero in fairseq's batching (SIGFPE)
+    parser.add_argument("--required-batch-size-multiple",
+                        type=number("--required-batch-size-multiple", low=1, high=MAX_BATCH_TOKENS,
+                                    ceiling="no batch holds more sentences than --max-tokens' ceiling of tokens"),
+                        default=8, help="as fairseq-train's (default 8)")
     args = parser.parse_args(argv)
     batches, source_sizes, target_sizes = training_batches(args.data, args.source_lang, args.target_lang,
                                                            args.max_tokens, args.max_source_positions,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from lab.bounds import MAX_SECONDS, updates
 from lab.speed import records as speed_records
 from man_recipes.logging_setup import quiet_logging
 from man_recipes.provenance import git_commit
@@ -37,6 +38,7 @@ from man_recipes.training import fairseq_log
 from man_recipes.config import CONFIG_DIR, REPO, load_config
 from man_recipes.training.launch import train_args
 from man_recipes.interrupt import one_line_on_ctrl_c, run_child
+from man_recipes.options import number
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
 MULTI30K_DATA = REPO / "data-bin" / "multi30k.de-en"
@@ -251,9 +253,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="output folder (default gpu-check-<UTC date-time>; must not exist)")
     p.add_argument("--precision", choices=["fp16", "bf16"], default="fp16",
                    help="the benchmark's precision (the recipes train --fp16 by default)")
-    p.add_argument("--updates", type=int, default=300, help="Multi30k --bf16 updates per config")
+    p.add_argument("--updates", type=updates("--updates"), default=300, help="Multi30k --bf16 updates per config")
     p.add_argument("--skip", default="", help="comma-separated checks not to run: tests, benchmark, training")
-    p.add_argument("--timeout", type=float, default=7200,
+    p.add_argument("--timeout", type=number("--timeout", low=0, low_open=True, integer=False, high=MAX_SECONDS,
+                                            ceiling="a day"), default=7200,
                    help="seconds per command (pytest tests/gpu compiles flex kernels; its GPU run time is unmeasured)")
     p.add_argument("--cpu-dry-run", action="store_true",
                    help="without a GPU: the environment and pytest tests/gpu (which skips), then the report")

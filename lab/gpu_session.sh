@@ -20,8 +20,11 @@
 #      measured in the first two sessions) in bf16, training only, one repeat.
 set -u
 WH=${1:?usage: lab/gpu_session.sh WHEELHOUSE [CNNDM_DATA]}; CNNDM=${2:-data-bin/cnndm-sub}
+BUDGET=${BUDGET:-560}
+case $BUDGET in ''|*[!0-9]*) ok=0;; *) [ ${#BUDGET} -le 5 ] && [ "$BUDGET" -ge 1 ] && [ "$BUDGET" -le 86400 ] && ok=1 || ok=0;; esac
+[ "$ok" = 1 ] || { echo "lab/gpu_session.sh: BUDGET=$BUDGET: seconds, an integer >= 1 and <= 86400 (a day)" >&2; exit 2; }
 OUT=${OUT:?set OUT to the results folder}; mkdir -p "$OUT"
-START=$(date +%s); BUDGET=${BUDGET:-560}
+START=$(date +%s)
 left() { echo $(( START + BUDGET - $(date +%s) )); }
 log() { echo "[$(date +%T) +$(( $(date +%s) - START ))s] $*"; }
 D=$(mktemp -d); W=$(mktemp -d); R=$PWD  # D: what comes back (bundled); W: the fairseq build

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from man_recipes.config import REPO, ConfigError, load_config
+from lab.bounds import MAX_SECONDS, MAX_UPDATES, batch_tokens, updates
 from man_recipes.options import number
 from man_recipes.training.launch import split_fairseq_args, train_args
 from man_recipes.tools import tool_env
@@ -343,16 +344,18 @@ def main(argv=None):
     p.add_argument("config", nargs="?", help="configs/<row>.yaml (or a row name)")
     p.add_argument("--norm", choices=["pre", "post", "config"], default="config",
                    help="force pre-/post-norm in encoder and decoder (default: as the config says)")
-    p.add_argument("--updates", type=number("--updates", low=1), default=300)
-    p.add_argument("--warmup", type=number("--warmup", low=0), default=40, help="warm-up updates to the peak lr")
-    p.add_argument("--max-tokens", type=number("--max-tokens", low=1), default=1536, help="tokens per batch (one process)")
+    p.add_argument("--updates", type=updates("--updates"), default=300)
+    p.add_argument("--warmup", type=number("--warmup", low=0, high=MAX_UPDATES, ceiling="the ceiling of a measurement's "
+                                           "training run"), default=40, help="warm-up updates to the peak lr")
+    p.add_argument("--max-tokens", type=batch_tokens("--max-tokens"), default=1536, help="tokens per batch (one process)")
     p.add_argument("--paper-batch", action="store_true", help="keep the config's max-tokens")
     p.add_argument("--lr", type=number("--lr", low=0, low_open=True, integer=False), default=None, help="peak lr (default: the config's)")
     p.add_argument("--min-drop", type=number("--min-drop", integer=False), default=1.0,
                    help="how much the loss (bits) must fall, first window to last, to count as training")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--log-interval", type=number("--log-interval", low=1), default=10)
-    p.add_argument("--time-limit", type=number("--time-limit", low=0, low_open=True, integer=False), default=None, metavar="MINUTES",
+    p.add_argument("--log-interval", type=updates("--log-interval"), default=10)
+    p.add_argument("--time-limit", type=number("--time-limit", low=0, low_open=True, integer=False, high=MAX_SECONDS // 60,
+                                               ceiling="a day"), default=None, metavar="MINUTES",
                    help="stop training after this many minutes and judge the updates logged so far "
                         "(for a slow, shared CPU); the report says where it stopped")
     p.add_argument("--analyse", action="store_true",

@@ -11,6 +11,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/_env.sh"
 [ $# -ge 2 ] || { echo "usage: $0 NAME ARCH [fairseq options ...]" >&2; exit 2; }
 name=$1; arch=$2; shift 2
+bounded THREADS "${THREADS:-1}" "$(nproc)" "the CPU cores here"
+bounded EPOCHS "${EPOCHS:-3}" 1000 "the study trains 3"
 data="${DATA:-$repo/data-bin/multi30k.de-en}"
 [ -f "$data/dict.de.txt" ] || { echo "no Multi30k data-bin at $data: run data-prep/prepare-multi30k.sh" >&2; exit 2; }
 out="$repo/runs/${STUDY:-man-training-study}/$name"

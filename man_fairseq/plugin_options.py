@@ -346,21 +346,37 @@ def arch_option_names(arch) -> set:
     return {action.dest for action in parser._actions}
 
 
-def check_model_overrides(keys, state, path) -> None:
-    """Refuse (:class:`PluginOptionError`) a ``--model-overrides`` key that the checkpoint ``path``
-    (loaded as ``state``) has no option of, and its arch does not declare: fairseq would set it
-    where nothing reads it (another family's option, a misspelt name) and decode as if it had not
-    been given."""
+def chosen_component_option_names(overrides) -> set:
+    """The options of the components ``overrides`` choose by name (``bpe="subword_nmt"``,
+    ``tokenizer="moses"``): fairseq replaces such a group with the chosen component's, whose
+    options (``bpe_codes``, ``moses_no_dash_splits``) it then sets from the same overrides."""
+    from fairseq.registry import REGISTRIES
+
+    names = set()
+    for key, value in overrides.items():
+        chosen = REGISTRIES.get(key, {}).get("dataclass_registry", {}).get(value) if isinstance(value, str) else None
+        if chosen is not None:
+            names |= {f.name for f in dataclasses.fields(chosen)}
+    return names
+
+
+def check_model_overrides(overrides, state, path, given_as="--model-overrides {key!r}") -> None:
+    """Refuse (:class:`PluginOptionError`) an override (``{key: value}``, as the user gave it: the
+    command line's ``--model-overrides`` or ``from_pretrained``'s keywords, ``given_as`` naming it)
+    that the checkpoint ``path`` (loaded as ``state``) has no option of, its arch does not declare and
+    no component the overrides choose reads: fairseq would set it where nothing reads it (another
+    family's option, a misspelt name, a plugin option on fairseq's own Transformer) and decode as if
+    it had not been given."""
     import difflib
 
     cfg, args = state.get("cfg") or {}, state.get("args")
     model = cfg.get("model") if hasattr(cfg, "get") else None
     arch = getattr(model, "_name", None) or getattr(model, "arch", None) or getattr(args, "arch", None) or "?"
-    known = checkpoint_option_names(state) | arch_option_names(arch)
-    unknown = [key for key in keys if key not in known]
+    known = checkpoint_option_names(state) | arch_option_names(arch) | chosen_component_option_names(overrides)
+    unknown = [key for key in overrides if key not in known]
     if not unknown:
         return
     close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=0.8)  # a misspelling, not a look-alike
     raise PluginOptionError(
-        f"--model-overrides {unknown[0]!r}: {path} (arch {arch}) has no option of that name, so it would be ignored"
+        f"{given_as.format(key=unknown[0])}: {path} (arch {arch}) has no option of that name, so it would be ignored"
         + (f"; did you mean {close[0]!r}?" if close else "; `man-options ARCH` lists an arch's options"))

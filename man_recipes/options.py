@@ -169,6 +169,15 @@ def generated_pairs(flag):
     return number(flag, low=1, high=MAX_GENERATED_PAIRS, ceiling="the ceiling of a generated corpus")
 
 
+# fairseq-generate's sentences per batch (--batch-size): more than any test set here holds (CNN/DM's 11,490);
+# fairseq's batching holds it in int64 (--batch-size 10^30 was an OverflowError naming no option)
+MAX_BATCH_SENTENCES = 1_000_000
+
+
+def batch_size(flag="--batch-size"):
+    return number(flag, low=1, high=MAX_BATCH_SENTENCES, ceiling="sentences per batch: more than any test set holds")
+
+
 # The ceiling of every resampling count (--bootstrap-samples; ROUGE-1.5.5's -r): 10 x the field's 1000,
 # a p-value resolution of 1e-4; the paired bootstrap holds samples x documents indices in memory
 # (10^12 asked for 728 TiB).

@@ -218,15 +218,47 @@ def check_ascii_letters(texts, name):
 
     ROUGE-1.5.5 keeps a-z and 0-9 only (it lowercases and turns everything else into spaces), so
     Greek, Cyrillic or CJK text loses its words: identical files scored 0 or 0.25, not 1, with exit
-    status 0. English with a few accented names keeps nearly all its letters and is scored as
-    files2rouge scores it."""
+    status 0. rouge-score's tokenizer does the same (``[^a-z0-9]+`` becomes a space), so
+    :func:`man_recipes.scoring.rouge` applies this check to either implementation. English with a
+    few accented names keeps nearly all its letters and is scored as files2rouge scores it."""
     for i, text in enumerate(texts, start=1):
         letters = [c for c in text if c.isalpha()]
         other = sum(not c.isascii() for c in letters)
         if other * 2 > len(letters):
             raise ScoreInputError(f"{name} line {i}: {other} of its {len(letters)} letters are not ASCII letters, which "
-                             "ROUGE-1.5.5 drops (it scores a-z and 0-9 only; identical text would not score 1): "
-                             "transliterate the text to ASCII first, or use a scorer for its script")
+                                  "ROUGE drops (ROUGE-1.5.5 and rouge-score score a-z and 0-9 only; identical text "
+                                  "would not score 1): transliterate the text to ASCII first, or use a scorer for its "
+                                  "script")
+
+
+# ROUGE-1.5.5.pl's own getopts() string: a letter followed by ':' takes a value
+GETOPTS = "ahHb:c:de:f:l:mMn:p:st:r:2:3:w:uUvxz:"
+
+
+def getopts(words):
+    """{option letter: value (True for a flag)} as ROUGE-1.5.5's ``getopts`` (Perl's Getopt::Std)
+    reads ``words``: a value glued to its letter (``-n1000000``) or the next word, flags bundled
+    (``-mn4``: -m, then -n 4), the last of a repeated option kept, reading stopped at ``--`` or at
+    the first word that is no option. An unknown letter is skipped, as Getopt::Std warns and goes on."""
+    words, found = list(words), {}
+    while words and len(words[0]) > 1 and words[0].startswith("-"):
+        if words[0] == "--":
+            break
+        first, rest = words[0][1], words[0][2:]
+        pos = GETOPTS.find(first)
+        if pos >= 0 and GETOPTS[pos + 1:pos + 2] == ":":
+            words.pop(0)
+            if rest == "" and words:
+                rest = words.pop(0)
+            found[first] = rest
+            continue
+        if pos >= 0:
+            found[first] = True
+        if rest:
+            words[0] = "-" + rest
+        else:
+            words.pop(0)
+    return found
 
 
 def rouge_arguments(rouge_args=None, rouge_n=FILES2ROUGE_DEFAULT_N, no_rouge_l=False):

@@ -118,6 +118,8 @@ def rouge(hyps, refs, implementation="rouge155", order="hyp-ref", eos=".", names
         raise ValueError(f"ROUGE order must be one of {sorted(ROUGE_ORDERS)}, not {order!r}")
     first, second = (hyps, refs) if order == "hyp-ref" else (refs, hyps)
     hyp_name, ref_name = names or ("hypotheses", "references")
+    for name, texts in ((hyp_name, hyps), (ref_name, refs)):  # both implementations drop such letters
+        rouge155.check_ascii_letters(texts, name)
     if implementation == "rouge155":
         # an empty hypothesis scores 0 and stays in the average (files2rouge would stop)
         output, _ = rouge155.run(first, second, eos=eos, empty_scores_zero=True, exception_db=exception_db,

@@ -129,8 +129,11 @@ def test_text_is_binarized_inside_out_and_again_when_it_changes(toy_raw, tmp_pat
 
 
 @pytest.mark.parametrize("option, value, why", [
-    ("--updates", "0", "must be >= 1"), ("--warmup", "-1", "must be >= 0"), ("--lr", "-0.1", "must be > 0"),
-    ("--time-limit", "0", "must be > 0"), ("--max-tokens", "0", "must be >= 1"), ("--lr", "nan", "must be a finite number"),
+    ("--updates", "0", "must be >= 1 and <= 1000000 (the ceiling of a measurement's training run)"),
+    ("--warmup", "-1", "must be >= 0 and <= 1000000 (the ceiling of a measurement's training run)"),
+    ("--lr", "-0.1", "must be > 0"), ("--time-limit", "0", "must be > 0 and <= 1440 (a day)"),
+    ("--max-tokens", "0", "must be >= 1 and <= 1000000 (80 x the Gigaword config's 12,288 tokens a batch)"),
+    ("--lr", "nan", "must be a finite number"),
 ])
 def test_numbers_out_of_range_are_refused_when_read(tmp_path, capsys, no_training, option, value, why):
     with pytest.raises(SystemExit) as e:

@@ -330,7 +330,8 @@ def test_reproduce_refuses_a_count_below_one_when_reading_its_arguments(tmp_path
         reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--results-dir", str(tmp_path / "r"),
                         f"{option}=0"])
     assert e.value.code == 2
-    ceiling = " and <= 10000 (10 x the field's 1000 resamples)" if option == "--bootstrap-samples" else ""
+    ceiling = {"--bootstrap-samples": " and <= 10000 (10 x the field's 1000 resamples)",
+               "--batch-size": " and <= 1000000 (sentences per batch: more than any test set holds)"}.get(option, "")
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"scripts/reproduce.sh: error: argument {option}: invalid value '0': must be >= 1{ceiling}")
     assert not (tmp_path / "r").exists()

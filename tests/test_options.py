@@ -4,10 +4,12 @@ show them."""
 
 import logging
 import re
+import subprocess
+import sys
 import time
 
 import pytest
-from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, run_cli
+from conftest import REPO, TINY_MODEL, TINY_TRAIN, USER_DIR, call_entry_point, child_env, run_cli
 from plugin_parsing import CRITERION, FAMILY_ARCH, parse
 
 import man_fairseq  # noqa: F401  (registers the archs and the criterion)
@@ -193,6 +195,40 @@ def test_man_options_lists_each_arch_with_defaults_and_help():
     # an arch's own default, not the family's
     assert "--decoder-sublayers  (default: san,cross,ffn)" in man
     assert "valid: integer >= 0" in man
+
+
+def test_a_flag_is_said_to_take_no_value():
+    # "valid: true or false" read as a value to type after the flag (issue 82); fairseq makes it a bare flag
+    proc = call_entry_point(man_options.cli_main, ["transformer_localness_small"], prog="man-options")
+    assert ("--relative-positions  (default: false)\n    valid: no value: a flag, given it is true (in a config: "
+            "true or false)\n") in proc.stdout and "valid: true or false" not in proc.stdout
+    flags = [row for arch in ("transformer_localness_small", "transformer_diffwin_base", "transformer_man_small",
+                              "transformer_calibrated") for row in man_options.arch_options(arch)
+             if row.default in ("false", "true")]
+    assert flags and all(row.valid.startswith("no value: a flag") for row in flags)
+
+
+HIDE_TORCH = """
+import sys
+
+class HideTorch:  # as if torch were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, HideTorch())
+from man_recipes.cli.options import cli_main  # the console command's entry point
+sys.argv = ["man-options", "transformer_man_small"]
+sys.exit(cli_main())
+"""
+
+
+def test_without_torch_man_options_is_one_line():
+    proc = subprocess.run([sys.executable, "-c", HIDE_TORCH], cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr.startswith("man-options: torch is not installed: man-fairseq needs torch >= ") and \
+        proc.stderr.count("\n") == 1, proc.stderr[-2000:]
 
 
 def test_man_options_unknown_name_is_a_clear_error():

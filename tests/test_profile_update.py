@@ -73,6 +73,9 @@ def test_bad_options_get_one_line(gigaword_like_bin, tmp_path):
         (["--precision", "bf16"], "the CPU profiles fp32 only"),
         (["--cudnn-attention", "off"], "--cudnn-attention: a CUDA option"),
         (["--data", tmp_path], "holds no binarized data"),
+        # more updates than an epoch's batches: StopIteration's traceback before
+        (["--families", "transformer", "--batches", "1000000"], "--warmup 2 + --batches 1000000 updates: "),
+        (["--families", "transformer", "--warmup", "1000000"], "--warmup 1000000 + --batches 3 updates: "),
     ):
         full = ["gigaword-cpu", "--data", gigaword_like_bin, "--output", out, *args]
         proc = run(*full)

@@ -67,7 +67,7 @@ def test_wmt14_sentencepiece_prepare_train_generate_sacrebleu(wmt14_spm):
     tmp, data, test_de = wmt14_spm
     record = read_record(data)
     assert record["subword"] == {"kind": "sentencepiece", "model": "spm.model", "model_type": "unigram",
-                                 "vocab_size": 300, "seed": 1, "trained_on": "train split, both sides"}
+                                 "vocab_size": 300, "seed": 1, "threads": 16, "trained_on": "train split, both sides"}
     assert record["options"]["subword"] == "sentencepiece" and "bpe_merges" not in record["options"]
     assert record["tokenizer"] == {"tokenizer": "moses"}
     assert (data / "spm.model").is_file() and not (data / "code").exists()
@@ -112,6 +112,19 @@ def test_a_rerun_with_the_other_subword_is_refused_without_force(wmt14_spm):
     out = run_prep("prepare-wmt14en2de.sh", "--from", tmp / "downloads", "--work", tmp / "work", "--dest", data,
                    *SPM).stdout
     assert "skip  learn_spm" in out and "skip  binarize" in out and "start " not in out
+
+
+@pytest.mark.shared_data
+def test_the_data_is_the_same_whatever_workers_says(wmt14_spm):
+    # sentencepiece trained in --workers threads: --workers 2 made other pieces, dictionaries and .bin
+    # files than --workers 1, and both folders' records were byte-identical
+    tmp, data, _ = wmt14_spm
+    other = tmp / "bin-workers2"
+    run_prep("prepare-wmt14en2de.sh", "--from", tmp / "downloads", "--work", tmp / "work2", "--dest", other, *SPM,
+             "--workers", "2")
+    made = sorted(p.name for p in data.iterdir() if p.name != "preprocess.log")  # fairseq's log names its options
+    assert made == sorted(p.name for p in other.iterdir() if p.name != "preprocess.log") and "spm.model" in made
+    assert [name for name in made if (data / name).read_bytes() != (other / name).read_bytes()] == []
 
 
 @pytest.fixture(scope="module")

@@ -179,8 +179,10 @@ def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
     (["--threads", "1,,2"], "argument --threads: invalid value '1,,2': an empty item in '1,,2' (a comma too many?)"),
     (["--threads", "1,100000"], "argument --threads: invalid value '1,100000': each <= 2 "
                                 "(the 2 CPU core(s) this process may use)"),
-    (["--repeats", "0"], "argument --repeats: invalid value '0': must be >= 1"),
-    (["--decode-sentences", "0"], "argument --decode-sentences: invalid value '0': must be >= 1"),
+    (["--repeats", "0"], "argument --repeats: invalid value '0': must be >= 1 and <= 100 (20 x a measurement's usual "
+                         "5 repeats)"),
+    (["--decode-sentences", "0"], "argument --decode-sentences: invalid value '0': must be >= 1 and <= 1000000 (more "
+                                  "than any test set holds)"),
     (["--updates", "15"], "--updates 15 with --log-interval 10: need at least 20 updates (the first interval is warm-up)"),
 ])
 def test_bad_input_is_one_argparse_line(tmp_path, capsys, monkeypatch, argv, message):

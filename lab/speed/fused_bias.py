@@ -35,7 +35,14 @@ import time
 
 import torch
 
+from lab.bounds import repeats
 from man_recipes.interrupt import one_line_on_ctrl_c, run_child
+from man_recipes.options import comma_items, number, workers
+
+
+# batch x length² attention scores a head: 2^26 (1 GiB of float32, 2 of float64 for --precision), 20 x the
+# default 20 x 400² and 16 x the CNN/DM CPU study's largest batches (16 sentences of 512 tokens)
+MAX_SCORES = 1 << 26
 
 
 def layer_config(ffn):
@@ -177,20 +184,34 @@ def precision(variants, batch, length):
     return rows
 
 
+def block_sizes(text):
+    """``--blocks``: comma-separated BLOCK_ELEMENTS values, each an int >= 1."""
+    parse = number("--blocks", low=1)
+    try:
+        return [parse(item) for item in comma_items(text)] if text else []
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {e}") from None
+
+
 @one_line_on_ctrl_c("python -m lab.speed.fused_bias")
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m lab.speed.fused_bias", description=__doc__.split("\n")[0])
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--batch", type=int, default=20)
-    p.add_argument("--length", type=int, default=400)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--memory-repeats", type=int, default=2)
-    p.add_argument("--blocks", default="", help="comma-separated BLOCK_ELEMENTS values to time on man:auto")
+    p.add_argument("--threads", type=workers("--threads"), default=1)
+    p.add_argument("--batch", type=number("--batch", low=1), default=20)
+    p.add_argument("--length", type=number("--length", low=1), default=400)
+    p.add_argument("--repeats", type=repeats("--repeats"), default=5)
+    p.add_argument("--memory-repeats", type=repeats("--memory-repeats"), default=2)
+    p.add_argument("--blocks", type=block_sizes, default=[],
+                   help="comma-separated BLOCK_ELEMENTS values to time on man:auto")
     p.add_argument("--diffwin", action="store_true", help="the AW sublayer's variants instead of MAN's")
     p.add_argument("--precision", action="store_true", help="float32 error against float64 instead of speed")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    scores = args.batch * args.length ** 2
+    if scores > MAX_SCORES:
+        p.error(f"--batch {args.batch} x --length {args.length}²: {scores:,} attention scores a head, at most "
+                f"{MAX_SCORES:,} (1 GiB of float32 a head)")
     torch.set_num_threads(args.threads)
     if args.memory_child:
         return peak_memory_child(args.memory_child, args.batch, args.length)
@@ -198,7 +219,7 @@ def main(argv=None):
         variants = ["transformer", "plain:auto", "aw:auto", "aw:sdpa", "aw:explicit", "aw:predictors"]
     else:
         variants = ["transformer", "man-nobias:auto", "man:auto", "man:sdpa", "man:explicit"]
-        variants += [f"man:auto@{n}" for n in args.blocks.split(",") if n]
+        variants += [f"man:auto@{n}" for n in args.blocks]
     if args.precision:
         for v, row in precision([v for v in variants if ":" in v and "predictors" not in v], args.batch,
                                 args.length).items():

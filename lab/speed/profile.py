@@ -54,8 +54,17 @@ def family_config(experiment, family):
     return load_config(configs / f"{family}.yaml"), []
 
 
+class EpochTooShort(ValueError):
+    """The training split makes fewer batches than asked for (``batches``: how many it makes)."""
+
+    def __init__(self, batches):
+        super().__init__(batches)
+        self.batches = batches
+
+
 def batches(task, model, fs_cfg, count):
-    """The first ``count`` training batches of epoch 1, in fairseq-train's order (seed 1)."""
+    """The first ``count`` training batches of epoch 1, in fairseq-train's order (seed 1);
+    :class:`EpochTooShort` when the epoch has fewer."""
     from fairseq import utils
 
     task.load_dataset("train", combine=False, epoch=1)
@@ -64,6 +73,8 @@ def batches(task, model, fs_cfg, count):
         max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
         ignore_invalid_inputs=True, required_batch_size_multiple=fs_cfg.dataset.required_batch_size_multiple,
         seed=fs_cfg.common.seed, num_workers=0, epoch=1).next_epoch_itr(shuffle=True)
+    if count > len(itr):  # its next() would end in StopIteration
+        raise EpochTooShort(len(itr))
     return [next(itr) for _ in range(count)]
 
 
@@ -259,7 +270,12 @@ def main(argv=None, prog="scripts/speed.sh profile"):
                                  "cudnn_attention": args.cudnn_attention},
                                 torch.cuda.get_device_name() if cuda else None)
     first = next(iter(built.values()))
-    samples = batches(first[0], first[1], first[3], args.warmup + args.batches)
+    try:
+        samples = batches(first[0], first[1], first[3], args.warmup + args.batches)
+    except EpochTooShort as e:  # the same batches every family: what one epoch holds is the ceiling
+        print(f"{prog}: error: --warmup {args.warmup} + --batches {args.batches} updates: {args.data}'s training "
+              f"split makes {e.batches} batches in an epoch; ask for at most {e.batches}", file=sys.stderr)
+        return 2
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     if cuda:
         samples = [utils.move_to_cuda(s) for s in samples]

@@ -30,7 +30,8 @@ from man_recipes.data.manifest import read_manifest
 from man_recipes.data.subword import read_subword
 from man_recipes.evaluation.decode import EvaluateError, generate_args, read_generate_output
 from man_recipes.evaluation.fixed_sample import SAMPLE_SEED, sample_ids, sampled_split
-from man_recipes.options import number, precision_list, thread_counts
+from lab.bounds import repeats, updates
+from man_recipes.options import MAX_BATCH_SENTENCES, MAX_SEEDS, batch_size, number, precision_list, thread_counts
 from man_recipes.tools import tool_env
 from man_recipes.training.fairseq_log import LogError, train_intervals
 from man_recipes.training.launch import launch_command, split_fairseq_args
@@ -237,13 +238,14 @@ def measure_parser(prog="scripts/speed.sh", description=None):
                         "cast the whole model); the CPU measures fp32")
     p.add_argument("--skip-decoding", action="store_true",
                    help="training only (decoding needs a trained checkpoint to say much, see the table's †)")
-    p.add_argument("--repeats", type=number("--repeats", low=1), default=3)
-    p.add_argument("--updates", type=number("--updates", low=1), default=60, help="training updates per run")
-    p.add_argument("--log-interval", type=number("--log-interval", low=1), default=10,
+    p.add_argument("--repeats", type=repeats("--repeats"), default=3)
+    p.add_argument("--updates", type=updates("--updates"), default=60, help="training updates per run")
+    p.add_argument("--log-interval", type=updates("--log-interval"), default=10,
                    help="updates per logged interval (the first is warm-up; default %(default)s)")
-    p.add_argument("--decode-sentences", type=number("--decode-sentences", low=1), default=200,
+    p.add_argument("--decode-sentences", type=number("--decode-sentences", low=1, high=MAX_BATCH_SENTENCES,
+                                                     ceiling="more than any test set holds"), default=200,
                    help="test pairs decoded per run (a fixed sample of the first test set)")
-    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128,
+    p.add_argument("--batch-size", type=batch_size(), default=128,
                    help="fairseq-generate sentences per batch (the studies' default)")
     p.add_argument("--results-dir", default=str(REPO / "results"), help="records go to RESULTS/speed/")
     p.add_argument("--force", action="store_true", help="replace the records of the settings measured")
@@ -257,7 +259,8 @@ def parser():
     p.add_argument("experiment", choices=sorted(EXPERIMENTS))
     p.add_argument("--data", default=None, help="binarized data (default: the study's data-bin)")
     p.add_argument("--runs-dir", default=None, help="the study's runs, for trained checkpoints (default runs/EXPERIMENT)")
-    p.add_argument("--checkpoint-seed", type=number("--checkpoint-seed", low=1), default=1,
+    p.add_argument("--checkpoint-seed", type=number("--checkpoint-seed", low=1, high=MAX_SEEDS,
+                                                    ceiling="reproduce.sh's seeds"), default=1,
                    help="decode the study's runs of this seed (RUNS/FAMILY-seedS; default %(default)s)")
     p.add_argument("--update-docs", "--update-readme", dest="update_docs", action="store_true",
                    help=f"also rebuild the real-batch speed table of {records.PAGE} from every record in "

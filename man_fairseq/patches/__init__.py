@@ -13,7 +13,7 @@ anything loads a checkpoint):
 - ``ngram_blocking``: --no-repeat-ngram-size blocks without the CUDA kernel too (``NGramRepeatBlock._no_repeat_ngram``)
 - ``exit_threads``: a run stopped mid-epoch exits 0, not SIGABRT (``iterators.BackgroundConsumer.__init__``)
 - ``model_overrides``: a --model-overrides that is no dict, an unknown key or one that defines the model, or a --path that is no checkpoint, is refused (``options.gen_parser_from_dataclass``, ``checkpoint_utils.load_checkpoint_to_cpu``)
-- ``from_pretrained``: a missing folder or checkpoint is named (``hub_utils.from_pretrained``)
+- ``from_pretrained``: a missing folder or checkpoint is named, an unknown keyword refused as --model-overrides (``hub_utils.from_pretrained``)
 - ``patience_resume``: --patience counts on across a resume (``Trainer.save_checkpoint, checkpoint_utils.load_checkpoint``)
 - ``resume_options``: a resume with other model options than the run's is refused in one line (``Trainer.load_checkpoint``)
 - ``resume_batches``: a resumed run trains on the batches of the run uninterrupted (``FairseqTask.get_batch_iterator``)

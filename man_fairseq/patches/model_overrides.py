@@ -11,14 +11,17 @@ fairseq's ``checkpoint_utils.load_checkpoint_to_cpu`` (behind fairseq-generate, 
 set any key it was given: another family's option or a misspelt name was ignored without a word, and an
 option that defines the model (``{'encoder_embed_dim': 64}``) built another model than the parameters'
 (a traceback of size mismatches, or, where the shapes agree, another model decoding). Such a key, as
-given on the command line, is now refused in one line naming it
-(:func:`man_fairseq.plugin_options.check_model_overrides`, :func:`check_model_defining_overrides`); bad
-values of known keys were refused already, when the model is built. A ``--path`` that is not a
-checkpoint at all (a text file) is one line saying so, not torch's ``KeyError: 101``.
+given on the command line (or as a keyword of ``from_pretrained``: :func:`requested_overrides`), is now
+refused in one line naming it (:func:`man_fairseq.plugin_options.check_model_overrides`,
+:func:`check_model_defining_overrides`, one rule for both); bad values of known keys were refused
+already, when the model is built. A ``--path`` that is not a checkpoint at all (a text file) is one line
+saying so, not torch's ``KeyError: 101``.
 """
 
 import argparse
 import ast
+import contextlib
+import contextvars
 import os
 import sys
 
@@ -66,9 +69,10 @@ def command_line_model_overrides():
         return ()
 
 
-def check_model_defining_overrides(keys, overrides, state, path) -> None:
-    """Refuse (PluginOptionError) an override among ``keys`` of an option that defines the model
-    (:mod:`man_fairseq.model_options`) with another value than the checkpoint ``path`` (``state``) holds."""
+def check_model_defining_overrides(overrides, state, path, given_as="--model-overrides {key!r}") -> None:
+    """Refuse (PluginOptionError) an override in ``overrides`` (a dict) of an option that defines the model
+    (:mod:`man_fairseq.model_options`) with another value than the checkpoint ``path`` (``state``) holds;
+    the key is named as ``given_as`` formats it."""
     from ..model_options import differing_options, option_value, saved_model_options
     from ..plugin_options import PluginOptionError
 
@@ -76,11 +80,11 @@ def check_model_defining_overrides(keys, overrides, state, path) -> None:
     if saved is None:
         return
     arch = option_value(saved, "arch") or option_value(saved, "_name")
-    changed = differing_options(saved, {k: overrides[k] for k in keys}, arch)
+    changed = differing_options(saved, overrides, arch)
     if changed:
         name, old, new = changed[0]
         raise PluginOptionError(
-            f"--model-overrides {name!r}: {new!r} would change the model {path} was trained as ({name} {old!r}); "
+            f"{given_as.format(key=name)}: {new!r} would change the model {path} was trained as ({name} {old!r}); "
             "an option that defines the model cannot be overridden (dropout, attention_backend and the like can)")
 
 
@@ -95,6 +99,21 @@ def checking_the_text(fairseq_gen_parser_from_dataclass):
                     action.type = model_overrides_type
 
     return gen_parser_from_dataclass
+
+
+# the overrides a Python caller gave (from_pretrained's keywords) and how to name one, while it loads
+_REQUESTED = contextvars.ContextVar("requested_overrides", default=None)
+
+
+@contextlib.contextmanager
+def requested_overrides(keys, given_as):
+    """Within it, the overrides checked are ``keys`` (named as ``given_as``, a format string of
+    ``key``), not the command line's: the arguments of a Python call such as ``from_pretrained``."""
+    token = _REQUESTED.set((tuple(keys), given_as))
+    try:
+        yield
+    finally:
+        _REQUESTED.reset(token)
 
 
 def checking_overrides(fairseq_load):
@@ -113,9 +132,10 @@ def checking_overrides(fairseq_load):
                 raise PluginOptionError(load_error(path, e)) from None
             raise
         if arg_overrides:
-            keys = [k for k in command_line_model_overrides() if k in arg_overrides]
-            check_model_overrides(keys, state, path)
-            check_model_defining_overrides(keys, arg_overrides, state, path)
+            keys, given_as = _REQUESTED.get() or (command_line_model_overrides(), "--model-overrides {key!r}")
+            given = {k: arg_overrides[k] for k in keys if k in arg_overrides}
+            check_model_overrides(given, state, path, given_as)
+            check_model_defining_overrides(given, state, path, given_as)
             if state.get("args") is not None:  # as fairseq applies them
                 for name, value in arg_overrides.items():
                     setattr(state["args"], name, value)

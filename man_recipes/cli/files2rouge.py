@@ -53,17 +53,18 @@ def n_gram_size(text):
 
 def check_rouge_args(text):
     """``-a``'s ``-n`` and ``-r`` (ROUGE-1.5.5's bootstrap resamples) within the same ceilings as the
-    command's own options, before ROUGE runs (``-r 10^12`` would run for days)."""
-    words = text.split()
+    command's own options, before ROUGE runs (``-r 10^12`` would run for days), read as ROUGE-1.5.5
+    reads them (:func:`~man_recipes.rouge155.getopts`: ``-n1000000``, the value glued, is ``-n``)."""
+    given = rouge155.getopts(text.split())
     for flag, parse in (("-n", n_gram_size), ("-r", resamples("-r"))):
-        for i, word in enumerate(words):
-            if word == flag and i + 1 < len(words):
-                try:
-                    parse(words[i + 1])
-                except (argparse.ArgumentTypeError, ValueError) as e:
-                    raise ValueError(f"-a {text!r}: ROUGE's {flag} {words[i + 1]}: "
-                                     + (str(e).split(": ", 1)[-1] if isinstance(e, argparse.ArgumentTypeError)
-                                        else "not an integer")) from None
+        value = given.get(flag[1])
+        if isinstance(value, str):
+            try:
+                parse(value)
+            except (argparse.ArgumentTypeError, ValueError) as e:
+                raise ValueError(f"-a {text!r}: ROUGE's {flag} {value}: "
+                                 + (str(e).split(": ", 1)[-1] if isinstance(e, argparse.ArgumentTypeError)
+                                    else "not an integer")) from None
 
 
 def build_parser():

@@ -20,11 +20,25 @@ import inspect
 import sys
 from typing import Dict, List, NamedTuple, Optional
 
-import man_fairseq  # noqa: F401  (registers the archs and the criterion)
-from man_fairseq.plugin_options import option_flag, own_fields, rule_of
 from man_recipes.logging_setup import quiet_logging
 from man_recipes.tables import markdown_cell, markdown_table
 from man_recipes.interrupt import one_line_on_ctrl_c
+
+
+def plugin_options():
+    """:mod:`man_fairseq.plugin_options`, the plugin imported first (it registers the archs and the
+    criterion). Imported here, not with this module, so that without torch or fairseq ``man-options``
+    says so in the plugin's one line (:mod:`man_fairseq.dependencies`), not in a traceback."""
+    import man_fairseq  # noqa: F401
+    from man_fairseq import plugin_options as module
+
+    return module
+
+
+def flag_text(given: bool) -> str:
+    """What a flag takes on the command line: no value (fairseq makes a bool option a bare flag that
+    sets it ``given``; ``true`` or ``false`` are its values in a hydra config or --model-overrides)."""
+    return f"no value: a flag, given it is {str(given).lower()} (in a config: true or false)"
 
 
 class Option(NamedTuple):
@@ -38,6 +52,7 @@ def plugin_models() -> Dict[str, List[str]]:
     """{model name: its archs} of the plugin's models, in registration order."""
     from fairseq.models import ARCH_MODEL_INV_REGISTRY, MODEL_REGISTRY
 
+    plugin_options()  # registers them
     return {
         name: list(ARCH_MODEL_INV_REGISTRY.get(name, []))
         for name, cls in MODEL_REGISTRY.items() if cls.__module__.startswith("man_fairseq.")
@@ -48,6 +63,7 @@ def plugin_criterions() -> Dict[str, type]:
     """{criterion name: its config dataclass} of the plugin's criterions."""
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 
+    plugin_options()  # registers them
     return {
         name: CRITERION_DATACLASS_REGISTRY[name]
         for name, cls in CRITERION_REGISTRY.items()
@@ -59,6 +75,7 @@ def declared_rules() -> Dict[str, object]:
     """{option dest: Rule} from every option dataclass defined in the plugin's model modules."""
     from fairseq.dataclass import FairseqDataclass
 
+    own_fields, rule_of = plugin_options().own_fields, plugin_options().rule_of
     rules = {}
     for module_name, module in sorted(sys.modules.items()):
         if not module_name.startswith("man_fairseq.models.") or module is None:
@@ -95,13 +112,16 @@ def _show(value) -> str:
 def arch_options(arch: str) -> List[Option]:
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
+    plugin_options()  # registers the archs
     defaults = argparse.Namespace()
     ARCH_CONFIG_REGISTRY[arch](defaults)  # what an empty command line gets
     rules = declared_rules()
     rows = []
     for action in _plugin_actions(ARCH_MODEL_REGISTRY[arch]):
         rule = rules.get(action.dest)
-        if rule is not None:
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            valid = flag_text(action.const)  # "true or false" read as a value to type after it
+        elif rule is not None:
             valid = rule.text
         elif action.choices:
             valid = "one of " + ", ".join(map(str, action.choices))
@@ -115,14 +135,15 @@ def arch_options(arch: str) -> List[Option]:
 def criterion_options(name: str) -> List[Option]:
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
 
+    options = plugin_options()
     config_cls = CRITERION_DATACLASS_REGISTRY[name]
     # only the fields the plugin adds to fairseq's parent criterion config
     parent = next((b for b in config_cls.__mro__[1:] if dataclasses.is_dataclass(b)), None)
     rows = []
-    for f in own_fields(config_cls, base=parent):
-        rule = rule_of(f)
-        rows.append(Option(option_flag(f.name), _show(f.default), rule.text if rule else "",
-                           f.metadata.get("help", "")))
+    for f in options.own_fields(config_cls, base=parent):
+        rule = options.rule_of(f)
+        valid = flag_text(not f.default) if isinstance(rule, options.Flag) else rule.text if rule else ""
+        rows.append(Option(options.option_flag(f.name), _show(f.default), valid, f.metadata.get("help", "")))
     return rows
 
 
@@ -184,6 +205,11 @@ def cli_main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("name", nargs="?", help="an --arch of the plugin, or its criterion")
     parser.add_argument("--markdown", action="store_true", help="print docs/options.md (every arch and criterion)")
     args = parser.parse_args(argv)
+    try:
+        plugin_options()
+    except ImportError as e:  # torch or fairseq missing, too old or broken: the plugin's one line
+        print(f"man-options: {e}", file=sys.stderr)
+        return 2
     if args.markdown:
         sys.stdout.write(markdown())
         return 0

@@ -147,7 +147,7 @@ def bpe_and_binarize(args, steps, prep_src_dir, src, tgt, merges, splits=("train
     tok_dir = Path(prep_src_dir)
     if getattr(args, "subword", "bpe") == "sentencepiece":
         prep, model = learn_and_apply_sentencepiece(steps, tok_dir, src, tgt, args.spm_model_type,
-                                                    args.spm_vocab_size, splits, args.workers)
+                                                    args.spm_vocab_size, splits)
     else:
         prep, model = learn_and_apply_bpe(steps, tok_dir, src, tgt, merges, splits, args.workers)
     dest = Path(args.dest).absolute()

@@ -172,7 +172,7 @@ def build_multi30k(args):
 
     if args.subword == "sentencepiece":
         prep, codes = subword.learn_and_apply_sentencepiece(steps, tok, src, tgt, args.spm_model_type,
-                                                            args.spm_vocab_size, list(files), args.workers)
+                                                            args.spm_vocab_size, list(files))
     else:
         prep, codes = learn_and_apply_bpe(steps, tok, src, tgt, args.bpe_merges, list(files), args.workers)
 

@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from man_recipes.atomic import replacing
 from man_recipes.options import number
 from man_recipes.data.dataprep import PrepError, log, read_lines, write_lines
 from man_recipes.data.destination import read_record
@@ -30,6 +31,10 @@ DEFAULT_SPM_VOCAB_SIZE = 8000  # spm_train's default
 # starts from; 2147483648 (over sentencepiece's int32) was its traceback after two steps.
 MAX_SPM_VOCAB_SIZE = 1_000_000
 SPM_SEED = 1  # sentencepiece's random generator (unigram's sampling), fixed so a rerun gives the same model
+# sentencepiece's training threads, whatever --workers says: each thread's share of the corpus sums its own
+# statistics, so 1 and 2 threads learned other pieces (other dictionaries, other .bin); a fixed count gives
+# the same model whatever --workers says (spm_train's default count)
+SPM_THREADS = 16
 
 
 def add_options(parser, bpe_merges_help):
@@ -67,7 +72,8 @@ def making_options(args):
     records as before, so the records of folders made before this option stay the same)."""
     if args.subword != "sentencepiece":
         return {}
-    return {"subword": "sentencepiece", "spm_model_type": args.spm_model_type, "spm_vocab_size": args.spm_vocab_size}
+    return {"subword": "sentencepiece", "spm_model_type": args.spm_model_type, "spm_vocab_size": args.spm_vocab_size,
+            "spm_threads": SPM_THREADS}  # a folder made before with --workers' threads is other data
 
 
 def manifest_options(args, merges):
@@ -83,36 +89,36 @@ def subword_record(args):
     if args.subword != "sentencepiece":
         return {"kind": "bpe", "codes": BPE_CODES}
     return {"kind": "sentencepiece", "model": SPM_MODEL, "model_type": args.spm_model_type,
-            "vocab_size": args.spm_vocab_size, "seed": SPM_SEED, "trained_on": "train split, both sides"}
+            "vocab_size": args.spm_vocab_size, "seed": SPM_SEED, "threads": SPM_THREADS,
+            "trained_on": "train split, both sides"}
 
 
-def learn_sentencepiece(train_files, model_path, model_type, vocab_size, workers=1):
-    """One joint sentencepiece model on the concatenation of ``train_files``, written to ``model_path``."""
+def learn_sentencepiece(train_files, model_path, model_type, vocab_size):
+    """One joint sentencepiece model on the concatenation of ``train_files``, written to ``model_path``:
+    the same bytes whatever ``--workers`` says (trained in :data:`SPM_THREADS` threads) and wherever
+    the files are (the lines are handed over in memory, so the model records no training file or
+    prefix path, which it does for a file)."""
+    import io
+
     import sentencepiece as spm
 
-    model_path = Path(model_path)
-    joined = model_path.with_name("spm-train.tmp")
-    write_lines(joined, (line for f in train_files for line in read_lines(f)))
-    prefix = model_path.with_name("spm-partial")
+    model = io.BytesIO()
     spm.set_random_generator_seed(SPM_SEED)
     try:
-        spm.SentencePieceTrainer.train(input=str(joined), model_prefix=str(prefix), model_type=model_type,
-                                       vocab_size=vocab_size, num_threads=workers, minloglevel=2)
+        spm.SentencePieceTrainer.train(sentence_iterator=(line for f in train_files for line in read_lines(f)),
+                                       model_writer=model, model_type=model_type, vocab_size=vocab_size,
+                                       num_threads=SPM_THREADS, minloglevel=2)
     except (RuntimeError, OSError) as e:  # e.g. "Vocabulary size too high (8000). Please set it to a value <= N."
         said = str(e).strip().splitlines()[-1].rsplit("] ", 1)[-1]  # without its C++ source location
         raise PrepError(f"sentencepiece training on {', '.join(map(str, train_files))} failed: {said} "
                         "(see --spm-vocab-size, --spm-model-type)") from None
-    finally:
-        joined.unlink(missing_ok=True)
-    pieces = spm.SentencePieceProcessor(model_file=f"{prefix}.model").get_piece_size()
+    pieces = spm.SentencePieceProcessor(model_proto=model.getvalue()).get_piece_size()
     if pieces != vocab_size:  # a char model stops at its characters: the record would say vocab_size
-        for suffix in (".model", ".vocab"):
-            Path(f"{prefix}{suffix}").unlink(missing_ok=True)
         raise PrepError(f"sentencepiece's {model_type} model of {', '.join(map(str, train_files))} has {pieces} pieces "
                         f"(for a char model: the training text's characters), not --spm-vocab-size {vocab_size}: "
                         f"pass --spm-vocab-size {pieces}")
-    Path(f"{prefix}.model").replace(model_path)
-    Path(f"{prefix}.vocab").unlink(missing_ok=True)
+    with replacing(model_path, "wb") as f:
+        f.write(model.getvalue())
 
 
 def apply_sentencepiece_lines(lines, model_path):
@@ -122,7 +128,7 @@ def apply_sentencepiece_lines(lines, model_path):
     return [" ".join(pieces) for pieces in sp.encode(list(lines), out_type=str)]
 
 
-def learn_and_apply_sentencepiece(steps, tok_dir, src, tgt, model_type, vocab_size, splits, workers):
+def learn_and_apply_sentencepiece(steps, tok_dir, src, tgt, model_type, vocab_size, splits):
     """Steps learn_spm (joint, on the tokenized train split) and apply_spm (every split) into
     ``<work>/prep-spm`` (not BPE's ``prep``: a --work folder used with both keeps each one's files
     and stamps current); returns (prep folder, model file)."""
@@ -131,10 +137,10 @@ def learn_and_apply_sentencepiece(steps, tok_dir, src, tgt, model_type, vocab_si
     model = prep / SPM_MODEL
 
     def learn():
-        learn_sentencepiece([tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"], model, model_type, vocab_size,
-                            workers)
+        learn_sentencepiece([tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"], model, model_type, vocab_size)
     steps.run("learn_spm", learn, inputs=[tok_dir / f"train.{src}", tok_dir / f"train.{tgt}"],
-              options={"model_type": model_type, "vocab_size": vocab_size, "seed": SPM_SEED}, outputs=[model])
+              options={"model_type": model_type, "vocab_size": vocab_size, "seed": SPM_SEED, "threads": SPM_THREADS},
+              outputs=[model])
 
     def apply():
         for split in splits:

@@ -28,8 +28,9 @@ import yaml
 
 from man_recipes.config import ConfigError, validate
 from man_recipes.data.subword import SubwordEvidenceError, read_subword
-from man_recipes.options import PRECISION_HELP, PRECISIONS, number, resolve_precision, visible_gpus
+from man_recipes.options import PRECISION_HELP, PRECISIONS, batch_size, number, resolve_precision, visible_gpus
 from man_recipes.evaluation import result_files
+from man_recipes.evaluation.run_checkpoint import check_run_model, load_state, training_progress
 from man_recipes.evaluation.steps import AverageError, CheckpointsNotFound, EvaluateError, Names, average, decode, score
 from man_recipes import rouge155, scoring, textfile
 from man_recipes.paths import output_folder_problem
@@ -70,22 +71,6 @@ def data_fingerprint(data, subset, src, tgt):
     return out
 
 
-def training_progress(checkpoint):
-    """(number of updates, completed epochs) recorded in a fairseq checkpoint; None where absent."""
-    import torch
-
-    from man_fairseq.checkpoint_errors import load_error
-    from man_fairseq.patches import safe_globals
-
-    safe_globals.apply()
-    try:
-        state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # a file cut short or not a checkpoint at all: name it, before decoding
-        raise EvaluateError(load_error(checkpoint, e)) from e
-    history = state.get("optimizer_history") or [{}]
-    train_iterator = (state.get("extra_state") or {}).get("train_iterator") or {}
-    epoch = train_iterator.get("epoch")  # the epoch to run next or the one interrupted
-    return history[-1].get("num_updates"), (epoch - 1 if epoch else None)
 
 
 def raw_reference_file(data, subset, tgt):
@@ -213,7 +198,7 @@ def build_parser():
     p.add_argument("--data", default=None, help="override the data-bin directory")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--precision", choices=PRECISIONS, default=None, help=PRECISION_HELP)
-    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128)
+    p.add_argument("--batch-size", type=batch_size(), default=128)
     p.add_argument("--rouge-order", choices=sorted(scoring.ROUGE_ORDERS), default=None,
                    help="which file takes files2rouge's first slot: hyp-ref (default, or eval.rouge_order: "
                         "as the MAN authors and fairseq's BART README call it) or ref-hyp (files2rouge's "
@@ -310,7 +295,10 @@ def evaluate(run, args, moved):
                                 f"--checkpoint {ckpt_dir / 'checkpoint_last.pt'}") from e
         except AverageError as e:
             raise EvaluateError(f"cannot average: {e}") from e
-    num_updates, epochs_completed = training_progress(checkpoint)
+    state = load_state(checkpoint)
+    check_run_model(state, checkpoint, cfg, run_info, run)
+    num_updates, epochs_completed = training_progress(state)
+    del state
 
     generate_log = eval_dir / f"generate-{subset}.txt"
     # ROUGE reads the release's references: decode from the sources alone when data-prep wrote them

@@ -43,7 +43,7 @@ from man_recipes.data.dataprep import PrepError
 from man_recipes.data.manifest import read_manifest
 from man_recipes.data.subword import read_subword
 from man_recipes.evaluation.evaluate import EvaluateError
-from man_recipes.options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, number, resamples, resolve_precision, seeds
+from man_recipes.options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, batch_size, number, resamples, resolve_precision, seeds
 from man_recipes.training.fairseq_log import LogError, model_params, seconds_per_update
 from man_recipes.workdir import try_lock
 from man_recipes.studies.experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, other_families,  # noqa: F401  (reproduce.FAMILIES)
@@ -130,6 +130,11 @@ def train_run(cfg, run, seed, args, fingerprint, force=False):
 
 # ---------------------------------------------------------------------------------- timing
 
+# --time-updates' ceiling: seconds per update settle within a few hundred updates; 10^12 ran until the
+# config's max-epoch stopped it, and then the error blamed a --log-interval no one had given
+MAX_TIME_UPDATES = 100_000
+
+
 def time_families(families, cfgs, args, on_family=None):
     """Seconds per update over ``args.time_updates`` updates per family, extrapolated to an epoch.
 
@@ -153,7 +158,12 @@ def time_families(families, cfgs, args, on_family=None):
         if launch.train(load_config(cfgs[fam]["_path"]), run, data=args.data, nproc=1, cpu=args.device == "cpu",
                         precision=args.precision, seed=1, extra=extra + list(args.fairseq_args)) != 0:
             raise ReproduceError(f"timing run {fam} failed; log: {run / 'train.log'}")
-        spu, size = seconds_per_update(run / "train.log")
+        try:
+            spu, size = seconds_per_update(run / "train.log")
+        except LogError as e:  # the run stopped first (its config's max-epoch): it is --time-updates that asked too much
+            raise ReproduceError(f"--time-updates {n}: timing run {fam} ended before its progress lines (one every "
+                                 f"{interval} updates) could time it ({e}); did its config's max-epoch stop it? "
+                                 "Ask for fewer updates") from e
         rows[fam] = {"seconds_per_update": round(spu, 3), "updates_per_epoch": size,
                      "epoch_minutes_extrapolated": round(spu * size / 60, 1),
                      "params": model_params(run / "train.log"), "updates_timed": n, "log_interval": interval}
@@ -185,7 +195,7 @@ def build_parser():
     p.add_argument("--runs-dir", default=None, help="default runs/EXPERIMENT")
     p.add_argument("--results-dir", default=str(REPO / "results"))
     p.add_argument("--avg-last", type=number("--avg-last", low=1), default=None, help="override eval.avg_last (epoch checkpoints averaged)")
-    p.add_argument("--batch-size", type=number("--batch-size", low=1), default=128, help="fairseq-generate sentences per batch")
+    p.add_argument("--batch-size", type=batch_size(), default=128, help="fairseq-generate sentences per batch")
     p.add_argument("--bootstrap-samples", type=resamples("--bootstrap-samples"), default=1000)
     p.add_argument("--test-sample", type=number("--test-sample", low=0), default=None, metavar="N",
                    help="score a fixed sample of N pairs of each test set (seeded, the same for every run; "
@@ -198,7 +208,8 @@ def build_parser():
                         "named) even when their record matches today's config")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     # at least 2: seconds per update are measured between two progress lines (fairseq_log.seconds_per_update)
-    p.add_argument("--time-updates", type=number("--time-updates", low=2), default=None,
+    p.add_argument("--time-updates", type=number("--time-updates", low=2, high=MAX_TIME_UPDATES,
+                                                 ceiling="a timing, not a training"), default=None,
                    help="only measure seconds per update over N >= 2 updates per family (extrapolated to an epoch)")
     p.epilog = "Options after '--' go to every fairseq-train run unchanged (they override the configs)."
     return p

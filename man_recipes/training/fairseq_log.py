@@ -133,7 +133,7 @@ def seconds_per_update(train_log):
     """
     rows = [(int(u), float(w), int(size)) for _, _, size, u, w in INNER_RE.findall(Path(train_log).read_text(errors="replace"))]
     if len(rows) < 2:
-        raise LogError(f"{train_log}: need two progress lines to time updates (lower --log-interval?)")
+        raise LogError(f"{train_log}: {len(rows)} progress line(s), need two to time updates")
     (u0, w0, size), (u1, w1, _) = rows[0], rows[-1]
     if u1 <= u0:
         raise LogError(f"{train_log}: progress lines do not advance")
