@@ -11,6 +11,7 @@ import logging
 import pytest
 import torch
 from conftest import TINY_MODEL, build_fairseq_model
+from test_fused_bias_grad import future_mask, padding, tokens
 
 from man_fairseq.modules import banded_attention as banded
 from man_fairseq.modules.attention_backend import BANDED, EXPLICIT, FLEX, SDPA, choose_kernel
@@ -69,21 +70,6 @@ def test_the_band_is_taken_where_it_computes_at_most_half_the_scores():
 # ---------------------------------------------------------------------------------------------
 # one attention: float64 output and every gradient equal to the explicit path
 # ---------------------------------------------------------------------------------------------
-
-def padding(lengths, left, t=None):
-    t = t or max(lengths)
-    pad = torch.zeros(len(lengths), t, dtype=torch.bool)
-    for i, n in enumerate(lengths):
-        if left:
-            pad[i, : t - n] = True
-        else:
-            pad[i, n:] = True
-    return pad
-
-
-def future_mask(t):
-    return torch.triu(torch.full((t, t), float("-inf"), dtype=F64), 1)
-
 
 def attention(window, causal=False, seed=0, dropout=0.0):
     torch.manual_seed(seed)
@@ -258,20 +244,6 @@ def man_model(backend):
         "transformer_man_base", TINY_MODEL + ["--dropout", "0", "--attention-backend", backend] + SMAN, dict_size=40)
     assert args.attention_backend == backend
     return model.double().train(), task
-
-
-def tokens(task, lengths, left, seed):
-    g = torch.Generator().manual_seed(seed)
-    d = task.source_dictionary
-    t = max(lengths)
-    out = torch.full((len(lengths), t), d.pad(), dtype=torch.long)
-    for i, n in enumerate(lengths):
-        seq = torch.tensor(torch.randint(d.nspecial, len(d), (n - 1,), generator=g).tolist() + [d.eos()])
-        if left:
-            out[i, t - n:] = seq
-        else:
-            out[i, :n] = seq
-    return out
 
 
 def window_attentions(model):

@@ -2,8 +2,8 @@
 
 A hard window gives every key outside it exactly zero weight, so the keys outside need no score.
 The queries are cut into blocks of ``Q`` consecutive rows; block ``n`` reads the ``Q + 2 * bound``
-keys around it (``bound``: the largest half width of the call, no device sync), taken from ``k`` and
-``v`` as an overlapping ``unfold`` view. Per block, the scores are one dense ``(Q, Q + 2 bound)``
+keys around it (``bound``: the largest half width of the call, no device sync), its own block of keys
+and the first ``2 bound`` of the next (:func:`_key_windows`). Per block, the scores are one dense ``(Q, Q + 2 bound)``
 product (batched matrix products, as the full path's), masked to ``-inf`` outside each query's band,
 beyond the sequence, at padded keys and where ``attn_mask`` says so, then softmax, attention dropout and
 the weighted sum of the block's values. Autograd differentiates it as written (no custom backward), so
@@ -14,7 +14,8 @@ Why blocks rather than a ``(B, H, T, 2b+1, D)`` gather of each query's own windo
 tensor ``D`` times larger than the band's scores (``2b + 1`` copies of every key) and multiplies it
 element by element, where a block's product runs in BLAS; measured on one CPU thread, one forward and
 backward of (B, 4, T, 64) at b = 4: T = 400, B = 20: full 357 ms, gather 727 ms, blocks of 16 rows 108 ms;
-T = 32, B = 128: full 64 ms, gather 350 ms, blocks of 16 rows 62 ms (a loaded machine; docs/speed.md).
+T = 32, B = 128: full 64 ms, gather 350 ms, blocks of 16 rows 62 ms (a loaded machine; the layer and the
+sublayer in docs/speed.md).
 
 A query whose band holds no allowed key (a pad query in a padded stretch of its sentence) attends to
 its block's window with no mask at all: finite, where the full path attends to every key of the
@@ -77,15 +78,21 @@ def band_is_cheaper(tgt_len: int, src_len: int, bound: Optional[int]) -> bool:
 
 
 def _key_windows(x: Tensor, lo: int, hi: int, span: int, rows: int, value=0.0) -> Tensor:
-    """Keys ``lo .. hi-1`` of x along dim 2 (``value`` outside ``0 .. S-1``), as overlapping windows of ``span``
-    keys every ``rows``: (..., n_blocks, <trailing dims>, span)."""
-    src_len = x.size(2)
+    """Keys ``lo .. hi-1`` of x (A, B, S, ...) along dim 2 (``value`` outside ``0 .. S-1``) as the windows of
+    ``span`` keys every ``rows``: (A, B, n_blocks, span, ...). Made of whole blocks of ``rows`` keys, each window
+    its own block and the first ``span - rows`` keys of the next (``span - rows = 2 bound <= rows`` whenever
+    there are two blocks or more), rather than by ``unfold``, whose backward pass cost a fifth of the path's
+    time (torch.profiler, T = 400)."""
+    src_len, blocks = x.size(2), (hi - lo - span) // rows + 1
     part = x.narrow(2, max(lo, 0), min(hi, src_len) - max(lo, 0))
-    before, after = max(0, -lo), max(0, hi - src_len)
+    whole_blocks = 2 * rows - span if blocks > 1 else 0  # keys that make the last block whole
+    before, after = max(0, -lo), max(0, hi - src_len) + whole_blocks
     if before or after:
-        pad = [0, 0] * (x.dim() - 3) + [before, after]
-        part = F.pad(part, pad, value=value)
-    return part.unfold(2, span, rows)
+        part = F.pad(part, [0, 0] * (x.dim() - 3) + [before, after], value=value)
+    if blocks == 1:
+        return part.unsqueeze(2)
+    whole = part.view(*x.shape[:2], blocks + 1, rows, *x.shape[3:])
+    return torch.cat([whole[:, :, :blocks], whole[:, :, 1:, : span - rows]], dim=3)
 
 
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Tensor], bound: int, query_start: int,
@@ -108,8 +115,8 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
     span = rows + 2 * bound
     lo, hi = query_start - bound, query_start + padded + bound  # keys read, block n from lo + n * rows
 
-    k_blocks = _key_windows(k, lo, hi, span, rows)  # (B, H, n, D, span): k^T of every block
-    v_blocks = _key_windows(v, lo, hi, span, rows).transpose(-1, -2)  # (B, H, n, span, D)
+    k_blocks = _key_windows(k, lo, hi, span, rows)  # (B, H, n, span, D)
+    v_blocks = _key_windows(v, lo, hi, span, rows)
     q_blocks = F.pad(q, (0, 0, 0, padded - tgt_len)).view(bsz, heads, n_blocks, rows, dim)
 
     device = q.device
@@ -123,7 +130,7 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
         allowed = allowed & (offset.abs() <= half_width)  # (n, Q, span)
     if key_padding_mask is not None:
         real = _key_windows(~key_padding_mask[:, None, :, None], lo, hi, span, rows, value=False)
-        allowed = allowed & real.view(bsz, 1, n_blocks, 1, span)
+        allowed = allowed & real.reshape(bsz, 1, n_blocks, 1, span)
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, float("-inf"))
     if attn_mask is not None:
         mask = mask + _block_table(attn_mask, q.dtype, lo, padded, span, rows)
@@ -131,7 +138,7 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
     mask = mask.masked_fill_(dead, 0.0)
 
-    scores = torch.matmul(q_blocks, k_blocks).mul_(scale).add_(mask)  # (B, H, n, Q, span)
+    scores = torch.matmul(q_blocks, k_blocks.transpose(-1, -2)).mul_(scale).add_(mask)  # (B, H, n, Q, span)
     low_precision = scores.dtype in (torch.float16, torch.bfloat16)
     probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
     if dropout_p > 0 and training:
