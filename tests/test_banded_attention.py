@@ -153,6 +153,21 @@ def test_gradcheck():
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7)
 
 
+def test_queries_after_cached_keys_with_strided_keys():
+    """Queries that start after cached keys (``query_start`` > 0: several queries with an incremental cache),
+    three blocks, k and v strided as the core's projections make them."""
+    g = torch.Generator().manual_seed(6)
+    t, s, b = 40, 50, 8  # blocks of 16 rows, windows of 16 + 16 keys
+    q = torch.randn(2, 3, t, 4, generator=g, dtype=F64)
+    k, v = (torch.randn(s, 2, 3, 4, generator=g, dtype=F64).permute(1, 2, 0, 3) for _ in range(2))
+    assert not k.is_contiguous()
+    dist = ((torch.arange(t)[:, None] + s - t) - torch.arange(s)[None, :]).abs()
+    ref = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + torch.zeros(t, s, dtype=F64).masked_fill(dist > b, float("-inf")),
+                        -1) @ v
+    out = banded.banded_attention(q, k, v, b, b, s - t, None, None, 0.5)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-14)
+
+
 def test_dropout_zeroes_or_rescales_each_band_weight():
     """Attention dropout on the band's weights: with the values the identity, the output is the weight matrix;
     every weight inside the band is the full path's weight, zeroed (about p of them) or divided by 1 - p, and

@@ -14,8 +14,8 @@ Why blocks rather than a ``(B, H, T, 2b+1, D)`` gather of each query's own windo
 tensor ``D`` times larger than the band's scores (``2b + 1`` copies of every key) and multiplies it
 element by element, where a block's product runs in BLAS; measured on one CPU thread, one forward and
 backward of (B, 4, T, 64) at b = 4: T = 400, B = 20: full 357 ms, gather 727 ms, blocks of 16 rows 108 ms;
-T = 32, B = 128: full 64 ms, gather 350 ms, blocks of 16 rows 62 ms (a loaded machine; the layer and the
-sublayer in docs/speed.md).
+T = 32, B = 128: full 64 ms, gather 350 ms, blocks of 16 rows 62 ms (a first version of the blocks, on a
+loaded machine; the sublayer and the layer in docs/speed.md).
 
 A query whose band holds no allowed key (a pad query in a padded stretch of its sentence) attends to
 its block's window with no mask at all: finite, where the full path attends to every key of the
@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-# Query rows per block: the smallest whose products still run efficiently (measured above: 8 rows
-# 129 ms, 16 rows 108 ms, 32 rows 121 ms at T = 400, b = 4), and at least the band's width.
+# Query rows per block, at least the band's width: one forward and backward of (20, 4, 400, 64) at b = 4 took
+# 441, 382, 422, 411, 441 ms with blocks of 8, 16, 24, 32, 48 rows (one thread, a loaded machine).
 MIN_BLOCK_ROWS = 16
 # The band is taken when its scores are at most this fraction of the full path's (at T = 32, b = 4 the
 # band computes 0.75 of them and gains nothing measurable; at T = 400, 0.06).
@@ -91,7 +91,7 @@ def _key_windows(x: Tensor, lo: int, hi: int, span: int, rows: int, value=0.0) -
         part = F.pad(part, [0, 0] * (x.dim() - 3) + [before, after], value=value)
     if blocks == 1:
         return part.unsqueeze(2)
-    whole = part.view(*x.shape[:2], blocks + 1, rows, *x.shape[3:])
+    whole = part.reshape(*x.shape[:2], blocks + 1, rows, *x.shape[3:])
     return torch.cat([whole[:, :, :blocks], whole[:, :, 1:, : span - rows]], dim=3)
 
 
