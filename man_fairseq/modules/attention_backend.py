@@ -49,8 +49,8 @@ stays PyTorch's dispatcher, ``explicit`` the reference.
 Under ``auto`` (and ``flex`` where it falls back) on the CPU, a bias module that is a hard band in
 self-attention (``band_bound``: SMAN's static windows, ``|t - s| <= b``) takes the ``banded`` path
 (``banded_attention.py``): only the keys inside the band are scored, in blocks of query rows, where the
-band computes at most half the full path's scores (``band_is_cheaper``: at CNN/DM's 400-token sources
-with b = 4, 0.06 of them; at 32 tokens 0.75, which stays on the full kernel). Attention dropout is
+band computes at most a fifth of the full path's scores (``band_is_cheaper``: at CNN/DM's 400-token
+sources with b = 4, 0.06 of them; at 32 tokens 0.75, which stays on the full kernel). Attention dropout is
 applied to the band's weights (the weights outside are zero either way). Not on CUDA: its speed there is
 not measured (the memory-efficient kernel, or ``flex``'s block mask, serve it). ``sdpa`` and ``explicit``
 compute every key.
@@ -120,7 +120,7 @@ def choose_kernel(
         extendable: the bias module can write its bias as extra query/key dimensions.
         bias_grad: the bias module's parameters will get a gradient (training a learnable bias).
         hard_band: the bias module is a hard band (0 inside, -inf outside) in self-attention.
-        band_cheaper: the band computes at most half the full path's scores (``band_is_cheaper``).
+        band_cheaper: the band computes few enough of the full path's scores (``band_is_cheaper``).
     """
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose one of {ATTENTION_BACKENDS}")
@@ -145,8 +145,8 @@ def choose_kernel(
     if hard_band and backend == "auto" and device_type == "cpu":
         if band_cheaper:
             return KernelChoice(BANDED, (), choice.reason + "; a hard window: only the keys inside its band")
-        return KernelChoice(SDPA, (), choice.reason + "; a hard window whose band would compute more than half "
-                            "the scores: every key")
+        return KernelChoice(SDPA, (), choice.reason + "; a hard window whose band would compute more than a "
+                            "fifth of the scores: every key")
     if extendable:
         if dtype in HALF_DTYPES:
             return KernelChoice(SDPA, choice.sdpa_backends, choice.reason + "; half precision: the bias as a float mask "
