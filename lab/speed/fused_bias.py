@@ -117,7 +117,7 @@ def step(run, x, pad):
     out.float().square().mean().backward()
 
 
-def time_variants(variants, batch, length, repeats):
+def time_variants(variants, batch, length, repeats, clock=time.perf_counter):
     built = {v: build(v) for v in variants}
     x, pad = inputs(batch, length)
     for _, run in built.values():  # warm-up
@@ -125,9 +125,9 @@ def time_variants(variants, batch, length, repeats):
     times = {v: [] for v in variants}
     for _ in range(repeats):
         for v, (_, run) in built.items():
-            start = time.perf_counter()
+            start = clock()
             step(run, x, pad)
-            times[v].append(time.perf_counter() - start)
+            times[v].append(clock() - start)
     return times, {v: sorted({m.last_kernel.path for m in module.modules() if getattr(m, "last_kernel", None)})
                    for v, (module, _) in built.items()}
 
@@ -197,6 +197,8 @@ def main(argv=None):
     p.add_argument("--sman", action="store_true", help="SMAN's layers (banded against full) instead of MAN's")
     p.add_argument("--precision", action="store_true", help="float32 error against float64 instead of speed")
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time each variant by this process's CPU time rather than wall time (on a loaded machine)")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -219,8 +221,9 @@ def main(argv=None):
                   f"{'—' if bias is None else f'<= {bias:.1e}'}, other gradients <= {others:.1e}")
         return 0
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch} x {args.length} tokens, "
-          f"{args.repeats} interleaved repeats")
-    times, paths = time_variants(variants, args.batch, args.length, args.repeats)
+          f"{args.repeats} interleaved repeats, {'CPU' if args.cpu_time else 'wall'} time")
+    times, paths = time_variants(variants, args.batch, args.length, args.repeats,
+                                 time.process_time if args.cpu_time else time.perf_counter)
     peaks = {} if args.no_memory else peak_memory(variants, args.batch, args.length, args.memory_repeats, args.threads)
     base = times["transformer"]
     print("| variant | attention paths | forward + backward, ms (min–max) | × transformer layer (min–max) | "
