@@ -65,6 +65,24 @@ def test_cnndm_cpu_trains_only_the_families_it_has_configs_for(capsys):
     assert "unknown families ['sman2'] for cnndm-cpu; choose from ['transformer', 'man', 'localness']" in capsys.readouterr().err
 
 
+def test_cnndm_cpu_measures_mans_floor_and_sman2_beside_its_families():
+    """scripts/speed.sh cnndm-cpu measures man-nobias (MAN's floor) and SMAN2 (issue 80) from configs of the
+    study's training; reproduce.sh does not train them (above)."""
+    from man_recipes.config import load_config
+    from man_recipes.studies.experiments import EXPERIMENTS, parse_families, speed_families_of
+
+    assert speed_families_of("cnndm-cpu") == ["transformer", "man", "localness", "man-nobias", "sman2"]
+    assert parse_families("cnndm-cpu", None, speed=True)[1] == speed_families_of("cnndm-cpu")
+    assert parse_families("cnndm-cpu", "sman2", speed=True)[1] == ["transformer", "sman2"]
+    configs = EXPERIMENTS["cnndm-cpu"]["configs"]
+    man = load_config(configs / "man.yaml")
+    nobias, sman2 = (load_config(configs / f"{fam}.yaml") for fam in ("man-nobias", "sman2"))
+    assert nobias["model"] == dict(man["model"], **{"encoder-sublayers": "san,san,ffn"})
+    assert sman2["model"] == dict(man["model"], **{"encoder-sublayers": "sman2,san,ffn", "static-mask-window": 4})
+    for cfg in (nobias, sman2):
+        assert cfg["arch"] == man["arch"] and cfg["train"] == man["train"] and cfg["eval"] == man["eval"]
+
+
 def test_the_runs_must_agree_on_their_test_sample():
     from man_recipes.studies.study_eval import StudyEvalError
     from man_recipes.studies.summarization_table import record_samples

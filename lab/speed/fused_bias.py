@@ -1,6 +1,7 @@
-"""One encoder layer's forward + backward on the fused-bias-grad path against the other paths (issue 74).
+"""One encoder layer's forward + backward on the fused-bias-grad path (issue 74), or with ``--sman`` on the
+banded path (issue 80), against the other paths.
 
-``python -m lab.speed.fused_bias [--threads 1] [--batch 20] [--length 400] [--repeats 5]``
+``python -m lab.speed.fused_bias [--threads 1] [--batch 20] [--length 400] [--repeats 5] [--sman]``
 
 A micro-measurement, not a record: one layer at the CNN/DM CPU study's width (d = 256, 4 heads, pre-norm;
 MAN's encoder layer ``dman,san,ffn`` with FFN 512, the Transformer's fairseq layer with FFN 1024, as the
@@ -17,6 +18,11 @@ variant (``/proc/self/clear_refs``, Linux). Variants:
 * ``man-nobias:auto``: MAN's layer with its DMAN sublayer a plain self-attention (``san,san,ffn``): what
   the layer would cost if DMAN's bias were free, the floor of any DMAN bias path;
 * ``man:auto@N``: the fused-bias-grad path with ``BLOCK_ELEMENTS = N`` (``--blocks``; the block rule);
+* with ``--sman``: ``window:...``, one self-attention sublayer with SMAN2's window (b = 4) on the banded
+  path (``auto`` where the band is cheaper), ``sdpa`` (every key, the window as a float mask: ``auto``'s
+  path before issue 80) and ``explicit``, ``plain:auto`` the sublayer without a window; ``sman2:...``,
+  MAN's layer ``sman2,san,ffn`` (FFN 512: the studies' SMAN2 config) on ``auto`` and ``sdpa``,
+  ``sman1:...`` the same with SMAN1's window, ``man-nobias:auto`` the layer ``san,san,ffn``;
 * ``aw:...`` with ``--diffwin``: one self-attention sublayer with diffwin's additive window (AW) on
   the same paths, ``plain``: the sublayer without a bias, ``aw:predictors``: the window's bias
   module alone (pointers, soft mask, local logits) forward + backward.
@@ -53,6 +59,7 @@ def layer_config(ffn):
         side.embed_dim, side.attention_heads, side.ffn_embed_dim, side.normalize_before = 256, 4, ffn, True
     cfg.dropout, cfg.attention_dropout, cfg.activation_dropout = 0.1, 0.0, 0.0
     cfg.attention_head_activation, cfg.dman_max_relative_distance, cfg.dman_init = "none", 256, "normal"
+    cfg.static_mask_window = 4
     return cfg
 
 
@@ -78,12 +85,13 @@ def _build(family, backend, dtype):
     from man_fairseq.modules.biased_attention import AttentionContext, BiasedMultiheadAttention
     from man_fairseq.modules.diff_window import AdditiveWindow
     from man_fairseq.modules.man_layers import MANEncoderLayer
+    from man_fairseq.modules.mask_bias import StaticWindowBias
 
     if family == "transformer":
         module = TransformerEncoderLayerBase(layer_config(1024))
         run = lambda x, pad: module(x, pad)  # noqa: E731
-    elif family in ("man", "man-nobias"):
-        sublayers = ["dman" if family == "man" else "san", "san", "ffn"]
+    elif family in ("man", "man-nobias", "sman1", "sman2"):
+        sublayers = [{"man": "dman", "man-nobias": "san"}.get(family, family), "san", "ffn"]
         module = MANEncoderLayer(layer_config(512), sublayers, attention_backend=backend)
         run = lambda x, pad: module(x, pad)  # noqa: E731
     elif backend == "predictors":
@@ -95,7 +103,7 @@ def _build(family, backend, dtype):
                                    incremental_state=None, self_attention=True)
             return module(ctx)
     else:
-        bias = None if family == "plain" else AdditiveWindow(256)
+        bias = {"plain": lambda: None, "aw": lambda: AdditiveWindow(256), "window": lambda: StaticWindowBias(4)}[family]()
         module = BiasedMultiheadAttention(256, 4, self_attention=True, bias_module=bias,
                                           attention_backend="auto" if family == "plain" else backend)
         run = lambda x, pad: module(x, x, x, key_padding_mask=pad, need_weights=False)[0]  # noqa: E731
@@ -117,7 +125,7 @@ def step(run, x, pad):
     out.float().square().mean().backward()
 
 
-def time_variants(variants, batch, length, repeats):
+def time_variants(variants, batch, length, repeats, clock=time.perf_counter):
     built = {v: build(v) for v in variants}
     x, pad = inputs(batch, length)
     for _, run in built.values():  # warm-up
@@ -125,10 +133,11 @@ def time_variants(variants, batch, length, repeats):
     times = {v: [] for v in variants}
     for _ in range(repeats):
         for v, (_, run) in built.items():
-            start = time.perf_counter()
+            start = clock()
             step(run, x, pad)
-            times[v].append(time.perf_counter() - start)
-    return times
+            times[v].append(clock() - start)
+    return times, {v: sorted({m.last_kernel.path for m in module.modules() if getattr(m, "last_kernel", None)})
+                   for v, (module, _) in built.items()}
 
 
 def _hwm_kib():
@@ -204,8 +213,11 @@ def main(argv=None):
     p.add_argument("--blocks", type=block_sizes, default=[],
                    help="comma-separated BLOCK_ELEMENTS values to time on man:auto")
     p.add_argument("--diffwin", action="store_true", help="the AW sublayer's variants instead of MAN's")
+    p.add_argument("--sman", action="store_true", help="SMAN's layers (banded against full) instead of MAN's")
     p.add_argument("--precision", action="store_true", help="float32 error against float64 instead of speed")
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time each variant by this process's CPU time rather than wall time (on a loaded machine)")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     scores = args.batch * args.length ** 2
@@ -217,6 +229,9 @@ def main(argv=None):
         return peak_memory_child(args.memory_child, args.batch, args.length)
     if args.diffwin:
         variants = ["transformer", "plain:auto", "aw:auto", "aw:sdpa", "aw:explicit", "aw:predictors"]
+    elif args.sman:
+        variants = ["transformer", "plain:auto", "window:auto", "window:sdpa", "window:explicit", "man-nobias:auto",
+                    "sman2:auto", "sman2:sdpa", "sman1:auto", "sman1:sdpa"]
     else:
         variants = ["transformer", "man-nobias:auto", "man:auto", "man:sdpa", "man:explicit"]
         variants += [f"man:auto@{n}" for n in args.blocks]
@@ -229,16 +244,18 @@ def main(argv=None):
                   f"{'—' if bias is None else f'<= {bias:.1e}'}, other gradients <= {others:.1e}")
         return 0
     print(f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch} x {args.length} tokens, "
-          f"{args.repeats} interleaved repeats")
-    times = time_variants(variants, args.batch, args.length, args.repeats)
+          f"{args.repeats} interleaved repeats, {'CPU' if args.cpu_time else 'wall'} time")
+    times, paths = time_variants(variants, args.batch, args.length, args.repeats,
+                                 time.process_time if args.cpu_time else time.perf_counter)
     peaks = {} if args.no_memory else peak_memory(variants, args.batch, args.length, args.memory_repeats, args.threads)
     base = times["transformer"]
-    print("| variant | forward + backward, ms (min–max) | × transformer layer (min–max) | peak rise, MiB |")
-    print("|---|---:|---:|---:|")
+    print("| variant | attention paths | forward + backward, ms (min–max) | × transformer layer (min–max) | "
+          "peak rise, MiB |")
+    print("|---|---|---:|---:|---:|")
     for v, ts in times.items():
         ratios = [t / b for t, b in zip(ts, base)]
         peak = f"{statistics.median(peaks[v]):.0f}" if v in peaks else "—"
-        print(f"| {v} | {statistics.median(ts) * 1e3:.0f} ({min(ts) * 1e3:.0f}–{max(ts) * 1e3:.0f}) | "
+        print(f"| {v} | {', '.join(paths[v]) or '—'} | {statistics.median(ts) * 1e3:.0f} ({min(ts) * 1e3:.0f}–{max(ts) * 1e3:.0f}) | "
               f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) | {peak} |")
     print(f"max RSS of this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
     return 0

@@ -22,6 +22,13 @@ BLOCK_BEGIN = ("<!-- speed-table begin: generated from results/speed/*.json by "
                "`scripts/speed.sh EXPERIMENT --table-only --update-docs`; tests/test_speed.py checks it -->")
 BLOCK_END = "<!-- speed-table end -->"
 QUANTITIES = (("train", "training words/s"), ("memory", "peak training memory"), ("decode", "decoding sentences/s"))
+# A family's floor: the same model with its method free. MAN's is MAN with its DMAN sublayer a plain
+# self-attention (``man-nobias``: its second attention sublayer is the layer's, not the bias's cost);
+# every other family's is the Transformer, the tables' own ratio (issue 80).
+FLOORS = {"man": "man-nobias", "man-zeros": "man-nobias"}
+FLOOR_NOTE = ("Each family's floor is the same model with its method free: MAN's is MAN with its DMAN sublayer a "
+              "plain self-attention (`man-nobias`: the table below), every other family's the Transformer "
+              "(the ratios above).")
 
 
 class SpeedRecordError(ValueError):
@@ -137,6 +144,8 @@ def summarize(record):
     rows = []
     for fam in record["families"]:
         repeats = [runs for runs in by_repeat.values() if fam in runs and baseline in runs]
+        floor = FLOORS.get(fam)
+        floor_repeats = [runs for runs in by_repeat.values() if fam in runs and floor in runs]
         values = [run_values(runs[fam], warmup) for runs in repeats]
         base = [run_values(runs[baseline], warmup) for runs in repeats]
         decoded = all(runs[fam]["decode"] for runs in repeats)
@@ -152,6 +161,11 @@ def summarize(record):
             row[q + "_ratio"] = None if fam == baseline or row[q] is None or (
                 q == "decode" and not row["decode_comparable"]) else spread(
                 [v[q] / b[q] for v, b in zip(values, base)])
+        if floor_repeats:  # {quantity}_floor_ratio: to the floor of the same repeat
+            row["floor"] = floor
+            for q in ("train", "memory"):
+                row[q + "_floor_ratio"] = spread([run_values(runs[fam], warmup)[q] / run_values(runs[floor], warmup)[q]
+                                                  for runs in floor_repeats])
         rows.append(row)
     return rows
 
@@ -198,6 +212,19 @@ def table(lead, rows):
     """The Markdown table of ``rows`` (:func:`table_rows`) under ``lead``'s columns: the numbers right-aligned."""
     names = list(lead) + ["family"] + [c for _, name in QUANTITIES for c in (name, "× Transformer")]
     return markdown_table(names, rows, "l" * (len(lead) + 1) + "r" * (len(names) - len(lead) - 1))
+
+
+def floor_table(lead, records, summaries, labels, lead_cells):
+    """The families whose floor is not the Transformer, against their floor (a line and the table; [] when no
+    record holds a family with its floor). ``lead_cells(record)``: each row's ``lead`` cells."""
+    rows = [lead_cells(record) + [labels.get(row["family"], row["family"]), labels.get(row["floor"], row["floor"]),
+                                  fmt_ratio(row["train_floor_ratio"]), fmt_ratio(row["memory_floor_ratio"])]
+            for record, rows in zip(records, summaries) for row in rows if "floor" in row]
+    if not rows:
+        return []
+    return [FLOOR_NOTE, ""] + markdown_table(list(lead) + ["family", "its floor", "training words/s × floor",
+                                                           "peak training memory × floor"],
+                                             rows, "l" * (len(lead) + 2) + "rr") + [""]
 
 
 def footnotes(summaries):
@@ -268,6 +295,7 @@ def to_markdown(experiment, records, labels, title=None):
     lines += [f"- {provenance(r)}" for r in records] + [""]
     lines += table([lead_name(records)], [cells for record, rows in zip(records, summaries)
                                            for cells in table_rows(rows, labels, lead=[setting_name(record)])]) + [""]
+    lines += floor_table([lead_name(records)], records, summaries, labels, lambda r: [setting_name(r)])
     lines += [n + "\n" for n in footnotes(summaries)]
     if any(on_gpu(r) for r in records):
         lines += [GPU_RATIO_NOTE + "\n"]
@@ -293,7 +321,9 @@ def page_block(records_dir, labels):
         lines += table(["study", lead_name(records)],
                        [cells for record, rows in zip(records, summaries)
                         for cells in table_rows(rows, labels, lead=[record["experiment"], setting_name(record)])])
-        lines += [""] + [n + "\n" for n in footnotes(summaries)] + [
+        lines += [""] + floor_table(["study", lead_name(records)], records, summaries, labels,
+                                    lambda r: [r["experiment"], setting_name(r)])
+        lines += [n + "\n" for n in footnotes(summaries)] + [
             "Machines: " + "; ".join(f"{r['experiment']} {short_setting(r)}: {r['gpu'] + ', ' if on_gpu(r) else ''}"
                                      f"{r['cpu']}, {r['date'][:10]}, commit {r['commit']}" for r in records)
             + ". Details: `results/speed/EXPERIMENT.md`."]

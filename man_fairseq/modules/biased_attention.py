@@ -15,7 +15,8 @@ for the written-out softmax, the core runs a fused kernel (chosen by ``attention
 PyTorch's ``scaled_dot_product_attention`` with the bias as a float mask; for a bias module with
 ``extended_query_key`` (localness) on q and k extended by the bias's columns; for a learnable bias
 in CPU training the fused CPU kernel with the bias's gradient rebuilt by blocks of sentences
-(``fused_bias_grad.py``); or ``flex_attention`` with the bias as a score modification.
+(``fused_bias_grad.py``); for a hard window on the CPU only the keys of its band (``banded_attention.py``);
+or ``flex_attention`` with the bias as a score modification.
 
 It subclasses fairseq's :class:`MultiheadAttention` so that parameter names, initialisation,
 incremental-state buffers and beam reordering are fairseq's own, and the layer classes of
@@ -32,6 +33,7 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 from torch import Tensor, nn
 
 from . import attention_backend as backends
+from . import banded_attention as banded
 from . import flex_backend as flex
 from . import fused_bias_grad as fused
 
@@ -70,8 +72,7 @@ class AttentionContext:
 
     def query_positions(self) -> Tensor:
         """Key-sequence index of every query, (T,). Only meaningful for self-attention."""
-        t = self.q.size(2)
-        return torch.arange(self.query_start, self.query_start + t, device=self.q.device)
+        return torch.arange(self.query_start, self.query_start + self.q.size(2), device=self.q.device)
 
     def key_positions(self) -> Tensor:
         return torch.arange(self.num_keys, device=self.k.device)
@@ -182,8 +183,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
     ):
         if before_softmax:
             raise NotImplementedError("before_softmax is not supported by BiasedMultiheadAttention")
-        if need_head_weights:
-            need_weights = True
+        need_weights = need_weights or need_head_weights
         tgt_len, bsz, embed_dim = query.size()
 
         saved_state = None
@@ -268,16 +268,17 @@ class BiasedMultiheadAttention(MultiheadAttention):
         """(B,H,T,D) attention output and the (B,H,T,S) probabilities (None on a fused path)."""
         q, k = ctx.q, ctx.k
         dropout_p = self.dropout_module.p if self.training else 0.0
+        bound = banded.band_bound(self.bias_module, ctx, attn_mask)
         choice = backends.choose_kernel(
             self.attention_backend, q.device.type, q.dtype,
             has_mask=self.bias_module is not None or attn_mask is not None or ctx.key_padding_mask is not None,
             needs_probabilities=self.post_softmax is not None or need_weights or self.needs_probabilities,
             flex_supported=self.bias_module is None or hasattr(self.bias_module, "flex_mods"),
-            dropout=dropout_p > 0,
+            dropout=dropout_p > 0, head_dim=min(q.size(-1), v.size(-1)),
             requires_grad=torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
-            head_dim=min(q.size(-1), v.size(-1)),
             extendable=hasattr(self.bias_module, "extended_query_key"),
             bias_grad=fused.bias_learns(self.bias_module, ctx),
+            hard_band=bound is not None, band_cheaper=banded.band_is_cheaper(q.size(2), k.size(2), bound),
         )
         if choice.path == backends.EXTENDED:
             extended = self.bias_module.extended_query_key(ctx, self.scaling)
@@ -291,6 +292,8 @@ class BiasedMultiheadAttention(MultiheadAttention):
             report_flex_fallback(choice)
         if choice.path == backends.FLEX:
             return self._flex_attention(ctx, attn_mask, q, k, v), None
+        if choice.path == backends.BANDED:
+            return banded.attend(self.bias_module, ctx, choice, bound, v, attn_mask, self.scaling, dropout_p), None
         if choice.path == backends.FUSED_BIAS_GRAD:
             fixed = self._combine_masks(ctx, None, attn_mask, q.dtype)  # causal + padding, no gradient
             return fused.fused_bias_attention(q, k, v, fixed, self.scaling, self.bias_module, ctx), None
@@ -333,9 +336,7 @@ class BiasedMultiheadAttention(MultiheadAttention):
         """``mask`` (a bias or None) + causal mask + key padding, in ``dtype``."""
         if attn_mask is not None:
             if attn_mask.dtype == torch.bool:
-                attn_mask = torch.zeros_like(attn_mask, dtype=dtype).masked_fill(
-                    attn_mask, float("-inf")
-                )
+                attn_mask = torch.zeros_like(attn_mask, dtype=dtype).masked_fill(attn_mask, float("-inf"))
             am = attn_mask.to(dtype)
             mask = am if mask is None else mask + am
         if ctx.key_padding_mask is not None:

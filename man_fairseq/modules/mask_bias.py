@@ -145,6 +145,8 @@ class StaticWindowBias(nn.Module):
     causal self-attention ``L`` is the visible prefix ``t+1``, so that incremental decoding sees
     the same mask as the full pass).
     Positions are counted from the first real token, so left- and right-padding agree.
+    A hard band: in self-attention the core may compute only the keys inside it (``half_width``,
+    ``band_bound``; banded_attention.py).
     """
 
     can_mask_all_keys = True
@@ -160,26 +162,36 @@ class StaticWindowBias(nn.Module):
     def sqrt_half_length(length: Tensor) -> Tensor:
         return torch.clamp(torch.round(torch.sqrt(length.to(torch.float64) / 2.0)), min=1)
 
+    def half_width(self, ctx: AttentionContext):
+        """``b`` of every query: an int (SMAN2), or float64 (B, 1) per sentence, (B, T) per query (SMAN1 causal)."""
+        if self.window != "sqrt_half_length":
+            return self.window
+        device = ctx.q.device
+        if ctx.key_padding_mask is not None:
+            length = (~ctx.key_padding_mask).sum(-1).to(torch.float64)  # (B,)
+            first = ctx.key_padding_mask.long().argmin(-1)  # first real key
+        else:
+            length = torch.full((ctx.k.size(0),), float(ctx.num_keys), dtype=torch.float64, device=device)
+            first = torch.zeros(ctx.k.size(0), dtype=torch.long, device=device)
+        if self.causal:
+            # visible prefix of each query, counted from the first real token
+            prefix = (ctx.query_positions()[None, :] - first[:, None] + 1).clamp(min=1)
+            return self.sqrt_half_length(prefix)  # (B, T)
+        return self.sqrt_half_length(length)[:, None]  # (B, 1)
+
+    def band_bound(self, num_keys: int) -> int:
+        """An int >= every ``b`` of a call with ``num_keys`` keys (a length or prefix is at most that), found
+        without reading a device tensor: the banded path's window (banded_attention.py)."""
+        if self.window != "sqrt_half_length":
+            return self.window
+        return int(self.sqrt_half_length(torch.tensor(float(num_keys))))
+
     def forward(self, ctx: AttentionContext) -> Tensor:
         t_pos = ctx.query_positions()[:, None]
         s_pos = ctx.key_positions()[None, :]
         dist = (t_pos - s_pos).abs()[None]  # (1, T, S); padding offsets cancel in t - s
-        if self.window == "sqrt_half_length":
-            if ctx.key_padding_mask is not None:
-                length = (~ctx.key_padding_mask).sum(-1).to(torch.float64)  # (B,)
-                first = ctx.key_padding_mask.long().argmin(-1)  # first real key
-            else:
-                length = torch.full((ctx.k.size(0),), float(ctx.num_keys), dtype=torch.float64, device=dist.device)
-                first = torch.zeros(ctx.k.size(0), dtype=torch.long, device=dist.device)
-            if self.causal:
-                # visible prefix of each query, counted from the first real token
-                prefix = (t_pos.squeeze(-1)[None, :] - first[:, None] + 1).clamp(min=1)
-                b = self.sqrt_half_length(prefix)[:, :, None]  # (B, T, 1)
-            else:
-                b = self.sqrt_half_length(length)[:, None, None]  # (B, 1, 1)
-        else:
-            b = self.window
-        outside = dist > b
+        b = self.half_width(ctx)
+        outside = dist > (b if isinstance(b, int) else b[..., None])
         bias = torch.zeros(outside.shape, dtype=ctx.q.dtype, device=dist.device)
         bias = bias.masked_fill(outside, float("-inf"))
         return bias.unsqueeze(1)  # (B|1, 1, T, S)
@@ -195,22 +207,14 @@ class StaticWindowBias(nn.Module):
                 return (q_idx + query_start - kv_idx).abs() <= b
 
             return flex.FlexMods(mask_mods=[window])
-        bsz = ctx.k.size(0)
-        if ctx.key_padding_mask is not None:
-            length = (~ctx.key_padding_mask).sum(-1)
-            first = ctx.key_padding_mask.long().argmin(-1)
-        else:
-            length = torch.full((bsz,), ctx.num_keys, dtype=torch.long, device=device)
-            first = torch.zeros(bsz, dtype=torch.long, device=device)
+        b = self.half_width(ctx).long()
         if self.causal:
-            t_pos = ctx.query_positions()
-            prefix = (t_pos[None, :] - first[:, None] + 1).clamp(min=1)
-            half = flex.pad_dims(self.sqrt_half_length(prefix).long(), {0: shape.batch, 1: shape.q})  # (B', q_len)
+            half = flex.pad_dims(b, {0: shape.batch, 1: shape.q})  # (B', q_len)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi, q_idx]
         else:
-            half = flex.pad_dims(self.sqrt_half_length(length).long(), {0: shape.batch})  # (B',)
+            half = flex.pad_dims(b[:, 0], {0: shape.batch})  # (B',)
 
             def window(bi, h, q_idx, kv_idx):
                 return (q_idx + query_start - kv_idx).abs() <= half[bi]

@@ -19,6 +19,7 @@ FAMILY_LABELS = {
     "calibration-alpha0.01": "Calibration (anneal, α = 0.01)",
     "man-zeros": "MAN (small, DMAN P, U from 0)",
     "man-calibration": "MAN enc. + calibrated cross-att. (anneal)",
+    "man-nobias": "MAN without its bias (MAN's floor)",
 }
 MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k", "metric": "bleu",
             "prepare": "data-prep/prepare-multi30k.sh [--from FOLDER]"}
@@ -45,6 +46,9 @@ EXPERIMENTS = {
     "cnndm-cpu": {"configs": CONFIG_DIR / "cnndm-cpu", "data": REPO / "data-bin" / "cnndm-40k",
                   "dataset": "cnndm", "metric": "rouge", "device": "cpu",
                   "families": ["transformer", "man", "localness"],
+                  # measured by scripts/speed.sh beside them, never trained by reproduce.sh: MAN's floor (its DMAN
+                  # sublayer a plain self-attention) and SMAN2, whose band keeps 9 of 400 keys (issue 80)
+                  "speed_families": ["man-nobias", "sman2"],
                   "prepare": "data-prep/prepare-cnndm.sh --from ../shared/data/cnndm-see "
                              "--allow-nonstandard-splits --bpe-merges 16000",
                   "title": "CNN/DailyMail on a 2-core CPU (40,000 training pairs, articles cut to 400 tokens, "
@@ -110,11 +114,17 @@ def other_families():
                      if families_of(name) != FAMILIES)
 
 
-def parse_families(experiment, text):
+def speed_families_of(experiment):
+    """The families ``scripts/speed.sh`` measures of ``experiment``: its study's, then those it has configs for
+    only to be measured (``speed_families``)."""
+    return families_of(experiment) + EXPERIMENTS[experiment].get("speed_families", [])
+
+
+def parse_families(experiment, text, speed=False):
     """(the families ``--families`` names, the families to run: the baseline first, then the named
-    ones in the study's order). ValueError says what is wrong: none named (it would run the baseline
-    alone, most likely a typo) or one the experiment has no config for."""
-    known = families_of(experiment)
+    ones in the study's order; ``speed``: of :func:`speed_families_of`). ValueError says what is wrong:
+    none named (it would run the baseline alone, most likely a typo) or one the experiment has no config for."""
+    known = speed_families_of(experiment) if speed else families_of(experiment)
     named = [f.strip() for f in (text if text is not None else ",".join(known)).split(",") if f.strip()]
     if not named:
         raise ValueError(f"--families {text!r} names no family; choose from {known}")
