@@ -195,7 +195,8 @@ def build_parser():
                         "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
     p.add_argument("--force", action="store_true",
                    help="retrain and rescore the runs of the --families named (the Transformer only when "
-                        "named) even when their record matches today's config")
+                        "named) even when their record matches today's config, and replace a file of the table's "
+                        "name in --results-dir that scripts/reproduce.sh did not write")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     # at least 2: seconds per update are measured between two progress lines (fairseq_log.seconds_per_update)
     p.add_argument("--time-updates", type=number("--time-updates", low=2), default=None,
@@ -327,6 +328,8 @@ def main(argv=None):
     try:
         if args.table_only:
             check_records_exist(args)
+        if not args.force and args.time_updates is None:  # timing writes no table
+            check_table_is_ours(args)
         check_fixed_budget_records(args)
         try:
             manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
@@ -365,6 +368,20 @@ def check_records_exist(args):
     if not any(any(folder.glob("*-seed*.json")) for folder in folders if folder.is_dir()):
         raise ReproduceError(f"--table-only: no run record in {' or '.join(map(str, folders))}: nothing to tabulate "
                              f"(train one first: scripts/reproduce.sh {args.experiment} --seeds 1,)")
+
+
+def check_table_is_ours(args):
+    """Refuse, before any run, to end in replacing a file of the study table's name in ``--results-dir``
+    that scripts/reproduce.sh did not write (a user's own ``gigaword-cpu.md``), unless ``--force``."""
+    from man_recipes.studies.study_figure import figure_path
+    from man_recipes.studies.study_table import foreign_table
+
+    study = table_experiment(args.experiment)
+    path = foreign_table(args.results_dir, study, figure_path(args.results_dir, study, EXPERIMENTS[study]["metric"]))
+    if path is not None:
+        raise ReproduceError(f"{path} was not written by scripts/reproduce.sh (no table of ours: its marker line or "
+                             f"the .json beside it); refusing to replace it with {study}'s table: move it away, choose "
+                             "another --results-dir, or pass --force")
 
 
 def check_fixed_budget_records(args):

@@ -7,7 +7,8 @@ to-convergence protocol (``EXPERIMENT-converge``, :mod:`convergence`), its runs 
 from man_recipes.config import load_config
 from man_recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, convergence_experiment, families_of, table_experiment
 from man_recipes.studies.study_figure import figure_path
-from man_recipes.studies.study_records import option_flags, partition, read_records, record_fingerprint
+from man_recipes.studies.study_records import (RecordError, option_flags, partition, read_records,
+                                                record_fingerprint, record_path)
 
 
 class TableError(RuntimeError):
@@ -46,6 +47,7 @@ def current_records(experiment, args, manifest, results_dir, log):
     cfgs = experiment_configs(experiment, args, manifest)
     records_dir = results_dir / experiment
     records = read_records(records_dir)
+    check_test_sets(records, records_dir, manifest)
     expected = {(r["family"], r["seed"]): record_fingerprint(cfgs[r["family"]], args, r["seed"])
                 for r in records if r["family"] in cfgs}
     current, stale = partition(records, expected)
@@ -54,6 +56,18 @@ def current_records(experiment, args, manifest, results_dir, log):
         log(f"stale record {r['family']}-seed{r['seed']}{protocol} (fingerprint {r.get('fingerprint')}): "
             "not in the table")
     return current, stale, records_dir
+
+
+def check_test_sets(records, records_dir, manifest):
+    """RecordError unless every test set a record scores is one of the data folder's: a test set
+    renamed in a record (by hand, or another data folder's) was left out of the table unsaid."""
+    known = manifest["test_sets"]
+    for r in records:
+        for subset in r["test_sets"]:
+            if subset not in known:
+                raise RecordError(f"{record_path(records_dir, r['family'], r['seed'])}: its test set {subset} is not one "
+                                  f"of the data folder's ({', '.join(known)}); renamed? restore it (git checkout) or "
+                                  "rerun that run (--force)")
 
 
 def build_table(experiment, args, manifest, results_dir, log):
