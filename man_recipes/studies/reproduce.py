@@ -50,7 +50,8 @@ from man_recipes.studies.experiments import (EXPERIMENTS, FAMILIES, convergence_
                           parse_families, prepare_line, table_experiment)
 from man_recipes.studies.study_eval import StudyEvalError, evaluate_run
 from man_recipes.studies.study_records import RecordError, data_identity, legacy_training_fingerprint, record_fingerprint
-from man_recipes.studies.table_build import TableError, build_table, experiment_configs, scoring_config  # noqa: F401  (reproduce.scoring_config)
+from man_recipes.studies.table_build import TableError, build_table, check_table_is_ours, experiment_configs
+from man_recipes.studies.table_build import scoring_config  # noqa: F401  (reproduce.scoring_config)
 
 
 class ReproduceError(RuntimeError):
@@ -329,7 +330,7 @@ def main(argv=None):
         if args.table_only:
             check_records_exist(args)
         if not args.force and args.time_updates is None:  # timing writes no table
-            check_table_is_ours(args)
+            check_table_is_ours(args.experiment, args.results_dir)
         check_fixed_budget_records(args)
         try:
             manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
@@ -368,20 +369,6 @@ def check_records_exist(args):
     if not any(any(folder.glob("*-seed*.json")) for folder in folders if folder.is_dir()):
         raise ReproduceError(f"--table-only: no run record in {' or '.join(map(str, folders))}: nothing to tabulate "
                              f"(train one first: scripts/reproduce.sh {args.experiment} --seeds 1,)")
-
-
-def check_table_is_ours(args):
-    """Refuse, before any run, to end in replacing a file of the study table's name in ``--results-dir``
-    that scripts/reproduce.sh did not write (a user's own ``gigaword-cpu.md``), unless ``--force``."""
-    from man_recipes.studies.study_figure import figure_path
-    from man_recipes.studies.study_table import foreign_table
-
-    study = table_experiment(args.experiment)
-    path = foreign_table(args.results_dir, study, figure_path(args.results_dir, study, EXPERIMENTS[study]["metric"]))
-    if path is not None:
-        raise ReproduceError(f"{path} was not written by scripts/reproduce.sh (no table of ours: its marker line or "
-                             f"the .json beside it); refusing to replace it with {study}'s table: move it away, choose "
-                             "another --results-dir, or pass --force")
 
 
 def check_fixed_budget_records(args):

@@ -55,8 +55,8 @@ def coverage(n_seeds, studies=STUDIES, documents=DOCUMENTS, seed=seed_level.SEED
 
 def coverage_line():
     """The table's sentence on the interval's coverage, computed here, not copied."""
-    shares = ", ".join(f"{coverage(n):.1%} at {n}" for n in SEEDS_A_SIDE)
-    return (f"Its coverage on {STUDIES:,} simulated studies a seed count (`man_recipes/studies/seed_coverage.py`: a known "
+    shares = ", ".join(f"{100 * coverage(n):.1f} % at {n}" for n in SEEDS_A_SIDE)
+    return (f"The interval's coverage on {STUDIES:,} simulated studies per seed count (`man_recipes/studies/seed_coverage.py`: a known "
             f"true difference, scores that are means of {DOCUMENTS} documents, the family's seeds spread twice the "
             f"Transformer's, each architecture's own strengths on the documents and each run's noise on them): "
             f"{shares} seeds a side, where 95 % is aimed at.")

@@ -63,8 +63,7 @@ class CorpusBleu:
     """sacreBLEU's corpus BLEU, recomputed from the summed per-sentence statistics of the resampled
     sentences (as sacreBLEU's own paired bootstrap does)."""
 
-    RESAMPLED = (f"{BOOTSTRAP_SAMPLES} resamples of the sentences, the same for every run (numpy default_rng "
-                 f"seed {SEED})")
+    RESAMPLED = f"{BOOTSTRAP_SAMPLES} resamples of the sentences, numpy default_rng seed {SEED}"
 
     def __init__(self):
         from sacrebleu.metrics import BLEU
@@ -222,7 +221,7 @@ def compare(family, baseline, scorer, n_samples=BOOTSTRAP_SAMPLES, seed=SEED, wi
         difference, se, df, p = welch(fs, bs, doc_var)
         low, high = welch_interval(difference, se, df)
         out.update(ci95=[round(float(low), 2), round(float(high), 2)], welch_p=float(p), se=float(se), df=float(df),
-                   test_set_sd=round(math.sqrt(doc_var), 3), resamples={"samples": n_samples, "seed": seed},
+                   test_set_sd=round(math.sqrt(doc_var), 3), test_set_part=scorer.RESAMPLED,
                    aso=aso(fs, bs) if with_aso else None)
     return out
 

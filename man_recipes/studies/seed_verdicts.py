@@ -61,8 +61,8 @@ def aso_reading(seed_counts):
     said = "; ".join(f"at {f} against {b} seeds {seed_level.smallest_permutation_p(f, b):.2f}"
                      for f, b in sorted(seed_counts))
     return (" An ε of 0.00 (or 1.00) says only that the two sides' seeds do not overlap, every seed of one side "
-            "above every seed of the other; a permutation test over the seeds can then give no p below 2 of "
-            f"its C(n_f + n_b, n_f) splits: {said}.")
+            "above every seed of the other, for which the best a permutation test over the seeds can say is "
+            f"p = 2 / C(n_f + n_b, n_f): {said}.")
 
 
 def protocol_sections(protocols, families, labels, metrics, headline, scored_on, baseline="transformer"):
@@ -81,11 +81,11 @@ def protocol_sections(protocols, families, labels, metrics, headline, scored_on,
         aso_counts |= {tuple(m[headline]["seeds"]) for m in verdicts.values() if m[headline]["aso"] is not None}
         if rows:
             tested = tested_count(verdicts, headline)
-            level = f"α = {seed_level.ALPHA}/{tested}" if tested else "no family tested"
+            level = f" (α = {seed_level.ALPHA}/{tested}, Holm's first step)" if tested else ""
             lines += [f"### {PROTOCOL_NAMES.get(name, name).capitalize()}", "", *markdown_table(
                 ["family", "seeds (family / Transformer)", f"Δ {headline} (mean over seeds)",
                  "95 % CI (Welch's t over seeds, with the test set's part)", "Welch p", "Holm p",
-                 "ASO ε (family / Transformer better)", f"detectable at 80 % power ({level}, Holm's first step)",
+                 "ASO ε (family / Transformer better)", f"detectable at 80 % power{level}",
                  "verdict"], rows), ""]
     if not lines:
         return [], payload
