@@ -115,6 +115,8 @@ def test_the_detectable_difference_is_the_holm_step_welch_test_s():
     rng = np.random.default_rng(0)
     t = (delta + rng.standard_normal(200000)) / np.sqrt(rng.chisquare(2.94, 200000) / 2.94)
     assert np.mean(np.abs(t) > stats.t.ppf(1 - 0.05 / 6, 2.94)) == pytest.approx(0.8, abs=0.005)
+    # one degree of freedom at Holm's first step over ten families: past a hundred standard errors
+    assert seed_level.detectable_difference(1.0, 1.0, 0.05 / 10) == pytest.approx(163.2, abs=0.1)
 
 
 def test_aso_is_deepsigs():

@@ -203,7 +203,10 @@ def detectable_difference(se, df, alpha=ALPHA, power=POWER):
         # the far tail is below double precision where scipy's noncentral t returns nan: it is 0 there
         return stats.nct.sf(crit, df, nc) + np.nan_to_num(stats.nct.cdf(-crit, df, nc)) - power
 
-    return float(optimize.brentq(shortfall, 0.0, 100 * se))
+    high = se
+    while shortfall(high) < 0:  # one degree of freedom at a strict level needs hundreds of standard errors
+        high *= 2
+    return float(optimize.brentq(shortfall, 0.0, high))
 
 
 def compare(family, baseline, scorer, n_samples=BOOTSTRAP_SAMPLES, seed=SEED, with_aso=True, seeds=None):
