@@ -11,7 +11,7 @@ import types
 import pytest
 from conftest import REPO, child_env
 
-from man_recipes.studies import reproduce
+from man_recipes.studies import reproduce, study_table
 from man_recipes.studies import study_records as sr
 from man_recipes.config import CONFIG_DIR, load_config
 
@@ -185,6 +185,28 @@ def test_a_current_study_makes_its_table(study, capsys):
     assert len(json.loads((results / "multi30k-cpu.json").read_text())["runs"]) == 2
 
 
+def test_a_file_of_the_tables_name_it_did_not_write_is_not_replaced(study, capsys):
+    """Issue 82.7: --table-only replaced a user's own multi30k-cpu.md in --results-dir with no word. A
+    table of ours (its marker line, or, written before it, the title of the .json beside it) is
+    rebuilt; another file of that name is refused in one line and kept, unless --force."""
+    data, results = study
+    md, table, png = (results / name for name in ("multi30k-cpu.md", "multi30k-cpu.json", "multi30k-cpu-valid-loss.png"))
+    for mine in (md, table, png):
+        mine.write_text("my own notes\n")
+        line = _refused(*_table(data, results, capsys))
+        assert line.startswith(f"ERROR: {mine} was not written by scripts/reproduce.sh") and "--force" in line
+        assert mine.read_text() == "my own notes\n"
+        mine.unlink()
+    assert _table(data, results, capsys)[0] == 0
+    assert md.read_text().endswith(f"\n{study_table.MARKER}\n")
+    md.write_text(md.read_text().replace(study_table.MARKER, ""))  # a table written before the marker
+    assert _table(data, results, capsys)[0] == 0 and study_table.MARKER in md.read_text()
+    md.write_text("my own notes\n")
+    rc = reproduce.main(["multi30k-cpu", "--table-only", "--data", str(data), "--results-dir", str(results),
+                         "--bootstrap-samples", "10", "--force"])
+    assert rc == 0 and study_table.MARKER in md.read_text()
+
+
 def test_a_study_whose_configs_changed_under_every_record_says_so(study, capsys):
     """Every record stale under the default options (the configs changed after the runs): the table
     says no run is current and lists them, and the last table's figure goes; the records stay. With
@@ -254,6 +276,28 @@ def test_a_record_whose_hypotheses_do_not_give_its_score_is_refused(study, capsy
     line = _refused(*_table(data, results, capsys))
     assert line == (f"ERROR: {path}: its sacrebleu on test is 45.00, but its hypotheses (man-seed1.test.hyp) score "
                     "100.00; restore both (git checkout) or rerun that run (--force)")
+    assert not (results / "multi30k-cpu.md").exists()
+
+
+@pytest.mark.parametrize("damage, field", [
+    (lambda r: r["test_sets"]["test"].update(sacrebleu=float("nan")), "test set test: its sacrebleu is nan"),
+    (lambda r: r["test_sets"]["test"].update(sacrebleu="100.0"), "test set test: its sacrebleu is '100.0'"),
+    (lambda r: r.update(train_seconds=None), "its train_seconds is None"),
+    (lambda r: r.update(updates=10.5), "its updates is 10.5"),
+    (lambda r: r["test_sets"].update(tst=r["test_sets"].pop("test")), "its test set tst is not one of the data folder's"),
+])
+def test_a_damaged_record_is_one_line_naming_its_file_and_field(study, capsys, damage, field):
+    """Issue 82.9: a NaN score, a score as text, train_seconds null, a renamed test set ended
+    --table-only in tracebacks (or, for the NaN, a table of nan)."""
+    data, results = study
+    path = results / "multi30k-cpu" / "man-seed1.json"
+    record = json.loads(path.read_text())
+    damage(record)
+    if "tst" in record["test_sets"]:
+        shutil.copy(path.with_name("man-seed1.test.hyp"), path.with_name("man-seed1.tst.hyp"))
+    path.write_text(json.dumps(record))
+    line = _refused(*_table(data, results, capsys))
+    assert line.startswith(f"ERROR: {path}: ") and field in line, line
     assert not (results / "multi30k-cpu.md").exists()
 
 

@@ -14,7 +14,7 @@ not whether two architectures do. Writes ``<experiment>.md``, ``.json`` and its 
 from pathlib import Path
 
 from man_recipes.scoring import check_aligned, sacrebleu_detok
-from man_recipes.studies import seed_level
+from man_recipes.studies import seed_level, seed_verdicts
 from man_recipes.studies.convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
 from man_recipes.studies.experiments import BASELINE, FAMILY_LABELS, FIXED_BUDGET, TO_CONVERGENCE, families_of
 from man_recipes.studies.rouge_significance import AR_TRIALS
@@ -117,7 +117,7 @@ def summarize(records, families, labels, boot):
 
 def to_markdown(summary, meta, stale, protocol_lines=(), verdict_lines=()):
     lines = header_lines(meta, f"extra fairseq options: `{' '.join(meta['fairseq_args']) or 'none'}`")
-    lines += list(verdict_lines)  # the verdict over seeds (seed_level.protocol_sections)
+    lines += list(verdict_lines)  # the verdict over seeds (seed_verdicts.protocol_sections)
     for subset, release in meta["test_sets"].items():
         rows = []
         for fam, e, s, minutes in family_rows(summary, subset):
@@ -194,13 +194,13 @@ def build(study, exp, current, stale, records_dir, args, manifest, results_dir, 
         [("sacreBLEU", lambda r: r["test_sets"][subset]["sacrebleu"] if subset in r["test_sets"] else None,
           lambda tests: tests["paired_randomization"]["p_value"])]) if conv or conv_stale else ([], [])
     protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
-    log("the verdict over seeds: two-level bootstrap, Welch's t, ASO, Holm")
+    log("the verdict over seeds: Welch's t with the test set's part, ASO, Holm")
     bleu = seed_level.CorpusBleu()
     folders = {FIXED_BUDGET: records_dir, TO_CONVERGENCE: conv_dir}
     units = {(record_protocol(r), r["family"], r["seed"]): bleu.units(
         read_hypotheses(folders[record_protocol(r)], r, subset), refs[subset]) for r in current + conv
         if subset in r["test_sets"]}
-    verdict_lines, verdicts = seed_level.protocol_sections(
+    verdict_lines, verdicts = seed_verdicts.protocol_sections(
         [(proto, [r for r in records if subset in r["test_sets"]]) for proto, records in
          ((FIXED_BUDGET, current), (TO_CONVERGENCE, conv))], families_of(study), FAMILY_LABELS,
         {"sacreBLEU": (lambda r: r["test_sets"][subset]["sacrebleu"],

@@ -50,7 +50,8 @@ from man_recipes.studies.experiments import (EXPERIMENTS, FAMILIES, convergence_
                           parse_families, prepare_line, table_experiment)
 from man_recipes.studies.study_eval import StudyEvalError, evaluate_run
 from man_recipes.studies.study_records import RecordError, data_identity, legacy_training_fingerprint, record_fingerprint
-from man_recipes.studies.table_build import TableError, build_table, experiment_configs, scoring_config  # noqa: F401  (reproduce.scoring_config)
+from man_recipes.studies.table_build import TableError, build_table, check_table_is_ours, experiment_configs
+from man_recipes.studies.table_build import scoring_config  # noqa: F401  (reproduce.scoring_config)
 
 
 class ReproduceError(RuntimeError):
@@ -205,7 +206,8 @@ def build_parser():
                         "files2rouge ships it and so as the papers' numbers; wordnet: its 5,930 forms)")
     p.add_argument("--force", action="store_true",
                    help="retrain and rescore the runs of the --families named (the Transformer only when "
-                        "named) even when their record matches today's config")
+                        "named) even when their record matches today's config, and replace a file of the table's "
+                        "name in --results-dir that scripts/reproduce.sh did not write")
     p.add_argument("--table-only", action="store_true", help="only rebuild the table from the records")
     # at least 2: seconds per update are measured between two progress lines (fairseq_log.seconds_per_update)
     p.add_argument("--time-updates", type=number("--time-updates", low=2, high=MAX_TIME_UPDATES,
@@ -338,6 +340,8 @@ def main(argv=None):
     try:
         if args.table_only:
             check_records_exist(args)
+        if not args.force and args.time_updates is None:  # timing writes no table
+            check_table_is_ours(args.experiment, args.results_dir)
         check_fixed_budget_records(args)
         try:
             manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))

@@ -16,6 +16,7 @@ options give is *stale*: it is never mixed into the table and never stops a retr
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from man_recipes.rouge155 import DEFAULT_EXCEPTION_DB
@@ -43,6 +44,11 @@ TEST_SET_FIELDS = ("name", "n_sentences", "sacrebleu", "bleu_tok_ci", "sacrebleu
 # ... of a ROUGE study's test set (summarization_table.py), told apart by its rouge1
 ROUGE_TEST_SET_FIELDS = ("name", "n_sentences", "rouge1", "rouge2", "rougeL", "rouge_order", "exception_db",
                          "rouge_implementation")
+# the fields the tables compute with, and whether each must be a whole number: a record edited or damaged
+# by hand (a score as text, a NaN, null seconds) is refused by name, never a traceback or a table of nan
+NUMBER_FIELDS = {"params": True, "train_seconds": False, "updates": True}
+TEST_SET_NUMBER_FIELDS = {"n_sentences": True, "sacrebleu": False, "bleu_tok_ci": False, "rouge1": False,
+                          "rouge2": False, "rougeL": False}
 
 
 # How --no-repeat-ngram-size was applied in decoding, in the fingerprint of every record whose config
@@ -175,7 +181,20 @@ def read_record(path):
         missing = [k for k in fields if not isinstance(result, dict) or k not in result]
         if missing:
             raise RecordError(f"{path}: test set {subset} lacks {', '.join(missing)}")
+    for where, fields, values in [("", NUMBER_FIELDS, record)] + [
+            (f"test set {subset}: ", TEST_SET_NUMBER_FIELDS, result) for subset, result in record["test_sets"].items()]:
+        for key, whole in fields.items():
+            if key in values and not _number(values[key], whole):
+                raise RecordError(f"{path}: {where}its {key} is {values[key]!r}, not a {'whole' if whole else 'finite'} "
+                                  "number >= 0; restore it (git checkout) or rerun that run (--force)")
     return record
+
+
+def _number(value, whole):
+    """Whether ``value`` is a finite number >= 0 (an int where ``whole``), as JSON gives it."""
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        return False
+    return math.isfinite(value) and value >= 0
 
 
 def read_records(records_dir):

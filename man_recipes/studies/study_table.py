@@ -147,6 +147,39 @@ def header_lines(meta, sources):
             f"- one run: `{meta['command']}`", ""]
 
 
+# the last line of every table this module writes: what tells a table of ours, which a rebuild replaces, from
+# a file of the same name someone else put in --results-dir (tables written before it: their .json's title)
+MARKER = "<!-- written by scripts/reproduce.sh from the run records; a rebuild replaces this file -->"
+
+
+def foreign_table(results_dir, study, png):
+    """The first of ``<study>.md``, ``.json`` and the figure ``png`` in ``results_dir`` that this module
+    did not write (so a rebuild must not replace it), or None. Ours: a Markdown table with
+    :data:`MARKER`, or one whose title is that of the ``.json`` table beside it (written before the
+    marker); a figure only beside a table of ours."""
+    md, table = results_dir / f"{study}.md", results_dir / f"{study}.json"
+    title = _json_title(table)
+    if md.exists():
+        try:
+            text = md.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return md
+        if MARKER not in text and (title is None or not text.startswith(f"# {title}\n")):
+            return md
+    if table.exists() and title is None:
+        return table
+    return png if png.exists() and not md.exists() and not table.exists() else None
+
+
+def _json_title(path):
+    """The title of the study table ``path`` (its ``meta``), or None when it is no table of ours."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+        return table["meta"]["title"] if "runs" in table and isinstance(table["meta"]["title"], str) else None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return None
+
+
 STALE_WHY = ("Their fingerprint differs from what today's configs give with this table's options: the config "
              "changed after they ran, or they were made with other options. Rerun them, or rebuild the table with "
              "their options, to bring them back.")
@@ -158,7 +191,7 @@ def write_without_runs(results_dir, experiment, title, stale, png, log):
     table's figure ``png`` is removed, so no table of this study shows what today's configs did not give.
     The records stay."""
     lines = [f"# {title}", "", "No run record matches today's configs: no table until one does.", ""]
-    write_text(results_dir / f"{experiment}.md", "\n".join(lines + stale_lines(stale, STALE_WHY)))
+    write_text(results_dir / f"{experiment}.md", "\n".join(lines + stale_lines(stale, STALE_WHY) + [MARKER, ""]))
     write_text(results_dir / f"{experiment}.json", json.dumps(
         {"meta": {"title": title}, "summary": [], "runs": [],
          "stale": [f"{r['family']}-seed{r['seed']}" for r in stale]}, indent=1) + "\n")
@@ -182,7 +215,7 @@ def write_table(results_dir, experiment, markdown, payload, boot, current, stale
     ``boot`` as the table's ``significance`` returns them, and the stale runs' names); returns the Markdown file."""
     runs = [dict(r, **{test: {k[2]: v[test] for k, v in boot.items() if k[:2] == (r["family"], r["seed"])}
                        for test in TESTS}) for r in current]
-    write_text(results_dir / f"{experiment}.md", markdown)
+    write_text(results_dir / f"{experiment}.md", f"{markdown.rstrip()}\n\n{MARKER}\n")
     write_text(results_dir / f"{experiment}.json", json.dumps(
         dict(payload, runs=runs, stale=[f"{r['family']}-seed{r['seed']}" for r in stale]), indent=1) + "\n")
     log(f"wrote {results_dir / (experiment + '.md')}, .json and {png.name}")

@@ -16,7 +16,7 @@ from man_recipes.evaluation.metric import score
 from man_recipes.studies.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
 from man_recipes.evaluation.fixed_sample import sample_ids
-from man_recipes.studies import seed_level
+from man_recipes.studies import seed_level, seed_verdicts
 from man_recipes.studies.convergence import protocol_payload, record_protocol, saturated_mask_lines, side_by_side
 from man_recipes.studies.experiments import BASELINE, FIXED_BUDGET, TO_CONVERGENCE
 from man_recipes.studies.study_eval import StudyEvalError, read_references, read_test_lines
@@ -157,7 +157,7 @@ def _copied(values):
 
 def to_markdown(summary, meta, stale, reference_rows, reference_copying, protocol_lines=(), verdict_lines=()):
     lines = header_lines(meta, f"data: {meta['subset']}")
-    lines += list(verdict_lines)  # the verdict over seeds (seed_level.protocol_sections)
+    lines += list(verdict_lines)  # the verdict over seeds (seed_verdicts.protocol_sections)
     for subset, release in meta["test_sets"].items():
         rows = []
         for fam, e, s, minutes in family_rows(summary, subset):
@@ -263,8 +263,8 @@ def build(experiment, exp, current, stale, records_dir, args, manifest, results_
           lambda tests, k=k: tests["paired_randomization"][k]["p_value"]) for k in KEYS]
     ) if conv or conv_stale else ([], [])
     protocol_lines += saturated_mask_lines(current + conv)  # fixed-budget runs too
-    log("the verdict over seeds: two-level bootstrap, Welch's t, ASO, Holm")
-    verdict_lines, verdicts = seed_level.protocol_sections(
+    log("the verdict over seeds: Welch's t with the test set's part, ASO, Holm")
+    verdict_lines, verdicts = seed_verdicts.protocol_sections(
         [(proto, [r for r in records if subset in r["test_sets"]]) for proto, records in
          ((FIXED_BUDGET, current), (TO_CONVERGENCE, conv))], families, labels,
         {NAMES[k]: (lambda r, k=k: r["test_sets"][subset][k],

@@ -7,7 +7,8 @@ to-convergence protocol (``EXPERIMENT-converge``, :mod:`convergence`), its runs 
 from man_recipes.config import load_config
 from man_recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, convergence_experiment, families_of, table_experiment
 from man_recipes.studies.study_figure import figure_path
-from man_recipes.studies.study_records import option_flags, partition, read_records, record_fingerprint
+from man_recipes.studies.study_records import (RecordError, option_flags, partition, read_records,
+                                                record_fingerprint, record_path)
 
 
 class TableError(RuntimeError):
@@ -49,11 +50,38 @@ def current_records(experiment, args, manifest, results_dir, log):
     expected = {(r["family"], r["seed"]): record_fingerprint(cfgs[r["family"]], args, r["seed"])
                 for r in records if r["family"] in cfgs}
     current, stale = partition(records, expected)
+    check_test_sets(current, records_dir, manifest)  # a stale record is never tabulated: another data's may differ
     for r in stale:
         protocol = "" if experiment == table_experiment(experiment) else f" of {experiment}"
         log(f"stale record {r['family']}-seed{r['seed']}{protocol} (fingerprint {r.get('fingerprint')}): "
             "not in the table")
     return current, stale, records_dir
+
+
+def check_test_sets(records, records_dir, manifest):
+    """RecordError unless every test set a current record scores is one of the data folder's: a test set
+    renamed in a record by hand was left out of the table unsaid."""
+    known = manifest["test_sets"]
+    for r in records:
+        for subset in r["test_sets"]:
+            if subset not in known:
+                raise RecordError(f"{record_path(records_dir, r['family'], r['seed'])}: its test set {subset} is not one "
+                                  f"of the data folder's ({', '.join(known)}); renamed? restore it (git checkout) or "
+                                  "rerun that run (--force)")
+
+
+def check_table_is_ours(experiment, results_dir):
+    """TableError, before any run, unless every file of ``experiment``'s study table in ``results_dir``
+    is one this module wrote or none is there (a user's own ``gigaword-cpu.md`` is never replaced;
+    ``--force`` skips this)."""
+    from man_recipes.studies.study_table import foreign_table
+
+    study = table_experiment(experiment)
+    path = foreign_table(results_dir, study, figure_path(results_dir, study, EXPERIMENTS[study]["metric"]))
+    if path is not None:
+        raise TableError(f"{path} was not written by scripts/reproduce.sh (no table of ours: its marker line or "
+                         f"the .json beside it); refusing to replace it with {study}'s table: move it away, choose "
+                         "another --results-dir, or pass --force")
 
 
 def build_table(experiment, args, manifest, results_dir, log):
