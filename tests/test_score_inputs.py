@@ -285,7 +285,8 @@ def test_evaluate_sh_prints_one_error_line_with_status_2(toy_run, tmp_path, toy_
 
 
 @pytest.mark.parametrize("option, value, why", [("--avg-last", "0", "must be >= 1"), ("--avg-last", "-1", "must be >= 1"),
-                                                ("--batch-size", "0", "must be >= 1")])
+                                                ("--batch-size", "0",
+                                                 "must be >= 1 and <= 1000000 (sentences per batch: more than any test set holds)")])
 def test_a_count_out_of_range_is_refused_when_the_arguments_are_read(toy_run, option, value, why, capsys):
     # --avg-last 0 was taken as "not given" (the config's average, exit status 0); -1 reached the
     # averaging as "--num-epoch-checkpoints -1"

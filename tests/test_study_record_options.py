@@ -338,7 +338,7 @@ def test_time_updates_below_two_is_refused_before_any_training(tmp_path, capsys)
         reproduce.main(["multi30k-cpu", "--data", str(tmp_path / "nothing"), "--time-updates", "1"])
     assert e.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "scripts/reproduce.sh: error: argument --time-updates: invalid value '1': must be >= 2")
+        "scripts/reproduce.sh: error: argument --time-updates: invalid value '1': must be >= 2 and <= 100000 (a timing, not a training)")
 
 
 def test_a_table_of_runs_with_fairseq_overrides_says_so_in_its_headings(study, capsys):
