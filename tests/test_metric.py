@@ -61,7 +61,7 @@ def registry(monkeypatch):
     return metrics
 
 
-def test_a_metric_declared_once_is_picked_up_by_configs_evaluate_and_the_tables(registry, tmp_path):
+def test_a_metric_declared_once_is_picked_up_by_the_config_check_and_evaluate(registry, tmp_path):
     """Issue 81, item 7: a new metric is one register_metric; every site reads the record, none its name."""
     from man_recipes.config import ConfigError, load_config, validate
     from man_recipes.evaluation.evaluate import resolve_rouge_options
