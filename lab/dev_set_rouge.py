@@ -123,6 +123,7 @@ def dev_scores(args, subset, log):
     per-document F1, the checkpoint scored, the record's test-set scores; the runs left out, without a
     record; the references; the dev set's name). The Transformer of every selected seed must have one."""
     from man_recipes.data.manifest import read_manifest
+    from man_recipes.metrics import experiment_metric
     from man_recipes.studies.rouge_significance import scored_documents
     from man_recipes.studies.experiments import BASELINE, EXPERIMENTS, prepare_line
     from man_recipes.studies.study_eval import StudyEvalError, read_references
@@ -131,7 +132,7 @@ def dev_scores(args, subset, log):
     from man_recipes.studies.table_build import experiment_configs
 
     exp = EXPERIMENTS[args.experiment]
-    if exp["metric"] != "rouge":
+    if not experiment_metric(exp["metric"]).is_rouge:
         raise DevSetError(f"{args.experiment} scores BLEU; this scores the summarization studies' ROUGE")
     manifest = read_manifest(args.data, exp["dataset"], prepare_line(args.experiment, args.data))
     if subset not in (manifest.get("dev_sets") or {}):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from man_recipes.metrics import config_metrics
 from man_recipes.paths import CONFIG_DIR, REPO  # noqa: F401  (config.REPO: the recipes' name for it)
 from man_recipes.scoring import ROUGE_ORDERS
 
@@ -20,7 +21,6 @@ TOP_LEVEL_KEYS = {
     "inherit", "name", "paper", "table", "row", "dataset", "task", "data", "source_lang",
     "target_lang", "arch", "model", "train", "batch", "eval", "paper_results", "notes",
 }
-METRICS = {"bleu_ci", "bleu_wmt", "rouge"}
 PAPERS = {"man", "localness", "diffwin", "calibration"}
 # ``paper: none``: an experiment config that is no paper row (e.g. configs/multi30k/); it needs
 # no table / row / paper_results and the paper-table code (all_configs) leaves it out.
@@ -94,8 +94,8 @@ def validate(cfg):
             raise ConfigError(f"{where}: missing key '{key}'")
     if cfg["paper"] not in PAPERS | {NO_PAPER}:
         raise ConfigError(f"{where}: paper must be one of {sorted(PAPERS | {NO_PAPER})}, got {cfg['paper']!r}")
-    if cfg["eval"].get("metric") not in METRICS:
-        raise ConfigError(f"{where}: eval.metric must be one of {sorted(METRICS)}")
+    if cfg["eval"].get("metric") not in config_metrics():  # man_recipes/metrics.py's records
+        raise ConfigError(f"{where}: eval.metric must be one of {config_metrics()}")
     if cfg["eval"].get("rouge_order", "hyp-ref") not in ROUGE_ORDERS:
         raise ConfigError(f"{where}: eval.rouge_order must be one of {sorted(ROUGE_ORDERS)}")
     batch = cfg["batch"]

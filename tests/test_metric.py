@@ -50,3 +50,72 @@ def test_bleu_without_raw_references_scores_the_detokenized_tokenized_ones(metri
     assert got.bleu["compound_split"] is (metric == "bleu_wmt")
     assert (got.bleu_no_compound_split or {}).get("compound_split", False) is False
     assert got.sacrebleu == scoring.sacrebleu_detok(got.detokenized, scoring.moses_detokenize(REFS, "en"))
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The metric registry, restored after the test: a metric a test declares stays in it."""
+    from man_recipes import metrics
+
+    monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))
+    return metrics
+
+
+def test_a_metric_declared_once_is_picked_up_by_the_config_check_and_evaluate(registry, tmp_path):
+    """Issue 81, item 7: a new metric is one register_metric; every site reads the record, none its name."""
+    from man_recipes.config import ConfigError, load_config, validate
+    from man_recipes.evaluation.evaluate import resolve_rouge_options
+
+    cfg = load_config("t1-iwslt14-man-small")
+    with pytest.raises(ConfigError, match=r"eval.metric must be one of \['bleu_ci', 'bleu_wmt', 'rouge'\]"):
+        validate(dict(cfg, eval=dict(cfg["eval"], metric="bleu_cs")))
+    registry.register_metric(registry.Metric(
+        "bleu_cs", "bleu", registry.score_bleu, "tokenized+raw", "case-sensitive tokenized BLEU and sacreBLEU",
+        signature="sacrebleu_signature", sacrebleu=True))
+    assert registry.config_metrics() == ["bleu_ci", "bleu_cs", "bleu_wmt", "rouge"]  # the choices configs list
+    validate(dict(cfg, eval=dict(cfg["eval"], metric="bleu_cs")))
+    with pytest.raises(ValueError, match=r"metric must be one of \['bleu_ci', 'bleu_cs', 'bleu_wmt', 'rouge'\], not 'x'"):
+        score("x", HYPS, REFS)
+
+    # evaluate.sh scores it: case-sensitive tokenized BLEU, sacreBLEU against the raw references it reads
+    (tmp_path / "test.raw.en").write_text("\n".join(RAW) + "\n")
+    scores, details = score_decoded({"eval": {"metric": "bleu_cs"}, "target_lang": "en"}, tmp_path, "test", HYPS,
+                                    REFS, tmp_path)
+    assert details["bleu"] == scoring.tokenized_bleu(HYPS, REFS) and details["bleu"]["lowercase"] is False
+    assert scores == {"bleu": details["bleu"]["bleu"], "sacrebleu": scoring.sacrebleu_detok(
+        scoring.moses_detokenize(HYPS, "en"), RAW)["bleu"]}
+    assert details["sacrebleu_references"] == f"raw references {tmp_path / 'test.raw.en'}"
+    assert details["sacrebleu_signature"] == details["sacrebleu"]["signature"]
+    # a BLEU metric reads no ROUGE option
+    args = types.SimpleNamespace(rouge_order="ref-hyp", rouge_implementation=None, rouge_exception_db=None)
+    with pytest.raises(Exception, match="--rouge-order: the run's config scores bleu_cs, not ROUGE"):
+        resolve_rouge_options(args, "bleu_cs")
+
+    # a ROUGE-kind metric scores against the raw references alone and is checked as ROUGE before decoding
+    registry.register_metric(registry.Metric("rouge_lead", "rouge", registry.score_rouge, "raw", "ROUGE again"))
+    summaries = tmp_path / "sum"
+    summaries.mkdir()
+    (summaries / "test.raw.en").write_text("\n".join(RAW) + "\n")
+    scores, details = score_decoded({"eval": {"metric": "rouge_lead"}, "target_lang": "en"}, summaries, "test", HYPS,
+                                    REFS, summaries, rouge_implementation="rouge-score")
+    assert details["rouge_references"] == f"raw references {summaries / 'test.raw.en'}"
+    assert (summaries / "test.ref").read_text().splitlines() == RAW
+    assert set(scores) == {"rouge1", "rouge2", "rougeL"}
+
+
+def test_the_registry_refuses_a_second_metric_of_one_name(registry):
+    with pytest.raises(ValueError, match=r"^metric 'rouge' is already registered$"):
+        registry.register_metric(registry.Metric("rouge", "rouge", registry.score_rouge, "raw", "another ROUGE"))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        registry.register_metric(registry.Metric("chrf", "chrf", registry.score_bleu, "raw", "x"))
+    with pytest.raises(ValueError, match="signature"):
+        registry.register_metric(registry.Metric("bleu_x", "bleu", registry.score_bleu, "tokenized+raw", "x",
+                                                 sacrebleu=True))
+
+
+def test_a_bleu_metric_without_sacrebleu_writes_tokenized_bleu_alone(registry, tmp_path):
+    registry.register_metric(registry.Metric("bleu_tok", "bleu", registry.score_bleu, "tokenized", "tokenized BLEU"))
+    scores, details = score_decoded({"eval": {"metric": "bleu_tok"}, "target_lang": "en"}, tmp_path, "test", HYPS,
+                                    REFS, tmp_path)
+    assert scores == {"bleu": scoring.tokenized_bleu(HYPS, REFS)["bleu"]} and "sacrebleu" not in details
+    assert not (tmp_path / "test.detok.hyp").exists()

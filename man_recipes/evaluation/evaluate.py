@@ -35,6 +35,7 @@ from man_recipes.evaluation.steps import AverageError, CheckpointsNotFound, Eval
 from man_recipes import rouge155, scoring, textfile
 from man_recipes.paths import output_folder_problem
 from man_recipes.logging_setup import quiet_logging
+from man_recipes.metrics import metric as metric_named
 from man_recipes.interrupt import EXIT_INTERRUPTED, interrupted_line, one_line_on_ctrl_c
 
 
@@ -106,8 +107,8 @@ def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rou
     raw_refs = read_raw_references(raw_file) if raw_file.is_file() else None
     names = Names(f"hypotheses {eval_dir / f'{subset}.hyp'}", f"references {eval_dir / f'{subset}.ref'}",
                   detok_hyps=f"hypotheses {detok_file}", raw_refs=f"references {raw_file}")
-    rouge_refs = None
-    if ev["metric"] == "rouge":
+    rouge_refs, m = None, metric_named(ev["metric"])
+    if m.raw_references_only:
         rouge_refs = f"fairseq-generate's target lines ({raw_file} not found)"
         if raw_refs is not None:
             refs, names, rouge_refs = raw_refs, dataclasses.replace(names, refs=names.raw_refs), f"raw references {raw_file}"
@@ -118,18 +119,20 @@ def score_decoded(cfg, data, subset, hyps, refs, eval_dir, rouge_order=None, rou
                    rouge_implementation=rouge_implementation, rouge_exception_db=rouge_exception_db, names=names,
                    keep_detokenized=lambda lines: detok_file.write_text("\n".join(lines) + "\n"))
     details = {"metric": scored.metric}
-    if scored.metric == "rouge":
+    if m.is_rouge:
         r = scored.rouge
         details.update(rouge_order=scored.rouge_order, rouge=r, rouge_implementation=r["implementation"],
                        rouge_exception_db=r.get("exception_db"),  # rouge155 only
                        rouge_references=rouge_refs)
         return {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}, details
     details["bleu"] = scored.bleu
-    if scored.metric == "bleu_wmt":
+    if m.compound_split:
         details["bleu_tokenized_no_compound_split"] = scored.bleu_no_compound_split
+    if not m.sacrebleu:
+        return {"bleu": scored.bleu["bleu"]}, details
     details.update(sacrebleu_references=f"raw references {raw_file}" if raw_refs is not None else
                    "Moses-detokenized tokenized references (raw references not found)",
-                   sacrebleu=scored.sacrebleu, sacrebleu_signature=scored.sacrebleu["signature"])
+                   sacrebleu=scored.sacrebleu, **{m.signature: scored.sacrebleu["signature"]})
     return {"bleu": scored.bleu["bleu"], "sacrebleu": scored.sacrebleu["bleu"]}, details
 
 
@@ -152,19 +155,19 @@ def check_before_decoding(cfg, data, subset, rouge_implementation):
             raise EvaluateError(f"{folder} has no binarized `{subset}` subset ({names[0]} not found); "
                                 "check --subset and --data")
         total = subset_size(data, subset, src, tgt)
-    metric = cfg["eval"]["metric"]
+    m = metric_named(cfg["eval"]["metric"])
     if raw_reference_file(data, subset, tgt).is_file():
         read_raw_references(raw_reference_file(data, subset, tgt),
                             None if total is None else (f"the binarized {subset} set in {folder}", total),
-                            rouge=metric == "rouge")
-    if metric == "rouge" and rouge_implementation == "rouge155":
+                            rouge=m.is_rouge)
+    if m.is_rouge and rouge_implementation == "rouge155":
         try:
             rouge155.release_dir()
             rouge155.check_perl()
         except rouge155.Rouge155Unavailable as e:
             raise EvaluateError(f"cannot score ROUGE with ROUGE-1.5.5: {e} Install it and rerun, or pass "
                                 "--rouge-implementation rouge-score for numbers that are not ROUGE-1.5.5's") from e
-    if metric == "rouge" and rouge_implementation == "rouge-score" and find_spec("rouge_score") is None:
+    if m.is_rouge and rouge_implementation == "rouge-score" and find_spec("rouge_score") is None:
         raise EvaluateError("--rouge-implementation rouge-score needs the rouge-score package: pip install rouge-score")
     return total
 
@@ -175,7 +178,7 @@ def resolve_rouge_options(args, metric):
     given = [flag for flag, value in (("--rouge-order", args.rouge_order),
                                       ("--rouge-implementation", args.rouge_implementation),
                                       ("--rouge-exception-db", args.rouge_exception_db)) if value is not None]
-    if metric != "rouge" and given:
+    if not metric_named(metric).is_rouge and given:
         raise EvaluateError(f"{' and '.join(given)}: the run's config scores {metric}, not ROUGE")
     args.rouge_implementation = args.rouge_implementation or "rouge155"
     if args.rouge_implementation != "rouge155" and args.rouge_exception_db is not None:
@@ -302,7 +305,8 @@ def evaluate(run, args, moved):
 
     generate_log = eval_dir / f"generate-{subset}.txt"
     # ROUGE reads the release's references: decode from the sources alone when data-prep wrote them
-    sources_only = bool(src) and cfg["eval"]["metric"] == "rouge" and raw_reference_file(data, subset, tgt).is_file()
+    sources_only = (bool(src) and metric_named(cfg["eval"]["metric"]).raw_references_only
+                    and raw_reference_file(data, subset, tgt).is_file())
     gen_cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
                                       generate_log, total, sources_only=sources_only)
     if ids != list(range(len(ids))) or (total is not None and len(ids) != total):

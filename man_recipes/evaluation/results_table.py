@@ -8,6 +8,7 @@ from pathlib import Path
 
 from man_recipes.config import CONFIG_DIR, REPO, all_configs
 from man_recipes.logging_setup import quiet_logging
+from man_recipes.metrics import metric
 from man_recipes.tables import markdown_table
 from man_recipes.interrupt import one_line_on_ctrl_c
 
@@ -141,8 +142,8 @@ def build_tables(configs, runs, all_configs=None):
     out = []
     for (paper, table) in sorted(groups, key=lambda k: (order.index(k[0]), k[1])):
         rows = sorted(groups[(paper, table)], key=row_key)
-        rouge = all(c["eval"]["metric"] == "rouge" for c in rows)
-        wmt = any(c["eval"]["metric"] == "bleu_wmt" for c in rows)
+        rouge = all(metric(c["eval"]["metric"]).is_rouge for c in rows)
+        wmt = any(metric(c["eval"]["metric"]).sacrebleu_column for c in rows)
         if rouge:
             head = ["row", "data", "R-1 paper", "R-1 ours", "R-2 paper", "R-2 ours", "R-L paper", "R-L ours", "config"]
         else:

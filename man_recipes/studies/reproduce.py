@@ -33,6 +33,7 @@ from pathlib import Path
 
 from man_recipes import rouge155
 from man_recipes.logging_setup import quiet_logging
+from man_recipes.metrics import experiment_metric
 from man_recipes.provenance import cpu_model, git_commit
 from man_recipes.scoring import ScoreInputError
 from man_recipes.interrupt import one_line_on_ctrl_c
@@ -238,7 +239,7 @@ def parse_args(argv=None):
 
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
     args.precision = resolve_precision(p, args.precision, args.device == "cpu")
-    if exp["metric"] == "rouge":
+    if experiment_metric(exp["metric"]).is_rouge:
         args.rouge_exception_db = args.rouge_exception_db or rouge155.DEFAULT_EXCEPTION_DB
     elif args.rouge_exception_db is not None:
         p.error(f"--rouge-exception-db: {args.experiment} scores BLEU, not ROUGE")

@@ -21,6 +21,7 @@ from man_recipes.evaluation.steps import AverageError, Names, average, decode, s
 from man_recipes.evaluation.fixed_sample import SAMPLE_SEED, describe, sample_ids, sampled_split
 from man_recipes.training.fairseq_log import epoch_seconds, epochs_ended, model_params, train_curve, valid_curve
 from man_recipes.textfile import read_lines
+from man_recipes.metrics import experiment_metric
 from man_recipes.studies.convergence import ConvergenceError, best_checkpoint, record_fields
 from man_recipes.studies.experiments import TO_CONVERGENCE, protocol
 
@@ -53,23 +54,20 @@ def test_sample(cfg, manifest, subset):
     return sample_ids(manifest["counts"][subset], n)
 
 
-# an experiment's metric (experiments.py) as the score step names it (a config's eval.metric)
-EXPERIMENT_METRICS = {"bleu": "bleu_ci", "rouge": "rouge"}
-
-
 def score_test_set(metric, hyps, refs, raw_refs, ref_path, cfg, manifest, args, hyp_name):
     """One test set's scores for the run's record (:func:`..evaluation.metric.score`), the hypotheses
     the record keeps (detokenized for BLEU) and a line for the log. BLEU: case-insensitive tokenized
     BLEU on the tokenized references, sacreBLEU on the raw ones; ROUGE: against the raw references."""
-    if metric == "rouge":
+    m = experiment_metric(metric)  # an experiment's metric (experiments.py): the record that scores it
+    if m.is_rouge:
         order = cfg["eval"].get("rouge_order", "hyp-ref")
-        scored = score("rouge", hyps, raw_refs, rouge_order=order, rouge_exception_db=args.rouge_exception_db,
+        scored = score(m.name, hyps, raw_refs, rouge_order=order, rouge_exception_db=args.rouge_exception_db,
                        names=Names(hyp_name, f"references {ref_path}"))
         r = scored.rouge
         scores = {k: r[k] for k in ("rouge1", "rouge2", "rougeL")}
         scores.update(rouge_order=order, exception_db=r["exception_db"], rouge_implementation=r["implementation"])
         return scores, hyps, scored.summary()
-    scored = score(EXPERIMENT_METRICS[metric], hyps, refs, raw_refs=raw_refs, target_lang=manifest["target_lang"],
+    scored = score(m.name, hyps, refs, raw_refs=raw_refs, target_lang=manifest["target_lang"],
                    names=Names(hyp_name, "tokenized references", raw_refs=f"references {ref_path}"))
     scores = {"bleu_tok_ci": scored.bleu["bleu"], "sacrebleu": scored.sacrebleu["bleu"],
               "sacrebleu_signature": scored.sacrebleu["signature"], "tokenized_bleu_details": scored.bleu}
@@ -123,7 +121,7 @@ def evaluate_run(cfg, run, seed, family, manifest, metric, args, fingerprint, de
             release_name += "; " + describe(len(sample), manifest["counts"][subset])
         # ROUGE reads the release's references only: decoded from the sources alone (no target length check)
         cmd, ids, hyps, refs = decode(cfg, data, checkpoint, subset, device, args.precision, args.batch_size,
-                                      run / "eval" / f"generate-{subset}.txt", sources_only=metric == "rouge",
+                                      run / "eval" / f"generate-{subset}.txt", sources_only=experiment_metric(metric).raw_references_only,
                                       subword=read_subword(args.data))  # a test sample's folder has no record
         ref_path, raw_refs = read_references(args.data, manifest, subset, sample)
         if len(raw_refs) != len(ids) or ids != list(range(len(ids))):

@@ -7,12 +7,13 @@ checkpoint marked, and one with its dev loss against its training loss (how far 
 
 from man_recipes.studies.experiments import BASELINE
 from man_recipes.atomic import replacing
+from man_recipes.metrics import experiment_metric
 
 
 def figure_path(results_dir, experiment, metric):
     """The figure a study's table names: a ROUGE study's scores beside its loss curves, or a BLEU
     study's loss curves."""
-    return results_dir / (f"{experiment}.png" if metric == "rouge" else f"{experiment}-valid-loss.png")
+    return results_dir / (f"{experiment}.png" if experiment_metric(metric).is_rouge else f"{experiment}-valid-loss.png")
 
 
 def _fit_ylim(ax, values):

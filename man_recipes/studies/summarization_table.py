@@ -13,6 +13,7 @@ from man_recipes.tables import markdown_table, mean_std
 from man_recipes.config import CONFIG_DIR, load_config
 from man_recipes.evaluation.copying import copying
 from man_recipes.evaluation.metric import score
+from man_recipes.metrics import ROUGE
 from man_recipes.studies.rouge_significance import (AR_TRIALS, BOOTSTRAP_SEED, lead_sentences, lead_words, paired_bootstrap,
                                              paired_randomization, scored_documents)
 from man_recipes.evaluation.fixed_sample import sample_ids
@@ -121,7 +122,7 @@ def references_table(dataset, manifest, exception_db, order, articles, refs):
         what, lead_of = LEADS[dataset]
         for subset, release in manifest["test_sets"].items():
             lead = [lead_of(line) for line in articles[subset]]
-            r = score("rouge", lead, refs[subset], rouge_order=order, rouge_exception_db=exception_db).rouge
+            r = score(ROUGE.name, lead, refs[subset], rouge_order=order, rouge_exception_db=exception_db).rouge
             rows.append({"what": f"{what}, {release}", "lead_subset": subset, "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})

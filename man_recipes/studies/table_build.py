@@ -5,6 +5,7 @@ to-convergence protocol (``EXPERIMENT-converge``, :mod:`convergence`), its runs 
 """
 
 from man_recipes.config import load_config
+from man_recipes.metrics import experiment_metric
 from man_recipes.studies.experiments import EXPERIMENTS, FAMILY_LABELS, convergence_experiment, families_of, table_experiment
 from man_recipes.studies.study_figure import figure_path
 from man_recipes.studies.study_records import (RecordError, option_flags, partition, read_records,
@@ -30,7 +31,7 @@ def scoring_config(cfg, experiment, args, manifest):
         if sample == 0 or 0 < largest <= sample:
             del evaluation["test_sample"]
     cfg = dict(cfg, eval=evaluation)
-    if experiment["metric"] != "rouge":
+    if not experiment_metric(experiment["metric"]).is_rouge:
         return cfg  # the BLEU studies' fingerprints stay as their committed records have them
     return dict(cfg, eval=dict(cfg["eval"], rouge_exception_db=args.rouge_exception_db))
 
@@ -101,7 +102,7 @@ def build_table(experiment, args, manifest, results_dir, log):
     png = figure_path(results_dir, study, exp["metric"])
     if not current:  # with the default options: the configs changed under every record
         return study_table.write_without_runs(results_dir, study, exp["title"], stale, png, log)
-    if exp["metric"] == "rouge":
+    if experiment_metric(exp["metric"]).is_rouge:
         from man_recipes.studies import summarization_table  # imported here: a long study picks up a table fixed meanwhile
 
         return summarization_table.build(study, exp, current, stale, records_dir, args, manifest, results_dir,
