@@ -44,7 +44,7 @@ from man_recipes.data.dataprep import PrepError
 from man_recipes.data.manifest import read_manifest
 from man_recipes.data.subword import read_subword
 from man_recipes.evaluation.evaluate import EvaluateError
-from man_recipes.options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, batch_size, number, resamples, resolve_precision, seeds
+from man_recipes.options import PRECISION_HELP, PRECISIONS, SEEDS_HELP, batch_size, number, resamples, resolve_precision, seeds, visible_gpus
 from man_recipes.training.fairseq_log import LogError, model_params, seconds_per_update
 from man_recipes.workdir import try_lock
 from man_recipes.studies.experiments import (EXPERIMENTS, FAMILIES, convergence_experiment, other_families,  # noqa: F401  (reproduce.FAMILIES)
@@ -235,8 +235,6 @@ def parse_args(argv=None):
     args.results_dir = Path(args.results_dir).resolve()
     args.device = args.device or exp.get("device")
     if args.device is None:
-        from man_recipes.options import visible_gpus
-
         args.device = "cuda" if visible_gpus() > 0 else "cpu"
     args.precision = resolve_precision(p, args.precision, args.device == "cpu")
     if experiment_metric(exp["metric"]).is_rouge:
