@@ -50,6 +50,14 @@ class CalibratedAttention:
     anneal_steps: float
 
 
+def refuse_activation_checkpointing(args, message):
+    """Refuse (PluginOptionError ``message``) a calibrated model with ``--checkpoint-activations``: the
+    criterion switches the calibration mode between two passes; a recomputation during backward would run
+    in the wrong mode."""
+    if getattr(args, "checkpoint_activations", False):
+        raise PluginOptionError(message)
+
+
 @register_family("transformer_calibrated")
 class TransformerCalibratedModel(BiasedTransformerModel):
     """Transformer with calibrated encoder-decoder attention in every decoder layer."""
@@ -59,10 +67,7 @@ class TransformerCalibratedModel(BiasedTransformerModel):
 
     @classmethod
     def check(cls, args):
-        if getattr(args, "checkpoint_activations", False):
-            # the criterion switches the calibration mode between two passes; a recomputation
-            # during backward would run in the wrong mode
-            raise PluginOptionError("transformer_calibrated does not support --checkpoint-activations")
+        refuse_activation_checkpointing(args, "transformer_calibrated does not support --checkpoint-activations")
         if getattr(args, "no_cross_attention", False):
             raise PluginOptionError("transformer_calibrated needs the encoder-decoder attention (no --no-cross-attention)")
         criterion = getattr(args, "criterion", None)  # what fairseq-train trains with (absent when built by hand)

@@ -30,7 +30,8 @@ from ..modules.man_layers import SELF_ATTENTION_SUBLAYERS, MANDecoderLayer, MANE
 from ..plugin_options import VALID, Parsed, PluginOptionError, parse_layer_set, parse_layer_spec
 from .biased_transformer import BiasedTransformerModel, wrap_layer
 from .family import ATTENTION_TYPES, CROSS, DECODER_SELF, ENCODER_SELF, AttentionPlan, fairseq_sizes, register_family, stack_depths
-from .transformer_calibrated import JOINT_CRITERION, CalibrationConfig, TransformerCalibratedModel
+from .transformer_calibrated import (JOINT_CRITERION, CalibrationConfig, TransformerCalibratedModel,
+                                     refuse_activation_checkpointing)
 from .transformer_diffwin import (
     DIFFWIN_PRESETS, DiffWinConfig, TransformerDiffWinModel, diffwin_base_architecture, preset_fills,
 )
@@ -173,10 +174,7 @@ class TransformerMaskedModel(TransformerMANModel):
         super().check(args)
         criterion = getattr(args, "criterion", None)  # what fairseq-train trains with (absent when built by hand)
         if cls.calibrated_layers(args):
-            if getattr(args, "checkpoint_activations", False):
-                # the criterion switches the calibration mode between two passes; a recomputation
-                # during backward would run in the wrong mode
-                raise PluginOptionError("--calibration-layers does not work with --checkpoint-activations")
+            refuse_activation_checkpointing(args, "--calibration-layers does not work with --checkpoint-activations")
             if isinstance(criterion, str) and criterion != JOINT_CRITERION:
                 raise PluginOptionError(f"--calibration-layers trains with --criterion {JOINT_CRITERION} (its mask "
                                         f"perturbation model learns only from that joint loss); got --criterion {criterion}")
