@@ -60,8 +60,8 @@ def test_numbers_and_ratios_come_from_each_repeat():
 
 
 def test_a_familys_floor_is_compared_repeat_by_repeat(tmp_path):
-    """MAN against MAN without its bias (its floor, issue 80) in each repeat; SMAN2's floor is the Transformer (the
-    main table's ratio): no floor row of its own; without man-nobias in the record no floor table at all."""
+    """MAN and SMAN2 against MAN without its bias (their floor, issue 80) in each repeat; localness's floor is the
+    Transformer (the main table's ratio): no floor row of its own; without man-nobias in the record no floor table."""
     runs = [run_of(1, "transformer", [5, 1000, 1200], 500, 10.0), run_of(1, "man", [1, 800, 900], 600, 8.0),
             run_of(1, "man-nobias", [1, 900, 1000], 550, 9.0), run_of(1, "sman2", [1, 1000, 1100], 520, 9.5),
             run_of(2, "transformer", [5, 800, 960], 500, 8.0), run_of(2, "man", [1, 560, 640], 550, 7.2),
@@ -72,13 +72,15 @@ def test_a_familys_floor_is_compared_repeat_by_repeat(tmp_path):
     assert man["train_floor_ratio"]["max"] == pytest.approx(850 / 950)
     assert man["train_floor_ratio"]["min"] == pytest.approx(600 / 800)
     assert man["memory_floor_ratio"]["median"] == pytest.approx((600 / 550 + 550 / 500) / 2)
-    assert [row["family"] for row in speed_table.summarize(rec) if "floor" in row] == ["man"]
+    assert [row["family"] for row in speed_table.summarize(rec) if "floor" in row] == ["man", "sman2"]
+    sman2 = speed_table.summarize(rec)[3]
+    assert sman2["train_floor_ratio"]["median"] == pytest.approx((1050 / 950 + 800 / 800) / 2)
     md = speed_table.to_markdown("gigaword-cpu", [rec], FAMILY_LABELS)
     assert speed_table.FLOOR_NOTE in md
-    assert "| 1 | MAN (small, DMAN enc.) | MAN without its bias (MAN's floor) | 0.82× (0.75–0.89) | 1.10× (1.09–1.10) |" in md
+    assert "| 1 | MAN (small, DMAN enc.) | MAN, its first sublayer a plain self-attention (floor) | 0.82× (0.75–0.89) | 1.10× (1.09–1.10) |" in md
     (tmp_path / "gigaword-cpu-threads1.json").write_text(json.dumps(rec))
     block = speed_table.page_block(tmp_path, FAMILY_LABELS)
-    assert "| gigaword-cpu | 1 | MAN (small, DMAN enc.) | MAN without its bias (MAN's floor) | 0.82× (0.75–0.89) |" in block
+    assert "| gigaword-cpu | 1 | MAN (small, DMAN enc.) | MAN, its first sublayer a plain self-attention (floor) | 0.82× (0.75–0.89) |" in block
     assert speed_table.FLOOR_NOTE not in speed_table.to_markdown("gigaword-cpu", [two_repeats()], FAMILY_LABELS)
 
 

@@ -22,13 +22,13 @@ BLOCK_BEGIN = ("<!-- speed-table begin: generated from results/speed/*.json by "
                "`scripts/speed.sh EXPERIMENT --table-only --update-docs`; tests/test_speed.py checks it -->")
 BLOCK_END = "<!-- speed-table end -->"
 QUANTITIES = (("train", "training words/s"), ("memory", "peak training memory"), ("decode", "decoding sentences/s"))
-# A family's floor: the same model with its method free. MAN's is MAN with its DMAN sublayer a plain
-# self-attention (``man-nobias``: its second attention sublayer is the layer's, not the bias's cost);
-# every other family's is the Transformer, the tables' own ratio (issue 80).
-FLOORS = {"man": "man-nobias", "man-zeros": "man-nobias"}
-FLOOR_NOTE = ("Each family's floor is the same model with its method free: MAN's is MAN with its DMAN sublayer a "
-              "plain self-attention (`man-nobias`: the table below), every other family's the Transformer "
-              "(the ratios above).")
+# A family's floor: the same model with its method free. MAN's and SMAN2's is MAN with its DMAN (SMAN2)
+# sublayer a plain self-attention (``man-nobias``: its second attention sublayer is the layer's, not the
+# mask's cost); every other family's is the Transformer, the tables' own ratio (issue 80).
+FLOORS = {"man": "man-nobias", "man-zeros": "man-nobias", "sman2": "man-nobias"}
+FLOOR_NOTE = ("Each family's floor is the same model with its method free: MAN's and SMAN2's is MAN with its DMAN "
+              "(SMAN2) sublayer a plain self-attention (`man-nobias`: the table below), every other family's the "
+              "Transformer (the ratios above).")
 
 
 class SpeedRecordError(ValueError):

@@ -19,7 +19,7 @@ FAMILY_LABELS = {
     "calibration-alpha0.01": "Calibration (anneal, α = 0.01)",
     "man-zeros": "MAN (small, DMAN P, U from 0)",
     "man-calibration": "MAN enc. + calibrated cross-att. (anneal)",
-    "man-nobias": "MAN without its bias (MAN's floor)",
+    "man-nobias": "MAN, its first sublayer a plain self-attention (floor)",
 }
 MULTI30K = {"data": REPO / "data-bin" / "multi30k.de-en", "dataset": "multi30k", "metric": "bleu",
             "prepare": "data-prep/prepare-multi30k.sh [--from FOLDER]"}
