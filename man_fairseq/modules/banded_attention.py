@@ -6,8 +6,9 @@ keys around it (``bound``: the largest half width of the call, no device sync), 
 and the first ``2 bound`` of the next (:func:`_key_windows`). Per block, the scores are one dense ``(Q, Q + 2 bound)``
 product (batched matrix products, as the full path's), masked to ``-inf`` outside each query's band,
 beyond the sequence, at padded keys and where ``attn_mask`` says so, then softmax, attention dropout and
-the weighted sum of the block's values. Autograd differentiates it as written (no custom backward), so
-the gradients are the full path's restricted to the band. The work per call is ``T * (Q + 2 bound)``
+the weighted sum of the block's values. The backward pass is its own (:class:`_BandedAttention`): it keeps
+q, k, v as given and the band's probabilities, not the windows of k and v autograd would keep, and takes
+the gradients (the full path's restricted to the band) by the same block products. The work per call is ``T * (Q + 2 bound)``
 scores instead of ``T * S``: :func:`band_is_cheaper` says when that pays.
 
 Why blocks rather than a ``(B, H, T, 2b+1, D)`` gather of each query's own window: the gather makes a
@@ -28,6 +29,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 # Query rows per block, at least the band's width: one forward and backward of (20, 4, 400, 64) at b = 4 took
 # 441, 382, 422, 411, 441 ms with blocks of 8, 16, 24, 32, 48 rows (one thread, a loaded machine).
@@ -97,6 +99,98 @@ def _key_windows(x: Tensor, lo: int, hi: int, span: int, rows: int, value=0.0) -
     return torch.cat([whole[:, :, :blocks], whole[:, :, 1:, : span - rows]], dim=3)
 
 
+def _key_windows_grad(grad_blocks: Tensor, src_len: int, lo: int, hi: int, span: int, rows: int) -> Tensor:
+    """The inverse of :func:`_key_windows` for gradients: (A, B, n_blocks, span, ...) summed back onto keys
+    ``0 .. src_len-1``, (A, B, S, ...): each window's first ``rows`` keys onto its own block, the rest onto
+    the first ``span - rows`` keys of the next; keys outside ``0 .. S-1`` dropped."""
+    blocks = grad_blocks.size(2)
+    if blocks == 1:
+        keys = grad_blocks.squeeze(2)  # keys lo .. lo + span - 1
+    else:
+        whole = grad_blocks.new_zeros(*grad_blocks.shape[:2], blocks + 1, rows, *grad_blocks.shape[4:])
+        whole[:, :, :blocks] = grad_blocks[:, :, :, :rows]
+        whole[:, :, 1:, : span - rows] += grad_blocks[:, :, :, rows:]
+        keys = whole.flatten(2, 3)  # keys lo .. lo + (blocks + 1) * rows - 1
+    start, stop = max(lo, 0), min(hi, src_len)
+    inside = keys.narrow(2, start - lo, stop - start)
+    if stop - start == src_len:
+        return inside
+    grad = grad_blocks.new_zeros(*grad_blocks.shape[:2], src_len, *grad_blocks.shape[4:])
+    grad.narrow(2, start, stop - start).copy_(inside)
+    return grad
+
+
+def _query_blocks(x: Tensor, padded: int, rows: int) -> Tensor:
+    """(B, H, T, D) as (B, H, n_blocks, rows, D), rows padded with zeros to ``padded``."""
+    bsz, heads, tgt_len, dim = x.shape
+    return F.pad(x, (0, 0, 0, padded - tgt_len)).reshape(bsz, heads, padded // rows, rows, dim)
+
+
+class _BandedAttention(torch.autograd.Function):
+    """(q, k, v, mask, scale, dropout_p, (lo, hi, span, rows)) -> (B, H, T, D), the band's attention with its
+    own backward pass. Autograd through the forward as written would keep a padded copy of q, the windows
+    of k and v (about 1.5 copies of each, made by :func:`_key_windows`) and the mask; this keeps q, k, v as
+    given, the band's probabilities and, with dropout, its bool mask of kept weights, and rebuilds the
+    windows in the backward pass::
+
+        W  = P * keep / (1 - p)                    (W = P without dropout)
+        dv = W^T dO,  dP = (dO v^T) * keep / (1 - p)
+        dS = P * (dP - rowsum(P * dP)),  dq = dS k * scale,  dk = dS^T q * scale
+
+    per block by batched products, dk and dv summed back onto the keys (:func:`_key_windows_grad`)."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, mask, scale, dropout_p, geometry):
+        lo, hi, span, rows = geometry
+        bsz, heads, tgt_len, _ = q.shape
+        padded = ((hi - lo - span) // rows + 1) * rows
+        scores = torch.matmul(_query_blocks(q, padded, rows), _key_windows(k, lo, hi, span, rows).transpose(-1, -2))
+        scores = scores.mul_(scale).add_(mask)  # (B, H, n, Q, span)
+        low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
+        del scores
+        weights, keep = probs, None
+        if dropout_p > 0:  # one independent draw per weight of the band: those outside are zero either way
+            keep = torch.empty_like(probs).bernoulli_(1 - dropout_p).bool()
+            weights = probs.masked_fill(~keep, 0.0).div_(1 - dropout_p)
+        out = torch.matmul(weights, _key_windows(v, lo, hi, span, rows)).view(bsz, heads, padded, v.size(-1))
+        fctx.save_for_backward(q, k, v, probs, keep)
+        fctx.scale, fctx.dropout_p, fctx.geometry = scale, dropout_p, geometry
+        return out[:, :, :tgt_len]
+
+    @staticmethod
+    @once_differentiable
+    def backward(fctx, grad_out: Tensor):
+        q, k, v, probs, keep = fctx.saved_tensors
+        scale, dropout_p, (lo, hi, span, rows) = fctx.scale, fctx.dropout_p, fctx.geometry
+        bsz, heads, tgt_len, dim = q.shape
+        padded = probs.size(2) * rows
+        grad_blocks = _query_blocks(grad_out, padded, rows)  # (B, H, n, Q, Dv)
+        grad_q = grad_k = grad_v = None
+        if fctx.needs_input_grad[2]:
+            weights = probs if keep is None else probs.masked_fill(~keep, 0.0).div_(1 - dropout_p)
+            grad_v = _key_windows_grad(torch.matmul(weights.transpose(-1, -2), grad_blocks), v.size(2), lo, hi,
+                                       span, rows)
+            del weights
+        if not (fctx.needs_input_grad[0] or fctx.needs_input_grad[1]):
+            return grad_q, grad_k, grad_v, None, None, None, None
+        grad_probs = torch.matmul(grad_blocks, _key_windows(v, lo, hi, span, rows).transpose(-1, -2))
+        if keep is not None:
+            grad_probs = grad_probs.masked_fill_(~keep, 0.0).div_(1 - dropout_p)
+        p = probs
+        if p.dtype in (torch.float16, torch.bfloat16):  # the softmax's backward in float32, as its forward
+            grad_probs, p = grad_probs.float(), p.float()
+        grad_scores = grad_probs.sub_((grad_probs * p).sum(-1, keepdim=True)).mul_(p).to(q.dtype)
+        del grad_probs, p
+        if fctx.needs_input_grad[0]:
+            k_blocks = _key_windows(k, lo, hi, span, rows)
+            grad_q = torch.matmul(grad_scores, k_blocks).mul_(scale).view(bsz, heads, padded, dim)[:, :, :tgt_len]
+        if fctx.needs_input_grad[1]:
+            grad_k_blocks = torch.matmul(grad_scores.transpose(-1, -2), _query_blocks(q, padded, rows)).mul_(scale)
+            grad_k = _key_windows_grad(grad_k_blocks, k.size(2), lo, hi, span, rows)
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Tensor], bound: int, query_start: int,
                      key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], scale: float,
                      dropout_p: float = 0.0, training: bool = False) -> Tensor:
@@ -117,10 +211,6 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
     span = rows + 2 * bound
     lo, hi = query_start - bound, query_start + padded + bound  # keys read, block n from lo + n * rows
 
-    k_blocks = _key_windows(k, lo, hi, span, rows)  # (B, H, n, span, D)
-    v_blocks = _key_windows(v, lo, hi, span, rows)
-    q_blocks = F.pad(q, (0, 0, 0, padded - tgt_len)).view(bsz, heads, n_blocks, rows, dim)
-
     device = q.device
     offset = (torch.arange(span, device=device)[None, :] - bound) - torch.arange(rows, device=device)[:, None]  # s - t
     key = lo + torch.arange(n_blocks, device=device)[:, None, None] * rows + torch.arange(span, device=device)
@@ -135,18 +225,11 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
         allowed = allowed & real.reshape(bsz, 1, n_blocks, 1, span)
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, float("-inf"))
     if attn_mask is not None:
-        mask = mask + _block_table(attn_mask, q.dtype, lo, padded, span, rows)
+        mask = mask + _block_table(attn_mask.detach(), q.dtype, lo, padded, span, rows)
     # a row with no allowed key would be a softmax of -inf only (NaN): unmasked, it stays finite
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
     mask = mask.masked_fill_(dead, 0.0)
-
-    scores = torch.matmul(q_blocks, k_blocks.transpose(-1, -2)).mul_(scale).add_(mask)  # (B, H, n, Q, span)
-    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
-    if dropout_p > 0 and training:
-        probs = F.dropout(probs, p=dropout_p, training=True)  # the zero weights outside the band stay zero
-    out = torch.matmul(probs, v_blocks).view(bsz, heads, padded, v.size(-1))
-    return out[:, :, :tgt_len]
+    return _BandedAttention.apply(q, k, v, mask, scale, dropout_p if training else 0.0, (lo, hi, span, rows))
 
 
 def _block_table(attn_mask: Tensor, dtype: torch.dtype, lo: int, padded: int, span: int, rows: int) -> Tensor:
