@@ -86,8 +86,10 @@ def test_auto_takes_the_band_at_cnndm_lengths_only():
 
 @pytest.fixture
 def all_bands(monkeypatch):
-    """The band wherever it computes fewer scores than the full path, so that short inputs exercise it."""
+    """The band wherever it computes fewer scores than the full path, so that short inputs exercise it, in
+    chunks of a few blocks (as long inputs go)."""
     monkeypatch.setattr(banded, "MAX_BAND_FRACTION", 1.0)
+    monkeypatch.setattr(banded, "CHUNK_ELEMENTS", 600)  # two blocks of (3, 4, 24, 4)
 
 def attention(window, causal=False, seed=0, dropout=0.0):
     torch.manual_seed(seed)
@@ -155,10 +157,13 @@ def test_a_bool_attn_mask_is_read_as_masked_where_true(all_bands):
     assert_paths_agree(attn, inputs(64), padding([64, 50, 9], False), torch.isneginf(future_mask(64)))
 
 
+@pytest.mark.parametrize("chunk", [1, 1 << 20], ids=["block_by_block", "one_chunk"])
 @pytest.mark.parametrize("t, blocks", [(20, 2), (10, 1)])
-def test_gradcheck(t, blocks):
+def test_gradcheck(monkeypatch, t, blocks, chunk):
     """The banded function and its own backward, every input differentiated (q, k, v), per-query half widths,
-    padding and a causal mask, with one or two blocks and keys beyond the sequence on both sides."""
+    padding and a causal mask, with one or two blocks (in one chunk, or a chunk each) and keys beyond the
+    sequence on both sides."""
+    monkeypatch.setattr(banded, "CHUNK_ELEMENTS", chunk)
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, t, 3, generator=g, dtype=F64, requires_grad=True) for _ in range(3))
     half_width = torch.tensor([[1.0], [3.0]], dtype=F64)
@@ -172,10 +177,11 @@ def test_gradcheck(t, blocks):
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7)
 
 
-def test_gradcheck_with_dropout_after_cached_keys_with_strided_keys():
+def test_gradcheck_with_dropout_after_cached_keys_with_strided_keys(monkeypatch):
     """The banded function's own backward with attention dropout (the same draws at every call: the seed is
-    set), queries after cached keys (``query_start`` > 0), three blocks, k and v strided as the core's
-    projections make them, and keys beyond the sequence on the right only."""
+    set), queries after cached keys (``query_start`` > 0), three blocks in chunks of two and one, k and v
+    strided as the core's projections make them, and keys beyond the sequence on the right only."""
+    monkeypatch.setattr(banded, "CHUNK_ELEMENTS", 2 * 2 * (16 + 4) * 3)  # two blocks of B * H * span * D
     g = torch.Generator().manual_seed(7)
     q = torch.randn(1, 2, 34, 3, generator=g, dtype=F64, requires_grad=True)
     k, v = (torch.randn(40, 1, 2, 3, generator=g, dtype=F64).permute(1, 2, 0, 3).requires_grad_() for _ in range(2))

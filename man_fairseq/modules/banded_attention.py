@@ -40,6 +40,11 @@ MIN_BLOCK_ROWS = 16
 # scores), T = 64: 1.09 (0.38), T = 100: 0.96 (0.27), T = 160: 0.89 (0.15), T = 400: 0.61 (0.06).
 MAX_BAND_FRACTION = 0.2
 
+# Elements of one chunk's window of k (blocks per chunk: this over B * H * (Q + 2 bound) * D, at least one):
+# each pass copies the windows of k and v and makes its gradients' blocks a chunk at a time, not for the
+# whole call at once (4 MiB of float32; at B = 20, T = 400, b = 4, d 256, 4 heads: 8 of the 25 blocks).
+CHUNK_ELEMENTS = 1 << 20
+
 logger = logging.getLogger(__name__)
 _REPORTED = set()
 
@@ -99,61 +104,73 @@ def _key_windows(x: Tensor, lo: int, hi: int, span: int, rows: int, value=0.0) -
     return torch.cat([whole[:, :, :blocks], whole[:, :, 1:, : span - rows]], dim=3)
 
 
-def _key_windows_grad(grad_blocks: Tensor, src_len: int, lo: int, hi: int, span: int, rows: int) -> Tensor:
-    """The inverse of :func:`_key_windows` for gradients: (A, B, n_blocks, span, ...) summed back onto keys
-    ``0 .. src_len-1``, (A, B, S, ...): each window's first ``rows`` keys onto its own block, the rest onto
-    the first ``span - rows`` keys of the next; keys outside ``0 .. S-1`` dropped."""
-    blocks = grad_blocks.size(2)
-    if blocks == 1:
-        keys = grad_blocks.squeeze(2)  # keys lo .. lo + span - 1
-    else:
-        whole = grad_blocks.new_zeros(*grad_blocks.shape[:2], blocks + 1, rows, *grad_blocks.shape[4:])
-        whole[:, :, :blocks] = grad_blocks[:, :, :, :rows]
-        whole[:, :, 1:, : span - rows] += grad_blocks[:, :, :, rows:]
-        keys = whole.flatten(2, 3)  # keys lo .. lo + (blocks + 1) * rows - 1
-    start, stop = max(lo, 0), min(hi, src_len)
-    inside = keys.narrow(2, start - lo, stop - start)
-    if stop - start == src_len:
-        return inside
-    grad = grad_blocks.new_zeros(*grad_blocks.shape[:2], src_len, *grad_blocks.shape[4:])
-    grad.narrow(2, start, stop - start).copy_(inside)
-    return grad
+def _add_key_windows(grad: Tensor, grad_blocks: Tensor, lo: int, span: int, rows: int) -> None:
+    """The inverse of :func:`_key_windows` for gradients: adds (A, B, n_blocks, span, ...), the windows from key
+    ``lo``, onto grad (A, B, S, ...): each window's first ``rows`` keys onto its own block, the rest onto the
+    first ``span - rows`` keys of the next; keys outside ``0 .. S-1`` dropped."""
+
+    def add(first: int, g: Tensor) -> None:  # g: keys first .. first + len - 1
+        start, stop = max(first, 0), min(first + g.size(2), grad.size(2))
+        if stop > start:
+            grad.narrow(2, start, stop - start).add_(g.narrow(2, start - first, stop - start))
+
+    if grad_blocks.size(2) == 1:
+        return add(lo, grad_blocks.squeeze(2))
+    add(lo, grad_blocks[:, :, :, :rows].flatten(2, 3))
+    rest = grad_blocks.new_zeros(grad_blocks.shape[:3] + (rows,) + grad_blocks.shape[4:])
+    rest[:, :, :, : span - rows] = grad_blocks[:, :, :, rows:]
+    add(lo + rows, rest.flatten(2, 3))
 
 
-def _query_blocks(x: Tensor, padded: int, rows: int) -> Tensor:
-    """(B, H, T, D) as (B, H, n_blocks, rows, D), rows padded with zeros to ``padded``."""
+def _query_blocks(x: Tensor, start: int, stop: int, rows: int) -> Tensor:
+    """Rows ``start .. stop-1`` of x (B, H, T, D) as (B, H, n, rows, D), zero beyond T."""
     bsz, heads, tgt_len, dim = x.shape
-    return F.pad(x, (0, 0, 0, padded - tgt_len)).reshape(bsz, heads, padded // rows, rows, dim)
+    part = x[:, :, start: min(stop, tgt_len)]
+    return F.pad(part, (0, 0, 0, stop - start - part.size(2))).reshape(bsz, heads, -1, rows, dim)
+
+
+def _chunks(n_blocks: int, blocks_per_chunk: int, lo: int, span: int, rows: int):
+    """(first block, end block, first key, end key) of each chunk of blocks."""
+    for n0 in range(0, n_blocks, blocks_per_chunk):
+        n1 = min(n0 + blocks_per_chunk, n_blocks)
+        yield n0, n1, lo + n0 * rows, lo + (n1 - 1) * rows + span
 
 
 class _BandedAttention(torch.autograd.Function):
-    """(q, k, v, mask, scale, dropout_p, (lo, hi, span, rows)) -> (B, H, T, D), the band's attention with its
-    own backward pass. Autograd through the forward as written would keep a padded copy of q, the windows
-    of k and v (about 1.5 copies of each, made by :func:`_key_windows`) and the mask; this keeps q, k, v as
-    given, the band's probabilities and, with dropout, its bool mask of kept weights, and rebuilds the
+    """(q, k, v, mask, scale, dropout_p, (lo, span, rows, blocks per chunk)) -> (B, H, T, D), the band's
+    attention with its own backward pass. Autograd through the forward as written would keep a padded copy
+    of q, the windows of k and v (about 1.5 copies of each, made by :func:`_key_windows`); this keeps q, k, v
+    as given, the band's probabilities and, with dropout, its bool mask of kept weights, and rebuilds the
     windows in the backward pass::
 
         W  = P * keep / (1 - p)                    (W = P without dropout)
         dv = W^T dO,  dP = (dO v^T) * keep / (1 - p)
         dS = P * (dP - rowsum(P * dP)),  dq = dS k * scale,  dk = dS^T q * scale
 
-    per block by batched products, dk and dv summed back onto the keys (:func:`_key_windows_grad`)."""
+    by batched products per block, dk and dv added back onto the keys (:func:`_add_key_windows`). Both
+    passes go a chunk of blocks at a time (:data:`CHUNK_ELEMENTS`), so that the windows' copies and the
+    gradients' blocks made at once stay small beside q, k and v."""
 
     @staticmethod
     def forward(fctx, q, k, v, mask, scale, dropout_p, geometry):
-        lo, hi, span, rows = geometry
+        lo, span, rows, per_chunk = geometry
         bsz, heads, tgt_len, _ = q.shape
-        padded = ((hi - lo - span) // rows + 1) * rows
-        scores = torch.matmul(_query_blocks(q, padded, rows), _key_windows(k, lo, hi, span, rows).transpose(-1, -2))
-        scores = scores.mul_(scale).add_(mask)  # (B, H, n, Q, span)
-        low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
-        del scores
-        weights, keep = probs, None
-        if dropout_p > 0:  # one independent draw per weight of the band: those outside are zero either way
-            keep = torch.empty_like(probs).bernoulli_(1 - dropout_p).bool()
-            weights = probs.masked_fill(~keep, 0.0).div_(1 - dropout_p)
-        out = torch.matmul(weights, _key_windows(v, lo, hi, span, rows)).view(bsz, heads, padded, v.size(-1))
+        n_blocks = mask.size(-3)
+        probs = q.new_empty(bsz, heads, n_blocks, rows, span)
+        keep = torch.empty(probs.shape, dtype=torch.bool, device=q.device) if dropout_p > 0 else None
+        out = q.new_empty(bsz, heads, n_blocks * rows, v.size(-1))
+        for n0, n1, first, end in _chunks(n_blocks, per_chunk, lo, span, rows):
+            scores = torch.matmul(_query_blocks(q, n0 * rows, n1 * rows, rows),
+                                  _key_windows(k, first, end, span, rows).transpose(-1, -2))
+            scores = scores.mul_(scale).add_(mask[..., n0:n1, :, :])  # (B, H, n1 - n0, Q, span)
+            low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+            weights = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
+            probs[:, :, n0:n1] = weights
+            if keep is not None:  # one independent draw per weight of the band: those outside are zero either way
+                kept = keep[:, :, n0:n1]
+                kept.copy_(torch.empty_like(weights).bernoulli_(1 - dropout_p))
+                weights = weights.masked_fill_(~kept, 0.0).div_(1 - dropout_p)
+            out[:, :, n0 * rows: n1 * rows] = torch.matmul(weights, _key_windows(v, first, end, span, rows)).flatten(2, 3)
         fctx.save_for_backward(q, k, v, probs, keep)
         fctx.scale, fctx.dropout_p, fctx.geometry = scale, dropout_p, geometry
         return out[:, :, :tgt_len]
@@ -162,33 +179,35 @@ class _BandedAttention(torch.autograd.Function):
     @once_differentiable
     def backward(fctx, grad_out: Tensor):
         q, k, v, probs, keep = fctx.saved_tensors
-        scale, dropout_p, (lo, hi, span, rows) = fctx.scale, fctx.dropout_p, fctx.geometry
-        bsz, heads, tgt_len, dim = q.shape
-        padded = probs.size(2) * rows
-        grad_blocks = _query_blocks(grad_out, padded, rows)  # (B, H, n, Q, Dv)
-        grad_q = grad_k = grad_v = None
-        if fctx.needs_input_grad[2]:
-            weights = probs if keep is None else probs.masked_fill(~keep, 0.0).div_(1 - dropout_p)
-            grad_v = _key_windows_grad(torch.matmul(weights.transpose(-1, -2), grad_blocks), v.size(2), lo, hi,
-                                       span, rows)
-            del weights
-        if not (fctx.needs_input_grad[0] or fctx.needs_input_grad[1]):
-            return grad_q, grad_k, grad_v, None, None, None, None
-        grad_probs = torch.matmul(grad_blocks, _key_windows(v, lo, hi, span, rows).transpose(-1, -2))
-        if keep is not None:
-            grad_probs = grad_probs.masked_fill_(~keep, 0.0).div_(1 - dropout_p)
-        p = probs
-        if p.dtype in (torch.float16, torch.bfloat16):  # the softmax's backward in float32, as its forward
-            grad_probs, p = grad_probs.float(), p.float()
-        grad_scores = grad_probs.sub_((grad_probs * p).sum(-1, keepdim=True)).mul_(p).to(q.dtype)
-        del grad_probs, p
-        if fctx.needs_input_grad[0]:
-            k_blocks = _key_windows(k, lo, hi, span, rows)
-            grad_q = torch.matmul(grad_scores, k_blocks).mul_(scale).view(bsz, heads, padded, dim)[:, :, :tgt_len]
-        if fctx.needs_input_grad[1]:
-            grad_k_blocks = torch.matmul(grad_scores.transpose(-1, -2), _query_blocks(q, padded, rows)).mul_(scale)
-            grad_k = _key_windows_grad(grad_k_blocks, k.size(2), lo, hi, span, rows)
-        return grad_q, grad_k, grad_v, None, None, None, None
+        scale, dropout_p, (lo, span, rows, per_chunk) = fctx.scale, fctx.dropout_p, fctx.geometry
+        need_q, need_k, need_v = fctx.needs_input_grad[:3]
+        tgt_len = q.size(2)
+        grad_q = q.new_empty(q.shape[:2] + (probs.size(2) * rows, q.size(3))) if need_q else None
+        grad_k = torch.zeros_like(k) if need_k else None
+        grad_v = torch.zeros_like(v) if need_v else None
+        for n0, n1, first, end in _chunks(probs.size(2), per_chunk, lo, span, rows):
+            p, kept = probs[:, :, n0:n1], None if keep is None else keep[:, :, n0:n1]
+            grad_blocks = _query_blocks(grad_out, n0 * rows, n1 * rows, rows)  # (B, H, n1 - n0, Q, Dv)
+            if need_v:
+                weights = p if kept is None else p.masked_fill(~kept, 0.0).div_(1 - dropout_p)
+                _add_key_windows(grad_v, torch.matmul(weights.transpose(-1, -2), grad_blocks), first, span, rows)
+                del weights
+            if not (need_q or need_k):
+                continue
+            grad_p = torch.matmul(grad_blocks, _key_windows(v, first, end, span, rows).transpose(-1, -2))
+            if kept is not None:
+                grad_p = grad_p.masked_fill_(~kept, 0.0).div_(1 - dropout_p)
+            if p.dtype in (torch.float16, torch.bfloat16):  # the softmax's backward in float32, as its forward
+                grad_p, p = grad_p.float(), p.float()
+            grad_scores = grad_p.sub_((grad_p * p).sum(-1, keepdim=True)).mul_(p).to(q.dtype)
+            del grad_p, p
+            if need_q:
+                grad_q[:, :, n0 * rows: n1 * rows] = torch.matmul(
+                    grad_scores, _key_windows(k, first, end, span, rows)).mul_(scale).flatten(2, 3)
+            if need_k:
+                grad_k_blocks = torch.matmul(grad_scores.transpose(-1, -2), _query_blocks(q, n0 * rows, n1 * rows, rows))
+                _add_key_windows(grad_k, grad_k_blocks.mul_(scale), first, span, rows)
+        return None if grad_q is None else grad_q[:, :, :tgt_len], grad_k, grad_v, None, None, None, None
 
 
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Tensor], bound: int, query_start: int,
@@ -229,7 +248,8 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
     # a row with no allowed key would be a softmax of -inf only (NaN): unmasked, it stays finite
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
     mask = mask.masked_fill_(dead, 0.0)
-    return _BandedAttention.apply(q, k, v, mask, scale, dropout_p if training else 0.0, (lo, hi, span, rows))
+    per_chunk = max(1, CHUNK_ELEMENTS // (bsz * heads * span * max(dim, v.size(-1))))
+    return _BandedAttention.apply(q, k, v, mask, scale, dropout_p if training else 0.0, (lo, span, rows, per_chunk))
 
 
 def _block_table(attn_mask: Tensor, dtype: torch.dtype, lo: int, padded: int, span: int, rows: int) -> Tensor:
