@@ -6,10 +6,11 @@ keys around it (``bound``: the largest half width of the call, no device sync), 
 and the first ``2 bound`` of the next (:func:`_key_windows`). Per block, the scores are one dense ``(Q, Q + 2 bound)``
 product (batched matrix products, as the full path's), masked to ``-inf`` outside each query's band,
 beyond the sequence, at padded keys and where ``attn_mask`` says so, then softmax, attention dropout and
-the weighted sum of the block's values. The backward pass is its own (:class:`_BandedAttention`): it keeps
-q, k, v as given and the band's probabilities, not the windows of k and v autograd would keep, and takes
-the gradients (the full path's restricted to the band) by the same block products. The work per call is ``T * (Q + 2 bound)``
-scores instead of ``T * S``: :func:`band_is_cheaper` says when that pays.
+the weighted sum of the block's values. The backward pass is its own (:class:`_BandedAttention`): it
+keeps q, k, v as given and the band's probabilities, not the windows of k and v autograd would keep,
+and takes the gradients (the full path's restricted to the band) by the same block products, a chunk
+of blocks at a time. The work per call is ``T * (Q + 2 bound)`` scores instead of ``T * S``:
+:func:`band_is_cheaper` says when that pays.
 
 Why blocks rather than a ``(B, H, T, 2b+1, D)`` gather of each query's own window: the gather makes a
 tensor ``D`` times larger than the band's scores (``2b + 1`` copies of every key) and multiplies it
