@@ -86,8 +86,10 @@ def test_auto_takes_the_band_at_cnndm_lengths_only():
 
 @pytest.fixture
 def all_bands(monkeypatch):
-    """The band wherever it computes fewer scores than the full path, so that short inputs exercise it."""
+    """The band wherever it computes fewer scores than the full path, so that short inputs exercise it, in
+    chunks of a few blocks (as long inputs go)."""
     monkeypatch.setattr(banded, "MAX_BAND_FRACTION", 1.0)
+    monkeypatch.setattr(banded, "CHUNK_ELEMENTS", 600)  # two blocks of (3, 4, 24, 4)
 
 def attention(window, causal=False, seed=0, dropout=0.0):
     torch.manual_seed(seed)
@@ -155,20 +157,78 @@ def test_a_bool_attn_mask_is_read_as_masked_where_true(all_bands):
     assert_paths_agree(attn, inputs(64), padding([64, 50, 9], False), torch.isneginf(future_mask(64)))
 
 
-def test_gradcheck():
-    """The banded function alone, every input differentiated (q, k, v), per-query half widths, padding and a
-    causal mask, with two blocks and keys beyond the sequence on both sides."""
+@pytest.mark.parametrize("chunk", [1, 1 << 20], ids=["block_by_block", "one_chunk"])
+@pytest.mark.parametrize("t, blocks", [(20, 2), (10, 1)])
+def test_gradcheck(monkeypatch, t, blocks, chunk):
+    """The banded function and its own backward, every input differentiated (q, k, v), per-query half widths,
+    padding and a causal mask, with one or two blocks (in one chunk, or a chunk each) and keys beyond the
+    sequence on both sides."""
+    monkeypatch.setattr(banded, "CHUNK_ELEMENTS", chunk)
     g = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(2, 2, 20, 3, generator=g, dtype=F64, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(2, 2, t, 3, generator=g, dtype=F64, requires_grad=True) for _ in range(3))
     half_width = torch.tensor([[1.0], [3.0]], dtype=F64)
-    pad = padding([20, 13], left=True)
-    mask = future_mask(20)
-    assert banded.block_rows(3, 20) == 16
+    pad = padding([t, t - 7], left=True)
+    mask = future_mask(t)
+    assert -(-t // banded.block_rows(3, t)) == blocks
 
     def fn(q, k, v):
         return banded.banded_attention(q, k, v, half_width, 3, 0, pad, mask, 0.5)
 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7)
+
+
+def test_gradcheck_with_dropout_after_cached_keys_with_strided_keys(monkeypatch):
+    """The banded function's own backward with attention dropout (the same draws at every call: the seed is
+    set), queries after cached keys (``query_start`` > 0), three blocks in chunks of two and one, k and v
+    strided as the core's projections make them, and keys beyond the sequence on the right only."""
+    monkeypatch.setattr(banded, "CHUNK_ELEMENTS", 2 * 2 * (16 + 4) * 3)  # two blocks of B * H * span * D
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 2, 34, 3, generator=g, dtype=F64, requires_grad=True)
+    k, v = (torch.randn(40, 1, 2, 3, generator=g, dtype=F64).permute(1, 2, 0, 3).requires_grad_() for _ in range(2))
+    assert not k.is_contiguous() and banded.block_rows(2, 34) == 16
+
+    def fn(q, k, v):
+        torch.manual_seed(0)
+        return banded.banded_attention(q, k, v, 2, 2, 6, None, None, 0.5, dropout_p=0.3, training=True)
+
+    assert not torch.allclose(fn(q, k, v), banded.banded_attention(q, k, v, 2, 2, 6, None, None, 0.5))  # drawn
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7)
+
+
+def saved_bytes_beyond_inputs(fn, *inputs):
+    """Bytes of the tensors autograd keeps for the backward pass of ``fn(*inputs)``, not counting those that
+    share the inputs' storage (views of them), each storage once."""
+    inputs_storage = {x.untyped_storage().data_ptr() for x in inputs}
+    seen = set()
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in inputs_storage:
+            seen.add((storage.data_ptr(), storage.nbytes()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(nbytes for _, nbytes in seen)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_the_backward_pass_keeps_no_copy_of_q_k_or_v(dropout):
+    """One banded call keeps q, k, v as given plus the band's probabilities (and the bool mask of the kept
+    weights with dropout): no padded q, no windows of k and v (issue 80: they cost SMAN2 more memory than
+    a plain self-attention)."""
+    g = torch.Generator().manual_seed(8)
+    bsz, heads, t, d, b = 2, 2, 64, 16, 4
+    q, k, v = (torch.randn(bsz, heads, t, d, generator=g, requires_grad=True) for _ in range(3))
+    rows = banded.block_rows(b, t)
+    probs = bsz * heads * t * (rows + 2 * b)  # t is a multiple of rows: no padded row
+    limit = probs * (4 + (1 if dropout else 0))
+
+    def fn(q, k, v):
+        return banded.banded_attention(q, k, v, b, b, 0, padding([64, 50], True), future_mask(t), 0.25,
+                                       dropout_p=dropout, training=True)
+
+    assert saved_bytes_beyond_inputs(fn, q, k, v) <= limit
 
 
 def test_queries_after_cached_keys_with_strided_keys():

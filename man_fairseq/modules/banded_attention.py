@@ -6,9 +6,11 @@ keys around it (``bound``: the largest half width of the call, no device sync), 
 and the first ``2 bound`` of the next (:func:`_key_windows`). Per block, the scores are one dense ``(Q, Q + 2 bound)``
 product (batched matrix products, as the full path's), masked to ``-inf`` outside each query's band,
 beyond the sequence, at padded keys and where ``attn_mask`` says so, then softmax, attention dropout and
-the weighted sum of the block's values. Autograd differentiates it as written (no custom backward), so
-the gradients are the full path's restricted to the band. The work per call is ``T * (Q + 2 bound)``
-scores instead of ``T * S``: :func:`band_is_cheaper` says when that pays.
+the weighted sum of the block's values. The backward pass is its own (:class:`_BandedAttention`): it
+keeps q, k, v as given and the band's probabilities, not the windows of k and v autograd would keep,
+and takes the gradients (the full path's restricted to the band) by the same block products, a chunk
+of blocks at a time. The work per call is ``T * (Q + 2 bound)`` scores instead of ``T * S``:
+:func:`band_is_cheaper` says when that pays.
 
 Why blocks rather than a ``(B, H, T, 2b+1, D)`` gather of each query's own window: the gather makes a
 tensor ``D`` times larger than the band's scores (``2b + 1`` copies of every key) and multiplies it
@@ -28,6 +30,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 # Query rows per block, at least the band's width: one forward and backward of (20, 4, 400, 64) at b = 4 took
 # 441, 382, 422, 411, 441 ms with blocks of 8, 16, 24, 32, 48 rows (one thread, a loaded machine).
@@ -37,6 +40,11 @@ MIN_BLOCK_ROWS = 16
 # 8,000 tokens a batch, one thread, CPU time banded / full: T = 32: 1.13 (the band computes 0.75 of the
 # scores), T = 64: 1.09 (0.38), T = 100: 0.96 (0.27), T = 160: 0.89 (0.15), T = 400: 0.61 (0.06).
 MAX_BAND_FRACTION = 0.2
+
+# Elements of one chunk's window of k (blocks per chunk: this over B * H * (Q + 2 bound) * D, at least one):
+# each pass copies the windows of k and v and makes its gradients' blocks a chunk at a time, not for the
+# whole call at once (4 MiB of float32; at B = 20, T = 400, b = 4, d 256, 4 heads: 8 of the 25 blocks).
+CHUNK_ELEMENTS = 1 << 20
 
 logger = logging.getLogger(__name__)
 _REPORTED = set()
@@ -97,6 +105,112 @@ def _key_windows(x: Tensor, lo: int, hi: int, span: int, rows: int, value=0.0) -
     return torch.cat([whole[:, :, :blocks], whole[:, :, 1:, : span - rows]], dim=3)
 
 
+def _add_key_windows(grad: Tensor, grad_blocks: Tensor, lo: int, span: int, rows: int) -> None:
+    """The inverse of :func:`_key_windows` for gradients: adds (A, B, n_blocks, span, ...), the windows from key
+    ``lo``, onto grad (A, B, S, ...): each window's first ``rows`` keys onto its own block, the rest onto the
+    first ``span - rows`` keys of the next; keys outside ``0 .. S-1`` dropped."""
+
+    def add(first: int, g: Tensor) -> None:  # g: keys first .. first + len - 1
+        start, stop = max(first, 0), min(first + g.size(2), grad.size(2))
+        if stop > start:
+            grad.narrow(2, start, stop - start).add_(g.narrow(2, start - first, stop - start))
+
+    if grad_blocks.size(2) == 1:
+        return add(lo, grad_blocks.squeeze(2))
+    add(lo, grad_blocks[:, :, :, :rows].flatten(2, 3))
+    rest = grad_blocks.new_zeros(grad_blocks.shape[:3] + (rows,) + grad_blocks.shape[4:])
+    rest[:, :, :, : span - rows] = grad_blocks[:, :, :, rows:]
+    add(lo + rows, rest.flatten(2, 3))
+
+
+def _query_blocks(x: Tensor, start: int, stop: int, rows: int) -> Tensor:
+    """Rows ``start .. stop-1`` of x (B, H, T, D) as (B, H, n, rows, D), zero beyond T."""
+    bsz, heads, tgt_len, dim = x.shape
+    part = x[:, :, start: min(stop, tgt_len)]
+    return F.pad(part, (0, 0, 0, stop - start - part.size(2))).reshape(bsz, heads, -1, rows, dim)
+
+
+def _chunks(n_blocks: int, blocks_per_chunk: int, lo: int, span: int, rows: int):
+    """(first block, end block, first key, end key) of each chunk of blocks."""
+    for n0 in range(0, n_blocks, blocks_per_chunk):
+        n1 = min(n0 + blocks_per_chunk, n_blocks)
+        yield n0, n1, lo + n0 * rows, lo + (n1 - 1) * rows + span
+
+
+class _BandedAttention(torch.autograd.Function):
+    """(q, k, v, mask, scale, dropout_p, (lo, span, rows, blocks per chunk)) -> (B, H, T, D), the band's
+    attention with its own backward pass. Autograd through the forward as written would keep a padded copy
+    of q, the windows of k and v (about 1.5 copies of each, made by :func:`_key_windows`); this keeps q, k, v
+    as given, the band's probabilities and, with dropout, its bool mask of kept weights, and rebuilds the
+    windows in the backward pass::
+
+        W  = P * keep / (1 - p)                    (W = P without dropout)
+        dv = W^T dO,  dP = (dO v^T) * keep / (1 - p)
+        dS = P * (dP - rowsum(P * dP)),  dq = dS k * scale,  dk = dS^T q * scale
+
+    by batched products per block, dk and dv added back onto the keys (:func:`_add_key_windows`). Both
+    passes go a chunk of blocks at a time (:data:`CHUNK_ELEMENTS`), so that the windows' copies and the
+    gradients' blocks made at once stay small beside q, k and v."""
+
+    @staticmethod
+    def forward(fctx, q, k, v, mask, scale, dropout_p, geometry):
+        lo, span, rows, per_chunk = geometry
+        bsz, heads, tgt_len, _ = q.shape
+        n_blocks = mask.size(-3)
+        probs = q.new_empty(bsz, heads, n_blocks, rows, span)
+        keep = torch.empty(probs.shape, dtype=torch.bool, device=q.device) if dropout_p > 0 else None
+        out = q.new_empty(bsz, heads, n_blocks * rows, v.size(-1))
+        for n0, n1, first, end in _chunks(n_blocks, per_chunk, lo, span, rows):
+            scores = torch.matmul(_query_blocks(q, n0 * rows, n1 * rows, rows),
+                                  _key_windows(k, first, end, span, rows).transpose(-1, -2))
+            scores = scores.mul_(scale).add_(mask[..., n0:n1, :, :])  # (B, H, n1 - n0, Q, span)
+            low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+            weights = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
+            probs[:, :, n0:n1] = weights
+            if keep is not None:  # one independent draw per weight of the band: those outside are zero either way
+                kept = keep[:, :, n0:n1]
+                kept.copy_(torch.empty_like(weights).bernoulli_(1 - dropout_p))
+                weights = weights.masked_fill_(~kept, 0.0).div_(1 - dropout_p)
+            out[:, :, n0 * rows: n1 * rows] = torch.matmul(weights, _key_windows(v, first, end, span, rows)).flatten(2, 3)
+        fctx.save_for_backward(q, k, v, probs, keep)
+        fctx.scale, fctx.dropout_p, fctx.geometry = scale, dropout_p, geometry
+        return out[:, :, :tgt_len]
+
+    @staticmethod
+    @once_differentiable
+    def backward(fctx, grad_out: Tensor):
+        q, k, v, probs, keep = fctx.saved_tensors
+        scale, dropout_p, (lo, span, rows, per_chunk) = fctx.scale, fctx.dropout_p, fctx.geometry
+        need_q, need_k, need_v = fctx.needs_input_grad[:3]
+        tgt_len = q.size(2)
+        grad_q = q.new_empty(q.shape[:2] + (probs.size(2) * rows, q.size(3))) if need_q else None
+        grad_k = torch.zeros_like(k) if need_k else None
+        grad_v = torch.zeros_like(v) if need_v else None
+        for n0, n1, first, end in _chunks(probs.size(2), per_chunk, lo, span, rows):
+            p, kept = probs[:, :, n0:n1], None if keep is None else keep[:, :, n0:n1]
+            grad_blocks = _query_blocks(grad_out, n0 * rows, n1 * rows, rows)  # (B, H, n1 - n0, Q, Dv)
+            if need_v:
+                weights = p if kept is None else p.masked_fill(~kept, 0.0).div_(1 - dropout_p)
+                _add_key_windows(grad_v, torch.matmul(weights.transpose(-1, -2), grad_blocks), first, span, rows)
+                del weights
+            if not (need_q or need_k):
+                continue
+            grad_p = torch.matmul(grad_blocks, _key_windows(v, first, end, span, rows).transpose(-1, -2))
+            if kept is not None:
+                grad_p = grad_p.masked_fill_(~kept, 0.0).div_(1 - dropout_p)
+            if p.dtype in (torch.float16, torch.bfloat16):  # the softmax's backward in float32, as its forward
+                grad_p, p = grad_p.float(), p.float()
+            grad_scores = grad_p.sub_((grad_p * p).sum(-1, keepdim=True)).mul_(p).to(q.dtype)
+            del grad_p, p
+            if need_q:
+                grad_q[:, :, n0 * rows: n1 * rows] = torch.matmul(
+                    grad_scores, _key_windows(k, first, end, span, rows)).mul_(scale).flatten(2, 3)
+            if need_k:
+                grad_k_blocks = torch.matmul(grad_scores.transpose(-1, -2), _query_blocks(q, n0 * rows, n1 * rows, rows))
+                _add_key_windows(grad_k, grad_k_blocks.mul_(scale), first, span, rows)
+        return None if grad_q is None else grad_q[:, :, :tgt_len], grad_k, grad_v, None, None, None, None
+
+
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Tensor], bound: int, query_start: int,
                      key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor], scale: float,
                      dropout_p: float = 0.0, training: bool = False) -> Tensor:
@@ -117,10 +231,6 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
     span = rows + 2 * bound
     lo, hi = query_start - bound, query_start + padded + bound  # keys read, block n from lo + n * rows
 
-    k_blocks = _key_windows(k, lo, hi, span, rows)  # (B, H, n, span, D)
-    v_blocks = _key_windows(v, lo, hi, span, rows)
-    q_blocks = F.pad(q, (0, 0, 0, padded - tgt_len)).view(bsz, heads, n_blocks, rows, dim)
-
     device = q.device
     offset = (torch.arange(span, device=device)[None, :] - bound) - torch.arange(rows, device=device)[:, None]  # s - t
     key = lo + torch.arange(n_blocks, device=device)[:, None, None] * rows + torch.arange(span, device=device)
@@ -135,18 +245,12 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, half_width: Union[int, Ten
         allowed = allowed & real.reshape(bsz, 1, n_blocks, 1, span)
     mask = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, float("-inf"))
     if attn_mask is not None:
-        mask = mask + _block_table(attn_mask, q.dtype, lo, padded, span, rows)
+        mask = mask + _block_table(attn_mask.detach(), q.dtype, lo, padded, span, rows)
     # a row with no allowed key would be a softmax of -inf only (NaN): unmasked, it stays finite
     dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
     mask = mask.masked_fill_(dead, 0.0)
-
-    scores = torch.matmul(q_blocks, k_blocks.transpose(-1, -2)).mul_(scale).add_(mask)  # (B, H, n, Q, span)
-    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32 if low_precision else None).to(q.dtype)
-    if dropout_p > 0 and training:
-        probs = F.dropout(probs, p=dropout_p, training=True)  # the zero weights outside the band stay zero
-    out = torch.matmul(probs, v_blocks).view(bsz, heads, padded, v.size(-1))
-    return out[:, :, :tgt_len]
+    per_chunk = max(1, CHUNK_ELEMENTS // (bsz * heads * span * max(dim, v.size(-1))))
+    return _BandedAttention.apply(q, k, v, mask, scale, dropout_p if training else 0.0, (lo, span, rows, per_chunk))
 
 
 def _block_table(attn_mask: Tensor, dtype: torch.dtype, lo: int, padded: int, span: int, rows: int) -> Tensor:
