@@ -9,6 +9,8 @@ built before the change.
   fairseq-train does. The code before the change wrote it (``python tests/test_family_presets.py
   --write``); regenerate it only for a change meant to change the models, and say so in the commit.
   Initialisation is the RNG and elementwise arithmetic, so the digests are the same on any CPU.
+* Each family arch and the composed arch given that family's options build the same state dict
+  (names, order, values) and give the same outputs (in this process: no float golden across machines).
 """
 
 import hashlib
@@ -104,6 +106,55 @@ def test_the_arch_builds_the_recorded_parameters(tmp_path, recorded, case):
     assert list(now) == list(want), f"{case}: parameter names or order changed"
     changed = [name for name in want if now[name] != want[name]]
     assert not changed, f"{case}: values changed: {changed}"
+
+
+# (family arch, its options, the composed arch, what the composed arch needs beside them: its
+# defaults differ, every mechanism off and the Transformer's sublayer orders)
+SAME_MODEL = {
+    "man": ("transformer_man_base", ["--encoder-sublayers", "dman,san,ffn", "--decoder-sublayers", "sman2,cross,ffn",
+                                     "--man-norm", "pre"], "transformer_masked_base", []),
+    "localness": ("transformer_localness_base", ["--localness-attention-types", "encoder_self,cross",
+                                                 "--localness-layers", "0", "--localness-window", "head",
+                                                 "--relative-positions"], "transformer_masked_base", []),
+    "localness_small": ("transformer_localness_small", ["--localness-attention-types", "encoder_self",
+                                                        "--localness-layers", "0,1"], "transformer_masked_small", []),
+    "diffwin": ("transformer_diffwin_base", ["--diffwin-preset", "enc_aw-cr_aw_seg-dec_mw"],
+                "transformer_masked_base", []),
+    "diffwin_mw": ("transformer_diffwin_base", ["--diffwin-preset", "none", "--diffwin-encoder", "mw",
+                                                "--diffwin-cross", "mw", "--diffwin-layers", "1"],
+                   "transformer_masked_base", []),
+    "calibrated": ("transformer_calibrated_small", ["--calibration-fusion", "gate"],
+                   "transformer_masked_small", ["--calibration-layers", "all"]),
+}
+
+
+@pytest.mark.parametrize("key", sorted(SAME_MODEL))
+def test_a_family_arch_is_the_composed_arch_with_its_options(tmp_path, key):
+    family_arch, options, composed_arch, composed_extra = SAME_MODEL[key]
+    family, task = build(family_arch, options, tmp_path)
+    composed, _ = build(composed_arch, options + composed_extra, tmp_path)
+    ours, theirs = family.state_dict(), composed.state_dict()
+    assert list(ours) == list(theirs)
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    assert torch.equal(output(family, task), output(composed, task))
+
+
+def test_a_composed_checkpoint_of_mans_layer_form_loads_on_the_transformer_order(tmp_path):
+    """Before the presets, transformer_masked built the Transformer's sublayer order in MAN's layer
+    form (``blocks.i`` / ``sublayer_norms.i``), as transformer_man builds it still: such a state dict
+    loads into today's fairseq-form layers with strict=True (its keys renamed on load) and gives the
+    same outputs."""
+    orders = ["--encoder-sublayers", "san,ffn", "--decoder-sublayers", "san,cross,ffn", "--man-norm", "pre",
+              "--attention-head-activation", "relu"]
+    man_form, task = build("transformer_man_base", orders, tmp_path)
+    assert any(".blocks.2.fc1." in name for name in man_form.state_dict())
+    torch.manual_seed(2)  # other values than the MAN-form model's, so that the load has to set them all
+    composed, _ = build_fairseq_model("transformer_masked_base", TINY_MODEL + ["--dropout", "0", *orders],
+                                      dict_size=20, tmp_dir=tmp_path)[:2]
+    composed.eval()
+    assert not any(".blocks." in name for name in composed.state_dict())
+    composed.load_state_dict(dict(man_form.state_dict()), strict=True)
+    assert torch.equal(output(composed, task), output(man_form, task))
 
 
 def record(tmp_dir, with_outputs=False):
