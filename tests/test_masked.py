@@ -75,13 +75,10 @@ def build(options, backend="auto", seed=0):
 
 
 def attentions_of(model, kind):
+    """The attentions of type ``kind``, layer by layer (MAN's layer form or fairseq's)."""
     layers = model.encoder.layers if kind == "encoder_self" else model.decoder.layers
-    found = []
-    for layer in layers:
-        for name, block in zip(layer.sublayers, layer.blocks):
-            if isinstance(block, BiasedMultiheadAttention) and (name == "cross") == (kind == "cross"):
-                found.append(block)
-    return found
+    return [module for layer in layers for module in layer.modules()
+            if isinstance(module, BiasedMultiheadAttention) and module.encoder_decoder_attention == (kind == "cross")]
 
 
 def parts(attention):
@@ -228,7 +225,11 @@ ALL_THREE = ["--encoder-sublayers", "dman,san,ffn", "--decoder-sublayers", "dman
              "--calibration-layers", "all", "--calibration-fusion", "anneal", "--calibration-anneal-steps", "10"]
 
 
-@pytest.mark.parametrize("options", [ALL_THREE, ALL_THREE + ["--relative-positions"],
+# the same on the Transformer's sublayer orders: fairseq's layer form on both sides
+ALL_THREE_FAIRSEQ_LAYERS = ALL_THREE[4:]
+
+
+@pytest.mark.parametrize("options", [ALL_THREE, ALL_THREE + ["--relative-positions"], ALL_THREE_FAIRSEQ_LAYERS,
                                      COMBINATIONS["cross_localness_mw_calibration"][0]])
 def test_left_and_right_padding_agree(options):
     model, task = build(options)
@@ -240,7 +241,8 @@ def test_left_and_right_padding_agree(options):
     torch.testing.assert_close(left[real], right[real], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("options", [ALL_THREE, ALL_THREE + ["--relative-positions"]])
+@pytest.mark.parametrize("options", [ALL_THREE, ALL_THREE + ["--relative-positions"],
+                                     ALL_THREE_FAIRSEQ_LAYERS + ["--relative-positions"]])
 def test_incremental_decoding_with_beam_reorder_equals_the_full_pass(options):
     model, task = build(options)
     model.eval()

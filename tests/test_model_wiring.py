@@ -258,7 +258,7 @@ def test_an_empty_decoder_sublayers_is_refused_by_every_man_arch():
 
 
 def test_attentions_are_built_with_the_backend_of_the_plan():
-    from man_fairseq.models.family import AttentionPlan
+    from man_fairseq.models.biased_transformer import ComposedPlan
     from man_fairseq.models.transformer_localness import TransformerLocalnessModel
 
     with pytest.raises(RuntimeError, match="through build_model"):
@@ -266,7 +266,7 @@ def test_attentions_are_built_with_the_backend_of_the_plan():
     with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
         BiasedMultiheadAttention(8, 2, self_attention=True, attention_backend="fast")
     assert BiasedMultiheadAttention(8, 2, self_attention=True, attention_backend="flex").attention_backend == "flex"
-    assert AttentionPlan("sdpa").spec("cross", 0) is None
+    assert ComposedPlan("sdpa").entries("cross", 0) == ()
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

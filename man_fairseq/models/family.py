@@ -7,15 +7,18 @@ A family is a fairseq model class (a subclass of :class:`PluginModel`) that decl
   generates its ``register_model_architecture`` functions from them;
 * :meth:`PluginModel.check`: checks between options beyond each option's own valid values;
 * :meth:`PluginModel.make_plan`: the options parsed once into a :class:`Plan` the layers read
-  (which attention of which layer gets which mask module); the template adds the
-  ``--attention-backend`` every attention is constructed with, so no family has to;
+  (:class:`~.biased_transformer.ComposedPlan`: each side's sublayers, which attention of which
+  layer gets which mechanisms; a family of one mechanism declares only the specs of its
+  attentions, ``attention_specs``); the template adds the ``--attention-backend`` every attention
+  is constructed with, so no family has to;
 * :meth:`PluginModel.inert_options`: the options the plan leaves unread, each warned about when
   its value is not the default (a user's option that silently changes nothing).
 
 :meth:`PluginModel.build_model` is the wiring every family shares: as_namespace → the family's
 option defaults → the declared checks → :meth:`~PluginModel.check` → :meth:`~PluginModel.make_plan`
 → the warnings of :meth:`~PluginModel.inert_options` → fairseq's ``build_model``, whose
-``build_encoder`` / ``build_decoder`` read the plan with :meth:`PluginModel.plan_in_build`.
+``build_encoder`` / ``build_decoder`` (one encoder/decoder wiring for every family,
+:mod:`.biased_transformer`) read the plan with :meth:`PluginModel.plan_in_build`.
 """
 
 import dataclasses
@@ -108,16 +111,6 @@ class Plan:
 
     # set by the template (:meth:`PluginModel.build_model`) from --attention-backend, for every family
     attention_backend: str = "auto"
-
-
-@dataclass(frozen=True)
-class AttentionPlan(Plan):
-    """(attention type, 0-based layer) -> the family's spec of that attention; absent: plain."""
-
-    specs: Mapping[Tuple[str, int], object] = field(default_factory=dict)
-
-    def spec(self, kind: str, layer_idx: int):
-        return self.specs.get((kind, layer_idx))
 
 
 # the plan of the build under way (fairseq calls build_encoder/build_decoder as classmethods with

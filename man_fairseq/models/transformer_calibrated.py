@@ -15,7 +15,7 @@ from torch import nn
 from ..modules.calibration import FUSIONS, CalibrationTransform, calibration_modules
 from ..plugin_options import MAX_CALIBRATION_LAMBDA, VALID, Number, PluginOptionError
 from .biased_transformer import BiasedTransformerModel
-from .family import CROSS, AttentionPlan, fairseq_sizes, register_family, stack_depths
+from .family import CROSS, fairseq_sizes, register_family, stack_depths
 
 
 @dataclass
@@ -79,10 +79,10 @@ class TransformerCalibratedModel(BiasedTransformerModel):
                                     f"\"{{'criterion': '{JOINT_CRITERION}'}}\")")
 
     @classmethod
-    def make_plan(cls, args):
+    def attention_specs(cls, args):
         spec = CalibratedAttention(str(args.calibration_fusion), args.calibration_lambda, args.calibration_anneal_steps)
         _, decoder_layers = stack_depths(args)
-        return AttentionPlan(specs={(CROSS, layer): spec for layer in range(decoder_layers)})
+        return {(CROSS, layer): spec for layer in range(decoder_layers)}
 
     @classmethod
     def inert_options(cls, args, plan):

@@ -21,7 +21,6 @@ from .family import (
     CROSS,
     DECODER_SELF,
     ENCODER_SELF,
-    AttentionPlan,
     fairseq_sizes,
     fill_option_defaults,
     register_family,
@@ -147,7 +146,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
         diffwin_base_architecture(args)
 
     @classmethod
-    def make_plan(cls, args):
+    def attention_specs(cls, args):
         modes = {
             ENCODER_SELF: (str(args.diffwin_encoder), str(args.diffwin_encoder_mask)),
             DECODER_SELF: (str(args.diffwin_decoder), str(args.diffwin_decoder_mask)),
@@ -170,7 +169,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             args.diffwin_segment_size, args.diffwin_temperature, args.diffwin_mw_renormalize,
             args.diffwin_mask_union,
         )
-        specs = {
+        return {
             (kind, layer): WindowAttention(
                 mode, mask, args.diffwin_segment_size, args.diffwin_temperature,
                 bool(args.diffwin_mw_renormalize), bool(args.diffwin_mask_union),
@@ -178,7 +177,6 @@ class TransformerDiffWinModel(BiasedTransformerModel):
             for kind, (mode, mask) in modes.items() if mode != "none"
             for layer in range(min(args.diffwin_layers, depth[kind]))
         }
-        return AttentionPlan(specs=specs)
 
     @classmethod
     def is_default(cls, args, dest, value):
@@ -187,7 +185,7 @@ class TransformerDiffWinModel(BiasedTransformerModel):
 
     @classmethod
     def inert_options(cls, args, plan):
-        specs = list(plan.specs.values())
+        specs = list(plan.of(TransformerDiffWinModel).values())
         if not specs:
             no_mode = all(str(getattr(args, f"diffwin_{side}")) == "none" for side in ("encoder", "decoder", "cross"))
             why = "no attention gets a window (" + ("--diffwin-encoder, -decoder and -cross are none)" if no_mode

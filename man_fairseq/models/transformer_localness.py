@@ -27,7 +27,6 @@ from .family import (
     CROSS,
     DECODER_SELF,
     ENCODER_SELF,
-    AttentionPlan,
     fairseq_sizes,
     register_family,
     stack_depths,
@@ -117,7 +116,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
     sizes = fairseq_sizes()
 
     @classmethod
-    def make_plan(cls, args):
+    def attention_specs(cls, args):
         types = parse_attention_types(args.localness_attention_types, "--localness-attention-types")
         encoder_layers, decoder_layers = stack_depths(args)
         depth = {ENCODER_SELF: encoder_layers, DECODER_SELF: decoder_layers, CROSS: decoder_layers}
@@ -144,11 +143,12 @@ class TransformerLocalnessModel(BiasedTransformerModel):
                         head_window_max=args.localness_head_window_max,
                         max_relative_position=args.max_relative_position if kind in relative else None,
                     )
-        return AttentionPlan(specs=specs)
+        return specs
 
     @classmethod
     def inert_options(cls, args, plan):
-        windows = {spec.window for spec in plan.specs.values() if spec.window is not None}
+        specs = plan.of(TransformerLocalnessModel).values()
+        windows = {spec.window for spec in specs if spec.window is not None}
         inert = {}
         if not windows:
             inert["localness_window"] = "no attention gets the Gaussian bias (--localness-layers, " \
@@ -160,7 +160,7 @@ class TransformerLocalnessModel(BiasedTransformerModel):
         if not args.relative_positions:
             why = "without --relative-positions"
             inert.update(max_relative_position=why, relative_position_attention_types=why)
-        elif not any(spec.max_relative_position is not None for spec in plan.specs.values()):
+        elif not any(spec.max_relative_position is not None for spec in specs):
             inert["relative_positions"] = "--relative-position-attention-types names no self-attention"
         return inert
 

@@ -1,29 +1,23 @@
 """Mask Attention Networks (``--arch transformer_man_*``), docs/man.md.
 
-fairseq's Transformer with every layer replaced by a :class:`MANLayer`; the model class only
-wires options to modules.
+fairseq's Transformer with every layer a :class:`~man_fairseq.modules.man_layers.MANLayer` (the one
+wiring, :mod:`.biased_transformer`, in MAN's layer form); the model class declares the options,
+sizes, checks and the plan (each side's sublayers).
 """
 
 from dataclasses import dataclass, field
-from typing import Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
-from fairseq.models.transformer import (
-    TransformerConfig,
-    TransformerDecoderBase,
-    TransformerEncoderBase,
-    TransformerModel,
-)
 from fairseq.models.transformer.transformer_legacy import (
     base_architecture,
     transformer_iwslt_de_en,
     transformer_vaswani_wmt_en_de_big,
 )
 
-from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, MANDecoderLayer, MANEncoderLayer, parse_sublayers
+from ..modules.man_layers import DECODER_SUBLAYERS, ENCODER_SUBLAYERS, parse_sublayers
 from ..plugin_options import MAX_DISTANCE, VALID, Choice, Number, Parsed, PluginOptionError
-from .biased_transformer import wrap_layer
-from .family import PluginModel, Plan, Size, register_family
+from .biased_transformer import BiasedTransformerModel, ComposedPlan
+from .family import Size, register_family
 
 
 MAN_NORMS = ("pre", "post", "fairseq")
@@ -80,37 +74,8 @@ class MANConfig(FairseqDataclass):
 MAN_DEFAULTS = MANConfig()
 
 
-@dataclass(frozen=True)
-class MANPlan(Plan):
-    """The sublayers of every encoder and every decoder layer."""
-
-    encoder_sublayers: Tuple[str, ...] = ()
-    decoder_sublayers: Tuple[str, ...] = ()
-
-
-class MANEncoder(TransformerEncoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, plan: MANPlan):
-        self.plan = plan  # read by build_encoder_layer, which the base __init__ calls
-        super().__init__(cfg, dictionary, embed_tokens)
-
-    def build_encoder_layer(self, cfg):
-        layer = MANEncoderLayer(cfg, self.plan.encoder_sublayers, self.plan.attention_backend, return_fc=self.return_fc)
-        return wrap_layer(layer, cfg)
-
-
-class MANDecoder(TransformerDecoderBase):
-    def __init__(self, cfg, dictionary, embed_tokens, plan: MANPlan, no_encoder_attn=False):
-        self.plan = plan
-        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=no_encoder_attn)
-
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = MANDecoderLayer(cfg, self.plan.decoder_sublayers, self.plan.attention_backend,
-                                no_encoder_attn=no_encoder_attn)
-        return wrap_layer(layer, cfg)
-
-
 @register_family("transformer_man")
-class TransformerMANModel(PluginModel, TransformerModel):
+class TransformerMANModel(BiasedTransformerModel):
     """Transformer whose layers are DMAN -> SAN -> FFN (configurable)."""
 
     config = MANConfig
@@ -156,9 +121,10 @@ class TransformerMANModel(PluginModel, TransformerModel):
 
     @classmethod
     def make_plan(cls, args):
-        return MANPlan(
+        return ComposedPlan(
             encoder_sublayers=tuple(parse_sublayers(args.encoder_sublayers, decoder=False)),
             decoder_sublayers=tuple(parse_sublayers(args.decoder_sublayers, decoder=True)),
+            man_layers=True,  # MAN's layer form (blocks.i) even for the Transformer's order
         )
 
     @classmethod
@@ -171,15 +137,3 @@ class TransformerMANModel(PluginModel, TransformerModel):
             why = "no dman sublayer in --encoder-sublayers or --decoder-sublayers"
             inert.update(dman_max_relative_distance=why, dman_init=why)
         return inert
-
-    # the classes build_encoder / build_decoder make (the composed arch's read its plan's mechanisms)
-    encoder_class, decoder_class = MANEncoder, MANDecoder
-
-    @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return cls.encoder_class(TransformerConfig.from_namespace(args), src_dict, embed_tokens, cls.plan_in_build())
-
-    @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
-        cfg = TransformerConfig.from_namespace(args)
-        return cls.decoder_class(cfg, tgt_dict, embed_tokens, cls.plan_in_build(), no_encoder_attn=cfg.no_cross_attention)

@@ -1,9 +1,9 @@
 """The composed arch (``--arch transformer_masked_*``), docs/model-families.md#combining-the-families.
 
-Every family's options on one model: MAN's layers (its sublayer orders and DMAN / SMAN options;
+Every family's options on one model: MAN's sublayers (its sublayer orders and DMAN / SMAN options;
 by default a Transformer's ``san,ffn`` and ``san,cross,ffn``), and on any attention the entries of
-the other families' plans, each made by that family's own ``make_plan`` and turned into modules by
-its own ``attention_extras``:
+the other families' plans, each made by that family's own ``attention_specs`` and turned into
+modules by its own ``attention_extras``:
 
 * localness (``--localness-attention-types``, ``--localness-layers``) and relative positions;
 * differentiable windows (``--diffwin-encoder/-decoder/-cross``, ``--diffwin-layers``, presets);
@@ -12,31 +12,31 @@ its own ``attention_extras``:
 On one attention the additive biases add in the logits (the MAN sublayer's own mask, then
 localness, then an additive window) and the post-softmax transforms apply in :data:`MECHANISMS`'
 order (a multiplicative window, then calibration): ``calib(mw(softmax(qk/sqrt(d) + sum of biases)))``.
-Every mechanism off, the model is a Transformer in MAN's layer form (its parameters named
-``blocks.i`` / ``sublayer_norms.i``, not fairseq's). The four family archs stay their own classes.
+The model is built by the one wiring of every family (:mod:`.biased_transformer`): a side whose
+sublayers are the Transformer's (the default ``san,ffn`` / ``san,cross,ffn``) takes fairseq's layer
+form (``self_attn``, ``encoder_attn``, ``fc1``, ...), any other order MAN's (``blocks.i`` /
+``sublayer_norms.i``). The four family archs are presets of this model: with one family's options,
+it is that family's model, parameter names included.
 """
 
 import dataclasses
-import functools
-import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Tuple
 
 from fairseq.dataclass import ChoiceEnum
 
-from ..modules.combined_mask import combine
-from ..modules.man_layers import SELF_ATTENTION_SUBLAYERS, MANDecoderLayer, MANEncoderLayer
+from ..modules.man_layers import SELF_ATTENTION_SUBLAYERS
 from ..plugin_options import VALID, Parsed, PluginOptionError, parse_layer_set, parse_layer_spec
-from .biased_transformer import BiasedTransformerModel, wrap_layer
-from .family import ATTENTION_TYPES, CROSS, DECODER_SELF, ENCODER_SELF, AttentionPlan, fairseq_sizes, register_family, stack_depths
+from .biased_transformer import ComposedPlan, owns_attention_class
+from .family import ATTENTION_TYPES, CROSS, DECODER_SELF, ENCODER_SELF, fairseq_sizes, register_family, stack_depths
 from .transformer_calibrated import (JOINT_CRITERION, CalibrationConfig, TransformerCalibratedModel,
                                      refuse_activation_checkpointing)
 from .transformer_diffwin import (
     DIFFWIN_PRESETS, DiffWinConfig, TransformerDiffWinModel, diffwin_base_architecture, preset_fills,
 )
 from .transformer_localness import LocalnessConfig, TransformerLocalnessModel
-from .transformer_man import MANConfig, MANDecoder, MANEncoder, MANPlan, TransformerMANModel
+from .transformer_man import MANConfig, TransformerMANModel
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def parse_mechanism_sublayers(spec: str):
 
 @dataclass
 class MaskedConfig(CalibrationConfig, DiffWinConfig, LocalnessConfig, MANConfig):
-    """Every family's options; every mechanism off by default (a Transformer in MAN's layer form)."""
+    """Every family's options; every mechanism off by default (a Transformer)."""
 
     encoder_sublayers: str = default_changed(MANConfig, "encoder_sublayers", "san,ffn")
     decoder_sublayers: str = default_changed(MANConfig, "decoder_sublayers", "san,cross,ffn")
@@ -91,68 +91,9 @@ class MaskedConfig(CalibrationConfig, DiffWinConfig, LocalnessConfig, MANConfig)
 MASKED_DEFAULTS = MaskedConfig()
 
 
-@dataclass(frozen=True)
-class MaskedPlan(MANPlan):
-    """MAN's sublayers, and per (attention type, layer) the mechanisms of that attention:
-    ``((mechanism, its family's spec), ...)`` in :data:`MECHANISMS`' order."""
-
-    mechanism_sublayers: Tuple[str, ...] = ()
-    specs: Mapping[Tuple[str, int], Tuple[Tuple[str, object], ...]] = field(default_factory=dict)
-
-
-def build_attention(plan: MaskedPlan, side_kind: str, layer_idx: int, cfg, name: str, kwargs: dict):
-    """The attention of sublayer ``name`` of layer ``layer_idx``: its MAN mask (``kwargs``) and the
-    plan's mechanisms, their modules built in the plan's order before the attention."""
-    kind = CROSS if name == "cross" else side_kind
-    takes = name == "cross" or name in plan.mechanism_sublayers
-    entries = plan.specs.get((kind, layer_idx), ()) if takes else ()
-    if not entries:
-        return BiasedTransformerModel.attention_module(None, kind, cfg, **kwargs)
-    own = kwargs.pop("bias_module", None)
-    biases, transforms = ([own] if own is not None else []), []
-    for mechanism, spec in entries:
-        bias, transform = MECHANISMS[mechanism].attention_extras(spec, kind, cfg)
-        biases += [bias] if bias is not None else []
-        transforms += [transform] if transform is not None else []
-    kwargs["bias_module"], kwargs["post_softmax"] = combine(biases, transforms)
-    # at most one mechanism of an entry brings its own attention class (checked in make_plan)
-    for mechanism, spec in entries:
-        if owns_attention_class(MECHANISMS[mechanism]):
-            return MECHANISMS[mechanism].attention_module(spec, kind, cfg, **kwargs)
-    return BiasedTransformerModel.attention_module(None, kind, cfg, **kwargs)
-
-
-def owns_attention_class(family) -> bool:
-    return family.attention_module.__func__ is not BiasedTransformerModel.attention_module.__func__
-
-
-class MaskedEncoder(MANEncoder):
-    def __init__(self, cfg, dictionary, embed_tokens, plan: MaskedPlan):
-        self._layer_ids = itertools.count()
-        super().__init__(cfg, dictionary, embed_tokens, plan)
-
-    def build_encoder_layer(self, cfg):
-        build = functools.partial(build_attention, self.plan, ENCODER_SELF, next(self._layer_ids), cfg)
-        layer = MANEncoderLayer(cfg, self.plan.encoder_sublayers, self.plan.attention_backend,
-                                return_fc=self.return_fc, build_attention=build)
-        return wrap_layer(layer, cfg)
-
-
-class MaskedDecoder(MANDecoder):
-    def __init__(self, cfg, dictionary, embed_tokens, plan: MaskedPlan, no_encoder_attn=False):
-        self._layer_ids = itertools.count()
-        super().__init__(cfg, dictionary, embed_tokens, plan, no_encoder_attn=no_encoder_attn)
-
-    def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        build = functools.partial(build_attention, self.plan, DECODER_SELF, next(self._layer_ids), cfg)
-        layer = MANDecoderLayer(cfg, self.plan.decoder_sublayers, self.plan.attention_backend,
-                                no_encoder_attn=no_encoder_attn, build_attention=build)
-        return wrap_layer(layer, cfg)
-
-
 @register_family("transformer_masked")
 class TransformerMaskedModel(TransformerMANModel):
-    """MAN's layers with localness, relative positions, windows and calibration on any attention."""
+    """MAN's sublayers with localness, relative positions, windows and calibration on any attention."""
 
     config = MaskedConfig
     sizes = fairseq_sizes(("small", "base", "big"))
@@ -185,12 +126,12 @@ class TransformerMaskedModel(TransformerMANModel):
     @classmethod
     def mechanism_specs(cls, args) -> Dict[str, Mapping]:
         """{mechanism: its family's plan specs} for the mechanisms the options turn on."""
-        specs = {"localness": TransformerLocalnessModel.make_plan(args).specs}
+        specs = {"localness": TransformerLocalnessModel.attention_specs(args)}
         if any(str(getattr(args, f"diffwin_{side}")) != "none" for side in ("encoder", "decoder", "cross")):
-            specs["diffwin"] = TransformerDiffWinModel.make_plan(args).specs
+            specs["diffwin"] = TransformerDiffWinModel.attention_specs(args)
         layers = cls.calibrated_layers(args)
         if layers:
-            every = TransformerCalibratedModel.make_plan(args).specs
+            every = TransformerCalibratedModel.attention_specs(args)
             specs["calibration"] = {key: spec for key, spec in every.items() if key[1] in layers}
         return specs
 
@@ -200,11 +141,11 @@ class TransformerMaskedModel(TransformerMANModel):
         mechanism_sublayers = parse_mechanism_sublayers(args.mechanism_sublayers)
         by_mechanism = cls.mechanism_specs(args)
         specs: Dict[Tuple[str, int], Tuple] = {}
-        for mechanism in MECHANISMS:
+        for mechanism, family in MECHANISMS.items():
             for key, spec in by_mechanism.get(mechanism, {}).items():
-                specs[key] = specs.get(key, ()) + ((mechanism, spec),)
+                specs[key] = specs.get(key, ()) + ((family, spec),)
         for (kind, layer), entries in specs.items():
-            owners = [m for m, _ in entries if owns_attention_class(MECHANISMS[m])]
+            owners = [mechanism_name(f) for f, _ in entries if owns_attention_class(f)]
             if len(owners) > 1:
                 raise PluginOptionError(f"{kind} layer {layer}: {' and '.join(owners)} each bring their own "
                                         "attention class; one attention cannot take both")
@@ -215,8 +156,9 @@ class TransformerMaskedModel(TransformerMANModel):
                 raise PluginOptionError(f"--mechanism-sublayers {args.mechanism_sublayers}: no sublayer of "
                                         f"--{side}-sublayers {getattr(args, f'{side}_sublayers')} takes the "
                                         f"mechanisms asked for on {kind}")
-        plan = MaskedPlan(encoder_sublayers=man.encoder_sublayers, decoder_sublayers=man.decoder_sublayers,
-                          mechanism_sublayers=mechanism_sublayers, specs=specs)
+        # the Transformer's order takes fairseq's layer form (man_layers False), as the families' archs
+        plan = ComposedPlan(encoder_sublayers=man.encoder_sublayers, decoder_sublayers=man.decoder_sublayers,
+                            mechanism_sublayers=mechanism_sublayers, specs=specs)
         log_plan(plan)
         return plan
 
@@ -228,17 +170,12 @@ class TransformerMaskedModel(TransformerMANModel):
     @classmethod
     def inert_options(cls, args, plan):
         inert = super().inert_options(args, plan)  # MAN's: no dman / sman2 sublayer
-
-        def of(mechanism):
-            return AttentionPlan(specs={key: spec for key, entries in plan.specs.items()
-                                        for m, spec in entries if m == mechanism})
-        localness = of("localness")
-        inert.update(TransformerLocalnessModel.inert_options(args, localness))
+        inert.update(TransformerLocalnessModel.inert_options(args, plan))
         if not str(args.localness_attention_types).strip():
             inert["localness_layers"] = "--localness-attention-types is empty (localness is off)"
-        inert.update(TransformerDiffWinModel.inert_options(args, of("diffwin")))
-        if of("calibration").specs:
-            inert.update(TransformerCalibratedModel.inert_options(args, of("calibration")))
+        inert.update(TransformerDiffWinModel.inert_options(args, plan))
+        if plan.of(TransformerCalibratedModel):
+            inert.update(TransformerCalibratedModel.inert_options(args, plan))
         else:
             inert.update({dest: "no cross-attention is calibrated (--calibration-layers)"
                           for dest in ("calibration_fusion", "calibration_lambda", "calibration_anneal_steps")})
@@ -250,21 +187,24 @@ class TransformerMaskedModel(TransformerMANModel):
     set_beam_size = TransformerDiffWinModel.set_beam_size
     perturbation_parameters = TransformerCalibratedModel.perturbation_parameters
 
-    encoder_class, decoder_class = MaskedEncoder, MaskedDecoder
+
+def mechanism_name(family) -> str:
+    return next(name for name, f in MECHANISMS.items() if f is family)
 
 
-def log_plan(plan: MaskedPlan) -> None:
+def log_plan(plan: ComposedPlan) -> None:
     """One line per attention type: its layers and their mechanisms (beside each layer's MAN sublayers)."""
     for kind in ATTENTION_TYPES:
         layers = sorted(layer for k, layer in plan.specs if k == kind)
         if layers:
-            what = "; ".join(f"{layer}: " + " + ".join(describe(m, spec) for m, spec in plan.specs[kind, layer])
+            what = "; ".join(f"{layer}: " + " + ".join(describe(f, spec) for f, spec in plan.specs[kind, layer])
                              for layer in layers)
             logger.info("transformer_masked %s layers %s", kind, what)
 
 
-def describe(mechanism: str, spec) -> str:
+def describe(family, spec) -> str:
     """A plan entry's mechanism in the start-up log."""
+    mechanism = mechanism_name(family)
     if mechanism == "localness":
         parts = ([f"localness({spec.window})"] if spec.window is not None else []) + \
                 ([f"relative positions(K={spec.max_relative_position})"] if spec.max_relative_position else [])

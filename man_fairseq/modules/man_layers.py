@@ -81,8 +81,8 @@ class MANLayer(nn.Module):
         sublayers: the sublayer names in order (:func:`parse_sublayers` of the option).
         attention_backend: ``--attention-backend`` of every attention sublayer.
         build_attention: builds each attention sublayer from its name and the core's arguments
-            (default :func:`plain_attention`); the composed arch (``transformer_masked``) adds its
-            plan's mechanisms there.
+            (default :func:`plain_attention`); the models' one wiring
+            (``models/biased_transformer.py``) adds the plan's mechanisms there.
     """
 
     def __init__(self, cfg, decoder: bool, sublayers: Sequence[str], attention_backend: str = "auto",
