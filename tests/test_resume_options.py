@@ -64,3 +64,30 @@ def test_only_the_options_defining_the_model_are_compared():
     given = Namespace(arch="transformer_man_small", man_norm="pre", encoder_embed_dim=256, dropout=0.3, lr=[0.01],
                       attention_backend="flex", max_epoch=20, patience=5)
     assert differing_options(saved, given, "transformer_man_small") == [("encoder_embed_dim", 512, 256)]
+
+
+def test_a_checkpoint_whose_parameters_have_other_names_resumes_only_with_a_reset_optimizer(toy_data_bin, tmp_path):
+    """The optimizer's state follows the parameters' order, not their names: a checkpoint of
+    transformer_masked saved in MAN's layer form (before its Transformer-order sides took fairseq's) loads
+    renamed, but its Adam moments would go to other parameters, so the resume is refused in one line
+    unless --reset-optimizer; nothing is written."""
+    masked = ["fairseq-train", toy_data_bin, "--user-dir", "man_fairseq", "--arch", "transformer_masked_small",
+              "--share-all-embeddings", *TINY_MODEL, *TINY_TRAIN, "--save-dir", tmp_path / "run"]
+    run_cli([*masked, "--max-update", "2"])
+    last = tmp_path / "run" / "checkpoint_last.pt"
+    state = torch.load(last, weights_only=False)
+    # encoder layer 0 as MAN's layer form named it (rename_man_form_keys maps it back when loading)
+    state["model"] = {k.replace("encoder.layers.0.self_attn.", "encoder.layers.0.blocks.0."): v
+                      for k, v in state["model"].items()}
+    torch.save(state, last)
+    before = last.read_bytes()
+    proc = run_cli([*masked, "--max-update", "4"], check=False)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stdout.splitlines() if "error" in line.lower()]
+    assert errors == [f"fairseq-train: error: {last} holds this model's parameters under other names or in another "
+                      "order (no 'encoder.layers.0.self_attn.k_proj.weight'; 8 of 85 missing): its optimizer state "
+                      "would go to other parameters. Resume with --reset-optimizer (Adam's moments start again), or "
+                      "with the plugin version that wrote it"], proc.stdout[-3000:]
+    assert "Traceback" not in proc.stdout and last.read_bytes() == before
+    run_cli([*masked, "--max-update", "3", "--reset-optimizer"])
+    assert torch.load(last, weights_only=True)["optimizer_history"][-1]["num_updates"] == 3
