@@ -107,7 +107,7 @@ def prepare_multi30k(args):
                         f"got {args.src!r} {args.tgt!r}")
     check_paths(args)
     args.record = making_record(MULTI30K.name, **{"from": str(Path(args.from_path).expanduser().resolve())
-                                               if args.from_path else None},
+                                                  if args.from_path else None},
                                 src=args.src, tgt=args.tgt,
                                 **({"bpe_merges": args.bpe_merges} if args.subword == "bpe"
                                    else subword.making_options(args)))
