@@ -333,15 +333,15 @@ def test_read_see_cuts_sources_and_training_summaries_never_references(tmp_path)
 
 
 def test_known_subset_is_named_in_the_record(tmp_path):
-    from man_recipes.data.cnndm import STANDARD_COUNTS
+    from man_recipes.corpora import CNNDM
     from man_recipes.data.manifest import write_manifest
 
     release = {"train": 40000, "valid": 1000, "test": 13368}
-    path = write_manifest(tmp_path, "cnndm", "source", "target", release, release, STANDARD_COUNTS, {"test": "t"})
+    path = write_manifest(tmp_path, "cnndm", "source", "target", release, release, CNNDM.standard_counts, {"test": "t"})
     record = json.loads(path.read_text())
     assert record["nonstandard"] and record["subset"].startswith("cnndm-see: 40,000 pairs")
     release["train"] = 39999
-    path = write_manifest(tmp_path, "cnndm", "source", "target", release, release, STANDARD_COUNTS, {"test": "t"})
+    path = write_manifest(tmp_path, "cnndm", "source", "target", release, release, CNNDM.standard_counts, {"test": "t"})
     assert json.loads(path.read_text())["subset"] == "a nonstandard sample"
 
 

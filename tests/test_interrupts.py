@@ -50,6 +50,9 @@ SCRIPT_MAINS = {
     "python -m lab.man_training_study": "lab.man_training_study:main",
     "python -m lab.decode_paths": "lab.decode_paths:main",
     "python -m lab.speed.fused_bias": "lab.speed.fused_bias:main",
+    "python -m lab.speed.study": "lab.speed.study:main",
+    "python -m lab.speed.synthetic": "lab.speed.synthetic:main",
+    "python -m lab.speed.cuda_peak": "lab.speed.cuda_peak:main",
     "make smoke": "man_recipes.checks.smoke:main",
 }
 
@@ -108,6 +111,19 @@ def test_speed(capsys, monkeypatch):
     monkeypatch.setattr(lab.speed.study, "main", ctrl_c)
     assert speed.main(["study", "gigaword-cpu"]) == EXIT_INTERRUPTED
     assert capsys.readouterr().err == "scripts/speed.sh: interrupted (Ctrl-C)\n"
+
+
+@pytest.mark.parametrize("mode, line", [("study", "scripts/speed.sh"), ("synthetic", "scripts/speed.sh synthetic")])
+def test_a_speed_mode_prints_ctrl_c_as_one_line_alone_and_under_speed_sh(mode, line, capsys, monkeypatch):
+    """``python -m lab.speed.MODE`` (issue 81): its own line, the same as under scripts/speed.sh, said once."""
+    import lab.speed.__main__ as speed
+
+    module = importlib.import_module(f"lab.speed.{mode}")
+    monkeypatch.setattr(module, "quiet_logging", ctrl_c)  # the mode's first step
+    assert module.main([]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == f"{line}: interrupted (Ctrl-C)\n"
+    assert speed.main([mode]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == f"{line}: interrupted (Ctrl-C)\n"
 
 
 def test_a_real_ctrl_c_while_rouge_runs(tmp_path):

@@ -250,11 +250,10 @@ def test_the_records_tokenizer_options_are_the_documented_ones():
     """The ``tokenizer`` field of each recipe's record is docs/python-api.md's row (checked against
     data-prep's tokenizer in test_python_api)."""
     from test_python_api import TOKENIZERS
-    from man_recipes.data import multi30k, prepare
+    from man_recipes.corpora import CORPORA
 
-    fields = {"multi30k.de-en": multi30k.TOKENIZER, "iwslt14.tokenized.de-en": prepare.TOKENIZER["iwslt14"],
-              "wmt14_en_de": prepare.TOKENIZER["wmt14"], "cnndm": prepare.TOKENIZER["cnndm"]}
+    fields = {c.dest.format(src="de", tgt="en"): c.tokenizer for c in CORPORA.values()}
     for folder, (_, keywords, _) in TOKENIZERS.items():
         assert ", ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in fields[folder].items()) \
             == keywords, folder
-    assert prepare.TOKENIZER["gigaword"] == {}
+    assert CORPORA["gigaword"].tokenizer == {}

@@ -6,9 +6,12 @@ import logging
 import os
 import sys
 
+from man_recipes.interrupt import one_line_on_ctrl_c
+
 PEAK_LINE = "peak CUDA memory allocated over the run: "
 
 
+@one_line_on_ctrl_c("python -m lab.speed.cuda_peak")
 def main(argv=None):
     import torch
 
@@ -36,4 +39,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lab.speed import records
 from lab.speed.cuda_peak import PEAK_LINE
-from man_recipes.interrupt import child_process
+from man_recipes.interrupt import child_process, one_line_on_ctrl_c
 from man_recipes.logging_setup import quiet_logging
 from man_recipes.paths import output_folder_problem
 from man_recipes.config import REPO, ConfigError, load_config
@@ -308,6 +308,7 @@ def parse(p, argv):
     return args
 
 
+@one_line_on_ctrl_c("scripts/speed.sh")  # its parser's prog: one line under speed.sh and python -m alike
 def main(argv=None):
     quiet_logging()
     p = parser()

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from lab.speed import study
+from man_recipes.interrupt import one_line_on_ctrl_c
 from man_recipes.logging_setup import quiet_logging
 from man_fairseq.modules.attention_backend import ATTENTION_BACKENDS
 from man_recipes.config import CONFIG_DIR, load_config
@@ -99,6 +100,7 @@ def width_study(width, backend, families, sentences):
                      f"({configs['transformer']}); decoding: one-update models."}
 
 
+@one_line_on_ctrl_c("scripts/speed.sh synthetic")  # its parser's prog, under speed.sh and python -m alike
 def main(argv=None):
     quiet_logging()
     p = synthetic_options(study.measure_parser("scripts/speed.sh synthetic", "The study mode on random sentences: "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from man_recipes.data import see_bin, subword
 from man_recipes.atomic import replacing
+from man_recipes.corpora import corpus
 from man_recipes.data.binarize import bpe_and_binarize
 from man_recipes.data.dataprep import (
     PrepError, check_counts, log, read_lines, read_text, refuse_blank_references, report_counts, split_counts,
@@ -31,9 +32,6 @@ from man_recipes.data.dataprep import (
 )
 from man_recipes.data.downloads import find_file, staged_work
 from man_recipes.data.manifest import write_manifest
-
-# See et al.'s URL lists (all_train.txt, all_val.txt, all_test.txt), in pairs
-STANDARD_COUNTS = {"train": 287227, "valid": 13368, "test": 11490}
 
 CNNDM_URLS = [
     "https://huggingface.co/datasets/abisee/cnn_dailymail/resolve/main/data/cnn_stories.tgz",
@@ -317,8 +315,9 @@ def tokenize(args, raw, tok, src, tgt):
 # ------------------------------------------------------------------------------- the recipe
 
 def prepare_cnndm(args):
-    src, tgt = "source", "target"
-    steps, roots, tok = staged_work(args, CNNDM_URLS, ["cnn_stories.tgz", "dailymail_stories.tgz"])
+    c = corpus("cnndm")
+    src, tgt = c.languages
+    steps, roots, tok = staged_work(args, CNNDM_URLS, c.archives)
     layout = find_layout(roots)
     log(f"      layout: {layout.describe}")
     outputs = [tok / f"{s}.{l}" for s in SPLITS for l in (src, tgt)] + [tok / f"test.raw.{l}" for l in (src, tgt)]
@@ -332,7 +331,7 @@ def prepare_cnndm(args):
                   outputs=outputs + [tok / "see_counts.json"])
         see_counts = json.loads((tok / "see_counts.json").read_text())
         release = see_counts["release"]
-        check_counts(release, STANDARD_COUNTS, args.allow_nonstandard_splits)
+        check_counts(release, c.standard_counts, args.allow_nonstandard_splits)
         text = {"tokenizer": SEE_TOKENIZER, "summary_sentences": SEE_SENTENCES,
                 "summary_sentences_given_a_period": see_counts["periods_added"],
                 "summary_sentences_total": see_counts["sentences"]}
@@ -341,18 +340,18 @@ def prepare_cnndm(args):
         raw.mkdir(exist_ok=True)
         steps.run("make_splits", make_splits, layout, roots, raw, src, tgt,
                   outputs=[raw / f"{s}.{l}" for s in SPLITS for l in (src, tgt)])
-        release = check_counts(split_counts(raw, src, tgt), STANDARD_COUNTS, args.allow_nonstandard_splits, "stories")
+        release = check_counts(split_counts(raw, src, tgt), c.standard_counts, args.allow_nonstandard_splits, "stories")
         steps.run("tokenize", tokenize, args, raw, tok, src, tgt, options=cut, outputs=outputs)
         text = {"tokenizer": "Moses tokenizer.perl -l en -no-escape, lowercased",
                 "summary_sentences": "highlights joined by spaces, ' .' after those without final punctuation "
                                      "(See et al.'s fix_missing_period)" if layout.kind == "stories" else "as given"}
-    merges = args.bpe_merges or 32000
+    merges = args.bpe_merges or c.bpe_merges
     if layout.kind in ("see-text", "see-bin"):  # tokenized already: the record names no tokenizer
         args.record["tokenizer"] = {}
     split_counts(tok, src, tgt)  # an empty split (a zero-byte test file) is named here, before BPE and binarize
     bpe_and_binarize(args, steps, tok, src, tgt, merges)
     counts = report_counts(tok, src, tgt)
-    write_manifest(args.dest, "cnndm", src, tgt, counts, release, STANDARD_COUNTS, {"test": layout.test_name},
+    write_manifest(args.dest, c.name, src, tgt, counts, release, dict(c.standard_counts), {"test": layout.test_name},
                    source=str(args.from_path or CNNDM_URLS[0]), layout=layout.describe,
                    files={s: [str(p) for p in ps] for s, ps in layout.files.items()},
                    subword=args.record["subword"], **subword.manifest_options(args, merges),

@@ -9,19 +9,8 @@ subword model and the preparation options. ``scripts/reproduce.sh`` reads it to 
 import json
 from pathlib import Path
 
+from man_recipes.corpora import CORPORA
 from man_recipes.data.dataprep import PrepError
-
-# Release counts (train, valid, test, as read before cleaning) of subsets we know by name.
-KNOWN_SUBSETS = {
-    ("gigaword", (29911, 1000, 1951)): (
-        "gigaword-30k: 29,911 training pairs pooled from the sent-summary release's first 10,000 training "
-        "pairs and two public subsets of its validation split (deduplicated, no test article), 1,000 dev "
-        "pairs from the same pool, the standard 1,951-pair Gigaword test set"),
-    ("cnndm", (40000, 1000, 13368)): (
-        "cnndm-see: 40,000 pairs sampled (seeded) from the standard training split of See et al.'s non-anonymised "
-        "CNN/DM, 1,000 other training pairs as validation set, and the whole standard validation split (13,368 "
-        "pairs) as test set (the standard 11,490-pair test split is not part of it)"),
-}
 
 
 def manifest_path(dest, dataset):
@@ -34,13 +23,15 @@ def write_manifest(dest, dataset, src, tgt, counts, release_counts, standard_cou
     (:func:`.subword.subword_record`). ``dev_sets`` (binarized split name -> what it is): dev sets
     whose raw references and sources data-prep also copied, to score a checkpoint on them; the
     studies decode the ``test_sets`` only."""
-    key = (dataset, tuple(release_counts.get(s) for s in ("train", "valid", "test")))
+    # a subset the corpus knows by name (its release counts: train, valid, test, as read before cleaning)
+    known = CORPORA[dataset].known_subsets if dataset in CORPORA else {}
+    key = tuple(release_counts.get(s) for s in ("train", "valid", "test"))
     nonstandard = any(release_counts.get(k) != v for k, v in standard_counts.items() if v is not None)
     manifest = {
         "dataset": dataset, "source_lang": src, "target_lang": tgt, "test_sets": dict(test_sets),
         "counts": counts, "release_counts": release_counts, "standard_counts": standard_counts,
         "nonstandard": nonstandard,
-        "subset": KNOWN_SUBSETS.get(key, "a nonstandard sample" if nonstandard else "the standard splits"),
+        "subset": known.get(key, "a nonstandard sample" if nonstandard else "the standard splits"),
         "references": {split: f"{split}.raw.{tgt}" for split in [*test_sets, *(dev_sets or {})]},
         "sources": {split: f"{split}.raw.{src}" for split in [*test_sets, *(dev_sets or {})]},
         "options": options,

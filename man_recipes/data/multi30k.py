@@ -22,18 +22,19 @@ from pathlib import Path
 
 from man_recipes.interrupt import one_line_on_ctrl_c
 from man_recipes.config import REPO
+from man_recipes.corpora import MULTI30K
 from man_recipes.options import workers
 from man_recipes.data import subword
 from man_recipes.data.binarize import binarize, learn_and_apply_bpe
 from man_recipes.data.dataprep import PrepError, log, read_lines, report_counts, tokenize_lines, write_lines
 from man_recipes.data.destination import add_force_option, check_dest, making_record
 from man_recipes.data.downloads import fetch
+from man_recipes.data.manifest import manifest_path
 from man_recipes.data.steps import Steps, check_paths, run_command, work_lock
 
 BASE_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 # (our split name, the release's file stem)
 STANDARD_SPLITS = [("train", "train"), ("valid", "val"), ("test", "test_2016_flickr")]
-EXPECTED = {"train": 29000, "valid": 1014, "test": 1000}
 LANGS = ("de", "en", "fr", "cs")  # task-1 languages of the release
 # SHA-256 of the official .gz files (multi30k/dataset, data/task1/raw, the 2017 release), measured
 # on the copies in ../shared/data/multi30k (gzip headers: original names, Dec 21 2017).
@@ -45,10 +46,6 @@ OFFICIAL_SHA256 = {
     "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
     "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
 }
-DEFAULT_BPE_MERGES = 10000  # joint BPE; ~10k is the usual size for Multi30k and IWSLT-size corpora
-MANIFEST = "multi30k.json"
-# the captions' tokenizer as fairseq's options (from_pretrained keywords): the record's ``tokenizer``
-TOKENIZER = {"tokenizer": "moses", "moses_no_dash_splits": True}
 
 
 def find_split_file(folder, stem, lang):
@@ -109,12 +106,12 @@ def prepare_multi30k(args):
         raise PrepError(f"--src/--tgt must be two different task-1 languages of {LANGS}, "
                         f"got {args.src!r} {args.tgt!r}")
     check_paths(args)
-    args.record = making_record("multi30k", **{"from": str(Path(args.from_path).expanduser().resolve())
-                                               if args.from_path else None},
+    args.record = making_record(MULTI30K.name, **{"from": str(Path(args.from_path).expanduser().resolve())
+                                                  if args.from_path else None},
                                 src=args.src, tgt=args.tgt,
                                 **({"bpe_merges": args.bpe_merges} if args.subword == "bpe"
                                    else subword.making_options(args)))
-    args.record.update(subword=subword.subword_record(args), tokenizer=dict(TOKENIZER))
+    args.record.update(subword=subword.subword_record(args), tokenizer=dict(MULTI30K.tokenizer))
     check_dest(args.dest, args.record, args.force, work=args.work)
     with work_lock(args.work):
         return build_multi30k(args)
@@ -137,7 +134,7 @@ def build_multi30k(args):
                                 f"has {len(sides[tgt])}; the two sides must be line-aligned")
             if not sides[src]:
                 raise PrepError(f"{split}: {by_lang[src]} and {by_lang[tgt]} hold no lines; nothing to prepare")
-            want = EXPECTED.get(split)
+            want = MULTI30K.standard_counts.get(split)
             if want is not None and len(sides[src]) != want and not args.allow_nonstandard_splits:
                 raise PrepError(f"{split}: {len(sides[src]):,} pairs in {by_lang[src]}, the standard Multi30k "
                                 f"split has {want:,} (incomplete or different files?). Pass "
@@ -187,19 +184,19 @@ def build_multi30k(args):
               outputs=[dest / f"dict.{src}.txt", dest / f"dict.{tgt}.txt", dest / codes.name,
                        *[dest / f"{split}.{src}-{tgt}.{src}.bin" for split in test_sets[1:]]])
 
-    counts = report_counts(prep, src, tgt, EXPECTED, splits=tuple(files))
+    counts = report_counts(prep, src, tgt, MULTI30K.standard_counts, splits=tuple(files))
     manifest = {
-        "dataset": "multi30k", "task": "WMT16 multimodal translation task 1 (text only)",
+        "dataset": MULTI30K.name, "task": "WMT16 multimodal translation task 1 (text only)",
         "source_lang": src, "target_lang": tgt,
         # binarized split name -> the release's name of that test set
         "test_sets": {split: "test_2016_flickr" if split == "test" else split for split in test_sets},
-        "counts": counts, "standard_counts": EXPECTED,
-        "nonstandard": any(counts.get(k) != v for k, v in EXPECTED.items()),
+        "counts": counts, "standard_counts": dict(MULTI30K.standard_counts),
+        "nonstandard": any(counts.get(k) != v for k, v in MULTI30K.standard_counts.items()),
         **subword.manifest_options(args, args.bpe_merges), "subword": args.record["subword"],
         "tokenizer": "man_recipes.data.dataprep.tokenize_lines (Moses tokenizer.perl -l LANG, cased)",
         "sources": {split: {lang: str(p) for lang, p in by_lang.items()} for split, by_lang in files.items()},
     }
-    (dest / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    manifest_path(dest, MULTI30K.name).write_text(json.dumps(manifest, indent=1) + "\n")
     return counts
 
 
@@ -212,22 +209,22 @@ def main(argv=None):
     p.add_argument("--from", dest="from_path", default=None,
                    help="folder with {train,val,test_2016_flickr}.{SRC,TGT}[.gz] (no download); other "
                         "test_*.{SRC,TGT} pairs there become extra test sets")
-    p.add_argument("--src", default="de")
-    p.add_argument("--tgt", default="en")
+    p.add_argument("--src", default=MULTI30K.languages[0])
+    p.add_argument("--tgt", default=MULTI30K.languages[1])
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/multi30k.SRC-TGT)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/multi30k.SRC-TGT)")
     p.add_argument("--workers", type=workers(), default=1)
-    subword.add_options(p, f"joint BPE merges (default {DEFAULT_BPE_MERGES})")
+    subword.add_options(p, f"joint BPE merges (default {MULTI30K.bpe_merges})")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")
     add_force_option(p)
     args = p.parse_args(argv)
     subword.check_options(p, args)
     if args.subword == "bpe":
-        args.bpe_merges = args.bpe_merges or DEFAULT_BPE_MERGES
-    pair = f"{args.src}-{args.tgt}"
-    args.work = args.work or str(REPO / "data-bin" / "_work" / f"multi30k.{pair}")
-    args.dest = args.dest or str(REPO / "data-bin" / f"multi30k.{pair}")
+        args.bpe_merges = args.bpe_merges or MULTI30K.bpe_merges
+    folder = MULTI30K.dest.format(src=args.src, tgt=args.tgt)
+    args.work = args.work or str(REPO / "data-bin" / "_work" / folder)
+    args.dest = args.dest or str(REPO / "data-bin" / folder)
 
     def prepare():
         prepare_multi30k(args)

@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from man_recipes.data import cnndm
 from man_recipes.interrupt import one_line_on_ctrl_c
 from man_recipes.config import REPO
+from man_recipes.corpora import CORPORA, SHARED_ENTRY, corpus
 from man_recipes.options import number, workers
 from man_recipes.data.moses import lowercase
 from man_recipes.data import subword
@@ -26,17 +26,6 @@ from man_recipes.data.destination import add_force_option, check_dest, making_re
 from man_recipes.data.downloads import find_file, staged_work
 from man_recipes.data.manifest import write_manifest
 from man_recipes.data.steps import check_paths, is_ours, run_command, work_lock
-
-# Standard split sizes (pairs). IWSLT14: fairseq's prepare-iwslt14.sh output; WMT14: newstest2013
-# / newstest2014 (full); CNN/DM: See et al.'s URL lists; Gigaword: the Rush et al. (2015) sumdata
-# release as distributed (train/valid before any cleaning; Giga test set).
-EXPECTED = {
-    "iwslt14": {"train": 160239, "valid": 7283, "test": 6750},
-    "wmt14": {"train": None, "valid": 3000, "test": 3003},  # train ~4.5M (depends on cleaning)
-    "cnndm": cnndm.STANDARD_COUNTS,
-    "gigaword": {"train": 3803957, "valid": 189651, "test": 1951},
-}
-
 
 # --------------------------------------------------------------------------------- IWSLT14
 
@@ -67,8 +56,9 @@ def split_every_nth(src, tgt, n=23):
 
 
 def prepare_iwslt14(args):
-    src, tgt = "de", "en"
-    steps, roots, tok = staged_work(args, [IWSLT14_URL], ["de-en.tgz"])
+    c = corpus("iwslt14")
+    src, tgt = c.languages
+    steps, roots, tok = staged_work(args, [IWSLT14_URL], c.archives)
 
     def tokenize_train():
         raw = {lang: iwslt_train_lines(find_file(roots, f"train.tags.de-en.{lang}")) for lang in (src, tgt)}
@@ -77,7 +67,7 @@ def prepare_iwslt14(args):
                             "(after dropping the <url>/<talkid>/<keywords> lines); the pair does not align")
         sides = {lang: tokenize_lines(raw[lang], lang, workers=args.workers, desc=f"train.{lang}")
                  for lang in (src, tgt)}
-        s, t = clean_pairs(sides[src], sides[tgt], 1, args.max_len or 175, 1.5)
+        s, t = clean_pairs(sides[src], sides[tgt], 1, args.max_len or c.max_len, 1.5)
         s, t = [lowercase(x) for x in s], [lowercase(x) for x in t]  # lowercase.perl after cleaning
         log(f"      train.tags: {len(sides[src])} pairs, {len(s)} after cleaning")
         (tr_s, tr_t), (va_s, va_t) = split_every_nth(s, t, 23)
@@ -99,8 +89,8 @@ def prepare_iwslt14(args):
             write_lines(tok / f"test.{lang}", toks)
     steps.run("tokenize_test", tokenize_test, outputs=[tok / f"test.{l}" for l in (src, tgt)])
 
-    check_counts(split_counts(tok, src, tgt), EXPECTED["iwslt14"], args.allow_nonstandard_splits)
-    prep = bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 10000)
+    check_counts(split_counts(tok, src, tgt), c.standard_counts, args.allow_nonstandard_splits)
+    prep = bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or c.bpe_merges)
     return report_counts(prep, src, tgt)
 
 
@@ -114,21 +104,20 @@ WMT14_URLS = [
     "http://statmt.org/wmt14/test-full.tgz",
 ]
 WMT14_CORPORA = ["europarl-v7.de-en", "commoncrawl.de-en", "news-commentary-v9.de-en"]
-WMT14_ARCHIVES = ["training-parallel-europarl-v7.tgz", "training-parallel-commoncrawl.tgz",
-                  "training-parallel-nc-v9.tgz", "dev.tgz", "test-full.tgz"]
 
 
 def prepare_wmt14(args):
-    src, tgt = "en", "de"
-    steps, roots, tok = staged_work(args, WMT14_URLS, WMT14_ARCHIVES)
+    c = corpus("wmt14")
+    src, tgt = c.languages
+    steps, roots, tok = staged_work(args, WMT14_URLS, c.archives)
     moses = dict(aggressive=True, escape=True, normalize=True, workers=args.workers)
 
     def tokenize_train():
         for lang in (src, tgt):
             lines = []
-            for corpus in WMT14_CORPORA:
-                part = read_lines(find_file(roots, f"{corpus}.{lang}"))
-                log(f"      {corpus}.{lang}: {len(part)} lines")
+            for name in WMT14_CORPORA:
+                part = read_lines(find_file(roots, f"{name}.{lang}"))
+                log(f"      {name}.{lang}: {len(part)} lines")
                 lines += part
             write_lines(tok / f"train.all.{lang}", tokenize_lines(lines, lang, desc=f"train.{lang}", **moses))
     steps.run("tokenize_train", tokenize_train, outputs=[tok / f"train.all.{l}" for l in (src, tgt)])
@@ -148,16 +137,16 @@ def prepare_wmt14(args):
 
     def clean():
         s, t = clean_pairs(read_lines(tok / f"train.all.{src}"), read_lines(tok / f"train.all.{tgt}"),
-                           1, args.max_len or 250, 1.5)
+                           1, args.max_len or c.max_len, 1.5)
         write_lines(tok / f"train.{src}", s)
         write_lines(tok / f"train.{tgt}", t)
     # fairseq cleans after BPE with max 250 subwords; cleaning tokens before BPE with the same
     # bounds keeps the learn-BPE input free of the junk pairs (documented deviation).
-    steps.run("clean", clean, options={"max_len": args.max_len or 250},
+    steps.run("clean", clean, options={"max_len": args.max_len or c.max_len},
               outputs=[tok / f"train.{l}" for l in (src, tgt)])
 
-    check_counts(split_counts(tok, src, tgt), EXPECTED["wmt14"], args.allow_nonstandard_splits)
-    prep = bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or 40000)
+    check_counts(split_counts(tok, src, tgt), c.standard_counts, args.allow_nonstandard_splits)
+    prep = bpe_and_binarize(args, steps, tok, src, tgt, args.bpe_merges or c.bpe_merges)
     return report_counts(prep, src, tgt)
 
 
@@ -178,12 +167,12 @@ GIGAWORD_FILES = {  # (folder the file must be in, article file, title file); tr
 
 GIGAWORD_TEST_NAME = "Gigaword test (Rush et al. 2015, Giga/)"
 GIGAWORD_DEV_NAME = "Gigaword dev set (the release's valid.*.filter.txt as prepared; its loss picks the checkpoints)"
-RAW_SPLITS = ("valid", "test")  # the splits whose raw text data-prep copies beside the binarized data
 
 
 def prepare_gigaword(args):
-    src, tgt = "article", "title"
-    steps, roots, tok = staged_work(args, GIGAWORD_URLS, ["summary.tar.gz", "sumdata.tgz"])
+    c = corpus("gigaword")
+    src, tgt = c.languages
+    steps, roots, tok = staged_work(args, GIGAWORD_URLS, c.archives)
 
     def normalize():
         # The release is already tokenized, lowercased, digits -> '#', rare words -> 'UNK' (Rush
@@ -201,114 +190,122 @@ def prepare_gigaword(args):
                 refuse_blank_references([f"{title_file} line {i}" for i, x in enumerate(t, 1) if not x], len(t))
             splits[split], counts[split] = (a, t), len(a)
         # the release's sizes, before the empty / over-long training pairs are dropped
-        check_counts(counts, EXPECTED["gigaword"], args.allow_nonstandard_splits)
+        check_counts(counts, c.standard_counts, args.allow_nonstandard_splits)
         for split, (a, t) in splits.items():
             if split == "train":
-                a, t = clean_pairs(a, t, 1, args.max_len or 200, ratio=None, factor_separator=False)
+                a, t = clean_pairs(a, t, 1, args.max_len or c.max_len, ratio=None, factor_separator=False)
             write_lines(tok / f"{split}.{src}", a)
             write_lines(tok / f"{split}.{tgt}", t)
         # ROUGE's references (the release's titles as normalized above; fairseq-generate's targets
         # would show <unk> for an unseen BPE symbol) and the articles (lead baselines) of the test set
         # and of the dev set (uncleaned, as binarized: a checkpoint's ROUGE on it), copied next to the
         # binarized data
-        for split in RAW_SPLITS:
+        for split in c.raw_splits:
             for lang, lines in zip((src, tgt), splits[split]):
                 write_lines(tok / f"{split}.raw.{lang}", lines)
         (tok / "release_counts.json").write_text(json.dumps(counts) + "\n")
-    steps.run("normalize", normalize, options={"max_len": args.max_len or 200},
+    steps.run("normalize", normalize, options={"max_len": args.max_len or c.max_len},
               outputs=[tok / f"{s}.{l}" for s in GIGAWORD_FILES for l in (src, tgt)]
-              + [tok / f"{s}.raw.{l}" for s in RAW_SPLITS for l in (src, tgt)] + [tok / "release_counts.json"])
+              + [tok / f"{s}.raw.{l}" for s in c.raw_splits for l in (src, tgt)] + [tok / "release_counts.json"])
 
-    merges = args.bpe_merges or 32000
+    merges = args.bpe_merges or c.bpe_merges
     split_counts(tok, src, tgt)  # an empty split is named here, before BPE and binarize
     bpe_and_binarize(args, steps, tok, src, tgt, merges)
     counts = report_counts(tok, src, tgt)
-    write_manifest(args.dest, "gigaword", src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
-                   EXPECTED["gigaword"], {"test": GIGAWORD_TEST_NAME}, source=str(args.from_path or GIGAWORD_URLS[0][0]),
+    write_manifest(args.dest, c.name, src, tgt, counts, json.loads((tok / "release_counts.json").read_text()),
+                   dict(c.standard_counts), {"test": GIGAWORD_TEST_NAME}, source=str(args.from_path or GIGAWORD_URLS[0][0]),
                    subword=args.record["subword"], dev_sets={"valid": GIGAWORD_DEV_NAME},
                    **subword.manifest_options(args, merges),
-                   max_len=args.max_len or 200,
+                   max_len=args.max_len or c.max_len,
                    tokenizer="none: the release is tokenized, lowercased, digits as '#', rare words as 'UNK' "
                              "(Rush et al. 2015); whitespace and case normalized only")
     return counts
 
 
-DATASETS = {
-    "iwslt14": (prepare_iwslt14, "iwslt14.tokenized.de-en"),
-    "wmt14": (prepare_wmt14, "wmt14_en_de"),
-    "cnndm": (cnndm.prepare_cnndm, "cnndm"),
-    "gigaword": (prepare_gigaword, "gigaword"),
-}
+def _shared():
+    """The corpora this command prepares, in declaration order."""
+    return [c for c in CORPORA.values() if c.entry == SHARED_ENTRY]
+
+
+def _per_corpus(field):
+    """[(value, "NAME and NAME")] of this command's corpora whose ``field`` is set, a run of corpora of one value
+    named together (the help texts; NAME: the first word of the display name, "IWSLT14" of "IWSLT14 De-En")."""
+    groups = []
+    for c in _shared():
+        value = getattr(c, field)
+        if value is not None:
+            if groups and groups[-1][0] == value:
+                groups[-1][1].append(c.display.split()[0])
+            else:
+                groups.append((value, [c.display.split()[0]]))
+    return [(value, " and ".join(names)) for value, names in groups]
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="data-prep/prepare-*.sh", description="Prepare a corpus for fairseq: download or "
                                 "--from, Moses tokenization (tokenizer.perl rules), cleaning, subword-nmt BPE, "
                                 "fairseq-preprocess.")
-    p.add_argument("dataset", choices=sorted(DATASETS))
+    p.add_argument("dataset", choices=sorted(c.name for c in _shared()))
     p.add_argument("--from", dest="from_path", default=None,
                    help="local archive or folder with the original files (no download)")
     p.add_argument("--work", default=None, help="intermediate files (default data-bin/_work/DATASET)")
     p.add_argument("--dest", default=None, help="binarized output (default data-bin/<standard name>)")
     p.add_argument("--workers", type=workers(), default=1)
-    subword.add_options(p, "BPE merges (default 10000 IWSLT14, 40000 WMT14, 32000 CNN/DM and Gigaword)")
+    subword.add_options(p, "BPE merges (default " + ", ".join(f"{m} {names}" for m, names in _per_corpus("bpe_merges"))
+                        + ")")
+    max_len = _per_corpus("max_len")
     p.add_argument("--max-len", type=number("--max-len", low=1), default=None,
-                   help="cleaning: max tokens per side (IWSLT14, WMT14, Gigaword; default 175, 250, 200)")
+                   help=f"cleaning: max tokens per side ({', '.join(names for _, names in max_len)}; default "
+                        f"{', '.join(str(n) for n, _ in max_len)})")
+    truncating = " and ".join(c.display for c in _shared() if c.truncates)
     p.add_argument("--max-source-tokens", type=int, default=None,
-                   help="CNN/DM: truncate articles to this many tokens (default 400, See et al.; 0 = keep all)")
+                   help=f"{truncating}: truncate articles to this many tokens (default 400, See et al.; 0 = keep all)")
     p.add_argument("--max-target-tokens", type=int, default=None,
-                   help="CNN/DM: truncate training and validation summaries to this many tokens (test references "
-                        "never; default: keep all, as fairseq's BART CNN/DM recipe; See et al. trained on 100)")
+                   help=f"{truncating}: truncate training and validation summaries to this many tokens (test "
+                        "references never; default: keep all, as fairseq's BART CNN/DM recipe; See et al. trained "
+                        "on 100)")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
                    help="go on when a split's size differs from the standard one (default: error)")
     add_force_option(p)
     args = p.parse_args(argv)
     subword.check_options(p, args)
+    c = corpus(args.dataset)
     # an option the dataset's recipe does not read is refused: it would change nothing, with exit status 0
     unread = [flag for flag, dest in (("--max-source-tokens", "max_source_tokens"),
                                       ("--max-target-tokens", "max_target_tokens")) if getattr(args, dest) is not None]
-    if args.dataset != "cnndm" and unread:
-        p.error(f"{' and '.join(unread)}: CNN/DM only; the {args.dataset} recipe cuts no sentence "
+    if not c.truncates and unread:
+        p.error(f"{' and '.join(unread)}: {truncating} only; the {args.dataset} recipe cuts no sentence "
                 "(--max-len drops longer pairs)")
-    if args.dataset == "cnndm" and args.max_len is not None:
-        p.error("--max-len: not read by the CNN/DM recipe, which drops no pair by length; "
-                "--max-source-tokens and --max-target-tokens cut articles and summaries")
+    if c.max_len is None and args.max_len is not None:
+        p.error(f"--max-len: not read by the {c.display} recipe, which drops no pair by length"
+                + ("; --max-source-tokens and --max-target-tokens cut articles and summaries" if c.truncates else ""))
     if args.max_source_tokens is None:
         args.max_source_tokens = 400
     if args.max_source_tokens < 0:
         p.error(f"--max-source-tokens {args.max_source_tokens}: must be 0 (keep all) or more")
     if args.max_target_tokens is not None and args.max_target_tokens < 1:
         p.error(f"--max-target-tokens {args.max_target_tokens}: must be 1 or more (leave it out to keep all)")
-    _, default_name = DATASETS[args.dataset]
     args.work = args.work or str(REPO / "data-bin" / "_work" / args.dataset)
-    args.dest = args.dest or str(REPO / "data-bin" / default_name)
+    args.dest = args.dest or str(REPO / "data-bin" / c.dest)
     args.record = making_record(args.dataset, **making_options(args))
     # what a user of the folder needs (docs/python-api.md): its subword model and the tokenizer of its text
-    args.record.update(subword=subword.subword_record(args), tokenizer=dict(TOKENIZER[args.dataset]))
+    # (the corpus's record; CNN/DM from See et al.'s tokenized text has none: :func:`.cnndm.prepare_cnndm` sets it)
+    args.record.update(subword=subword.subword_record(args), tokenizer=dict(c.tokenizer))
     return args
 
 
-# Defaults of the options a recipe reads where not given (its own `or` fallbacks), so that the data
-# folder's record says the same whether a default was given or left out.
-DEFAULT_BPE_MERGES = {"iwslt14": 10000, "wmt14": 40000, "cnndm": 32000, "gigaword": 32000}
-DEFAULT_MAX_LEN = {"iwslt14": 175, "wmt14": 250, "gigaword": 200}
-# The text each recipe's subword model was trained on, as fairseq's tokenizer options (``from_pretrained``
-# keywords; docs/python-api.md has the table). Gigaword's release is tokenized already; CNN/DM from See
-# et al.'s tokenized text has none either (:func:`.cnndm.prepare_cnndm` sets it).
-MOSES_NO_DASH_SPLITS = {"tokenizer": "moses", "moses_no_dash_splits": True}
-TOKENIZER = {"iwslt14": MOSES_NO_DASH_SPLITS, "wmt14": {"tokenizer": "moses"},
-             "cnndm": {**MOSES_NO_DASH_SPLITS, "moses_no_escape": True}, "gigaword": {}}
-
-
 def making_options(args):
-    """The options that change what ``--dest`` holds (its making record, :mod:`.destination`)."""
+    """The options that change what ``--dest`` holds (its making record, :mod:`.destination`), with the
+    corpus's defaults where not given (a recipe's own fallbacks), so that the record says the same whether
+    a default was given or left out."""
+    c = corpus(args.dataset)
     options = {"from": str(Path(args.from_path).expanduser().resolve()) if args.from_path else None}
     if args.subword == "bpe":
-        options["bpe_merges"] = args.bpe_merges or DEFAULT_BPE_MERGES[args.dataset]
+        options["bpe_merges"] = args.bpe_merges or c.bpe_merges
     options.update(subword.making_options(args))
-    if args.dataset in DEFAULT_MAX_LEN:
-        options["max_len"] = args.max_len or DEFAULT_MAX_LEN[args.dataset]
-    if args.dataset == "cnndm":
+    if c.max_len is not None:
+        options["max_len"] = args.max_len or c.max_len
+    if c.truncates:
         options.update(max_source_tokens=args.max_source_tokens, max_target_tokens=args.max_target_tokens)
     return options
 
@@ -319,7 +316,7 @@ def run(argv=None):
     check_paths(args)
     check_dest(args.dest, args.record, args.force, work=args.work)
     with work_lock(args.work):
-        DATASETS[args.dataset][0](args)
+        corpus(args.dataset).prepare_function()(args)
     dest = Path(args.dest).absolute()
     if not (dest.is_dir() and is_ours(dest)):
         raise PrepError(f"{dest} was not produced (internal error: binarize step did not run)")

@@ -21,6 +21,7 @@ skips that check where the file is absent.
 import re
 from pathlib import Path
 
+from man_recipes.corpora import display_name
 from man_recipes.tables import markdown_table
 
 PAPER_KEYS = {"P1": "man", "P2": "localness", "P3": "calibration", "P4": "diffwin"}
@@ -169,8 +170,6 @@ def numbers_in(text):
 def readme_rows_section(configs, paper_rows, repo):
     """Markdown of docs/reproducing.md's "## 4. Every table row": per paper table, one line per config (row,
     data, paper number, ours, command), then the rows that are analyses or not reproduced."""
-    from man_recipes.evaluation.results_table import DATASET_NAMES  # one naming of the corpora
-
     by_name = {c["name"]: c for c in configs}
     out = []
     for paper_id, paper in PAPER_KEYS.items():
@@ -187,7 +186,7 @@ def readme_rows_section(configs, paper_rows, repo):
                 else:
                     paper_num = "R-1/2/L " + "/".join(f"{res[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL"))
                 rel = Path(cfg["_path"]).resolve().relative_to(Path(repo).resolve())
-                data = DATASET_NAMES.get(cfg["dataset"], cfg["dataset"])
+                data = display_name(cfg["dataset"])
                 if f"Table {cfg['table']}" != table:
                     label = f"{row} (same run as Table {cfg['table']} {cfg['row']})"
                 else:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from man_recipes.config import CONFIG_DIR, REPO, all_configs
+from man_recipes.corpora import CORPORA, display_name, standard_test_size
 from man_recipes.logging_setup import quiet_logging
 from man_recipes.metrics import metric
 from man_recipes.tables import markdown_table
@@ -20,9 +21,6 @@ PAPER_TITLES = {
 }
 FAIRSEQ_BASELINES = {"transformer", "transformer_iwslt_de_en", "transformer_wmt_en_de",
                      "transformer_vaswani_wmt_en_de_big"}
-DATASET_NAMES = {"iwslt14": "IWSLT14 De-En", "wmt14": "WMT14 En-De", "cnndm": "CNN/DM", "gigaword": "Gigaword"}
-# Test-set sizes the data-prep scripts produce (docs/reproducing.md, "1. Data"; the papers' standard splits).
-STANDARD_TEST_SENTENCES = {"iwslt14": 6750, "wmt14": 3003, "cnndm": 11490, "gigaword": 1951}
 
 
 class ResultsError(ValueError):
@@ -88,10 +86,10 @@ def deviations(cfg, res):
         how = ("rouge-score" if not implementation.startswith("ROUGE-1.5.5")
                else f"ROUGE-1.5.5 with the {details.get('rouge_exception_db') or 'wordnet'} exception database")
         out.append(f"ROUGE scored with {how}, not as files2rouge")
+    standard_n = standard_test_size(cfg["dataset"])  # what data-prep produces: the papers' standard split
     if not res.get("n_sentences"):
-        out.append("scored on no sentence")
-    standard_n = STANDARD_TEST_SENTENCES.get(cfg["dataset"])
-    if standard_n and res.get("subset") == "test" and res.get("n_sentences") != standard_n:
+        out.append("scored on no sentence")  # said once, not again as a test set of another size
+    elif standard_n and res.get("subset") == "test" and res.get("n_sentences") != standard_n:
         out.append(f"{res.get('n_sentences')} test sentences (standard test set: {standard_n:,})")
     return out
 
@@ -130,7 +128,7 @@ def build_tables(configs, runs, all_configs=None):
     for cfg in configs:
         groups[(cfg["paper"], str(cfg["table"]))].append(cfg)
     order = list(PAPER_TITLES)
-    datasets = list(DATASET_NAMES)
+    datasets = list(CORPORA)
 
     def row_key(cfg):
         # like the papers: per dataset, base before big, the baseline Transformer before the method
@@ -153,7 +151,7 @@ def build_tables(configs, runs, all_configs=None):
             paper_res = cfg.get("paper_results") or {}
             unverified = paper_res.get("verified") is False
             ours = (standard.get(cfg["name"]) or {}).get("scores", {})
-            data = DATASET_NAMES.get(cfg["dataset"], cfg["dataset"])
+            data = display_name(cfg["dataset"])
             rel = Path(cfg["_path"]).resolve()
             rel = rel.relative_to(REPO) if rel.is_relative_to(REPO) else rel
             if rouge:

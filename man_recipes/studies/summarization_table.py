@@ -11,6 +11,7 @@ import json
 
 from man_recipes.tables import markdown_table, mean_std
 from man_recipes.config import CONFIG_DIR, load_config
+from man_recipes.corpora import corpus
 from man_recipes.evaluation.copying import copying
 from man_recipes.evaluation.metric import score
 from man_recipes.metrics import ROUGE
@@ -29,15 +30,8 @@ from man_recipes.studies.study_table import (SAMPLING, STALE_WHY, TESTS, family_
 
 KEYS = ("rouge1", "rouge2", "rougeL")
 NAMES = {"rouge1": "R-1", "rouge2": "R-2", "rougeL": "R-L"}
-# each corpus' usual lead baseline: headline generation's first 8 words, news summarization's lead-3
-LEADS = {"gigaword": ("Lead-8 (first 8 words of the article)", lambda article: lead_words(article, 8)),
-         "cnndm": ("Lead-3 (first 3 sentences of the article)", lambda article: lead_sentences(article, 3))}
-PAPER_ROWS = {"gigaword": ("man/t2-gigaword-transformer", "man/t2-gigaword-man"),
-              "cnndm": ("man/t2-cnndm-transformer", "man/t2-cnndm-man")}
-# what the published rows were trained and scored on
-PUBLISHED_DATA = {"gigaword": "the full 3.8M-pair training set, the same 1,951-pair test set",
-                  "cnndm": "the full 287k-pair training set, the standard 11,490-article test split (not the "
-                           "validation split scored here)"}
+# a corpus's lead baseline (its record's ``lead``): the first n words or sentences of the article
+LEAD_UNITS = {"words": lead_words, "sentences": lead_sentences}
 
 
 def document_scores(records, records_dir, refs):
@@ -117,20 +111,20 @@ def record_samples(records, manifest):
 def references_table(dataset, manifest, exception_db, order, articles, refs):
     """Rows for the lead baseline (computed here, on the articles and references the runs were scored
     on, ``{subset: lines}``) and the published numbers (from the configs)."""
-    rows = []
-    if dataset in LEADS:
-        what, lead_of = LEADS[dataset]
+    rows, c = [], corpus(dataset)
+    if c.lead is not None:
+        what, lead_of = c.lead.what, LEAD_UNITS[c.lead.unit]
         for subset, release in manifest["test_sets"].items():
-            lead = [lead_of(line) for line in articles[subset]]
+            lead = [lead_of(line, c.lead.n) for line in articles[subset]]
             r = score(ROUGE.name, lead, refs[subset], rouge_order=order, rouge_exception_db=exception_db).rouge
             rows.append({"what": f"{what}, {release}", "lead_subset": subset, "metric":
                          "ROUGE-1.5.5 as files2rouge, same references and settings as the runs",
                          **{k: r[k] for k in KEYS}})
-    for row in PAPER_ROWS.get(dataset, ()):
+    for row in c.published_rows:
         cfg = load_config(CONFIG_DIR / f"{row}.yaml")
         pr = cfg["paper_results"]
         rows.append({"what": f"published: {cfg['row']} (MAN paper Table {cfg['table']}, full data, d=768, 6+6 layers)",
-                     "metric": f"ROUGE-1.5.5 F1 via files2rouge; {PUBLISHED_DATA[dataset]}",
+                     "metric": f"ROUGE-1.5.5 F1 via files2rouge; {c.published_data}",
                      **{k: pr[k] for k in KEYS}})
     return rows
 
