@@ -177,3 +177,18 @@ def test_cnndm_study_end_to_end_on_a_test_sample(tmp_path, rouge155_perl):
             "--test-sample 12 -- ") in md
     assert md.splitlines()[0].endswith(f"[data `{data}`, bpe subwords] [with fairseq options `{' '.join(cmd[cmd.index('--') + 1:])}`, "
                                        "which override the configs' values above]")
+
+
+@pytest.mark.parametrize("experiment", ["multi30k-cpu", "gigaword-cpu"])
+def test_the_short_sentence_studies_measure_the_floor_of_man_and_sman2(experiment):
+    """At 30-token sentences SMAN2's distance to the Transformer is its second attention sublayer (docs/speed.md):
+    scripts/speed.sh measures man-nobias there too, after the study's families; reproduce.sh does not train it."""
+    from man_recipes.config import load_config
+    from man_recipes.studies.experiments import EXPERIMENTS, families_of, speed_families_of
+
+    assert speed_families_of(experiment) == families_of(experiment) + ["man-nobias"]
+    assert "man-nobias" not in families_of(experiment)
+    configs = EXPERIMENTS[experiment]["configs"]
+    man, nobias = (load_config(configs / f"{fam}.yaml") for fam in ("man", "man-nobias"))
+    assert nobias["model"] == dict(man["model"], **{"encoder-sublayers": "san,san,ffn"})
+    assert nobias["arch"] == man["arch"] and nobias["train"] == man["train"] and nobias["eval"] == man["eval"]

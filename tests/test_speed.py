@@ -194,9 +194,9 @@ def test_the_studys_trained_checkpoint_is_decoded(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--families", "man,sman3"], "unknown families ['sman3'] for gigaword-cpu; choose from ['transformer', 'man', "
-                                  "'sman2', 'localness', 'diffwin', 'calibration', 'calibration-alpha0.01', 'man-zeros']"),
+                                  "'sman2', 'localness', 'diffwin', 'calibration', 'calibration-alpha0.01', 'man-zeros', 'man-nobias']"),
     (["--families", " , "], "--families ' , ' names no family; choose from ['transformer', 'man', 'sman2', "
-                            "'localness', 'diffwin', 'calibration', 'calibration-alpha0.01', 'man-zeros']"),
+                            "'localness', 'diffwin', 'calibration', 'calibration-alpha0.01', 'man-zeros', 'man-nobias']"),
     (["--threads", "0"], "argument --threads: invalid value '0': distinct thread counts, each >= 1"),
     (["--threads", "1,1"], "argument --threads: invalid value '1,1': distinct thread counts, each >= 1"),
     (["--threads", "one"], "argument --threads: invalid value 'one': a comma-separated list of thread counts"),

@@ -30,6 +30,8 @@ EXPERIMENTS = {
     # man-calibration: the composed arch (transformer_masked: MAN's encoder, calibrated cross-attention)
     "multi30k-cpu": dict(MULTI30K, configs=CONFIG_DIR / "multi30k-cpu", device="cpu",
                          families=FAMILIES + ["man-calibration"],
+                         # measured by scripts/speed.sh only: MAN's and SMAN2's floor (issue 80)
+                         speed_families=["man-nobias"],
                          title="Multi30k De→En on a 2-core CPU (d=256, 3+3 layers): every family against the Transformer"),
     "gigaword-cpu": {"configs": CONFIG_DIR / "gigaword-cpu", "data": REPO / "data-bin" / "gigaword-30k",
                      "dataset": "gigaword", "metric": "rouge", "device": "cpu",
@@ -37,6 +39,7 @@ EXPERIMENTS = {
                      # (a Transformer in effect), at α = 0.01 it stays below 1 (docs/calibration.md);
                      # MAN twice: its DMAN biases P, U drawn from N(0, 1) (the authors') and started at 0
                      "families": FAMILIES + ["calibration-alpha0.01", "man-zeros"],
+                     "speed_families": ["man-nobias"],  # scripts/speed.sh only: MAN's and SMAN2's floor (issue 80)
                      "prepare": "data-prep/prepare-gigaword.sh --from ../shared/data/gigaword-30k "
                                 "--allow-nonstandard-splits --bpe-merges 8000",
                      "title": "Gigaword headlines on a 2-core CPU (29,911 training pairs, d=256, 3+3 layers): "
