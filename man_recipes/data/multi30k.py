@@ -216,7 +216,8 @@ def main(argv=None):
     p.add_argument("--workers", type=workers(), default=1)
     subword.add_options(p, f"joint BPE merges (default {MULTI30K.bpe_merges})")
     p.add_argument("--allow-nonstandard-splits", action="store_true",
-                   help="accept split sizes other than 29,000 / 1,014 / 1,000 (samples, tests)")
+                   help="accept split sizes other than "
+                        + " / ".join(f"{n:,}" for n in MULTI30K.standard_counts.values()) + " (samples, tests)")
     add_force_option(p)
     args = p.parse_args(argv)
     subword.check_options(p, args)
