@@ -68,7 +68,8 @@ def check_parameter_order(path, state, model):
     wanted = set(names)
     saved = [key for key in state["model"] if key in wanted]
     if saved != names:
-        missing = [name for name in names if name not in set(saved)]
+        kept = set(saved)
+        missing = [name for name in names if name not in kept]
         example = f"no '{missing[0]}'" if missing else "the same names in another order"
         raise PluginOptionError(
             f"{path} holds this model's parameters under other names or in another order ({example}; "
