@@ -20,6 +20,10 @@ def _train(data, save_dir, *extra, check=True):
                    check=check)
 
 
+def _error_lines(proc):
+    return [line for line in proc.stdout.splitlines() if "error" in line.lower()]
+
+
 def test_a_resume_with_another_norm_is_refused_in_one_line_and_one_with_another_lr_trains_on(toy_data_bin, tmp_path):
     save_dir = tmp_path / "run"
     _train(toy_data_bin, save_dir, "--max-update", "2")
@@ -27,7 +31,7 @@ def test_a_resume_with_another_norm_is_refused_in_one_line_and_one_with_another_
     before = (sorted(p.name for p in save_dir.iterdir()), last.read_bytes())
     proc = _train(toy_data_bin, save_dir, "--max-update", "4", "--man-norm", "post", "--lr", "0.001", check=False)
     assert proc.returncode != 0
-    errors = [line for line in proc.stdout.splitlines() if "error" in line.lower()]
+    errors = _error_lines(proc)
     assert errors == [f"fairseq-train: error: {last} was trained with other model options than this command's: "
                       "--decoder-normalize-before True -> False, --encoder-normalize-before True -> False, "
                       "--man-norm pre -> post (saved -> given); resume with the run's options, or train the new "
@@ -83,7 +87,7 @@ def test_a_checkpoint_whose_parameters_have_other_names_resumes_only_with_a_rese
     before = last.read_bytes()
     proc = run_cli([*masked, "--max-update", "4"], check=False)
     assert proc.returncode != 0
-    errors = [line for line in proc.stdout.splitlines() if "error" in line.lower()]
+    errors = _error_lines(proc)
     assert errors == [f"fairseq-train: error: {last} holds this model's parameters under other names or in another "
                       "order (no 'encoder.layers.0.self_attn.k_proj.weight'; 8 of 85 missing): its optimizer state "
                       "would go to other parameters. Resume with --reset-optimizer (Adam's moments start again), or "
